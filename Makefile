@@ -1,0 +1,30 @@
+# Each target creates .venv on first use. torch is pinned in the same pip command so that
+# pip takes the local CPU wheel instead of pulling a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+EXTRAS := dev,text,bench
+STAMP := $(VENV)/.installed-$(EXTRAS)
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install '$(TORCH)' -e '.[$(EXTRAS)]'
+	touch $@
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m geograph demo
+
+# pytest exits 5 when it collected no test: that is a failure, not a pass.
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m geograph bench maniscope
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,9 @@
+"""geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry."""
+from geograph import functional
+from geograph.outputs import RerankOutput, RetrievalOutput
+from geograph.rerankers import Maniscope
+from geograph.retrievers import DenseRetriever
+
+__version__ = "0.1.0"
+
+__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "DenseRetriever", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from geograph.cli import main
+
+sys.exit(main())

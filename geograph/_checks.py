@@ -1,0 +1,55 @@
+"""Input validation shared by the functional ops and the modules.
+
+Every public entry point validates early and raises ``ValueError`` with the name and
+shape of the offending argument, so that bad input never turns into NaN downstream.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+
+def check_tensor(x: Tensor, name: str, ndim: int, *, finite: bool = True) -> None:
+    """Raise unless ``x`` is a floating tensor of rank ``ndim`` (with only finite values)."""
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if finite and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} of shape {tuple(x.shape)} contains NaN or inf")
+
+
+def check_mask(mask: Optional[Tensor], shape: Sequence[int], name: str = "mask") -> Optional[Tensor]:
+    """Return ``mask`` as a bool tensor of ``shape``, or raise naming both shapes."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
+    return mask.bool()
+
+
+def check_finite_where(x: Tensor, mask: Optional[Tensor], name: str) -> None:
+    """Raise if ``x`` has NaN/inf in a row that ``mask`` (over the leading dims) marks real."""
+    bad = ~torch.isfinite(x)
+    if mask is not None:
+        bad = bad & mask.reshape(*mask.shape, *([1] * (x.dim() - mask.dim())))
+    if bool(bad.any()):
+        raise ValueError(f"{name} of shape {tuple(x.shape)} contains NaN or inf at unmasked positions")
+
+
+def check_positive_int(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_unit_interval(value: float, name: str) -> float:
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    return float(value)

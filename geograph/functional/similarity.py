@@ -1,0 +1,74 @@
+"""Batched cosine similarity."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from geograph._checks import check_finite_where, check_mask, check_tensor
+
+
+def normalize(x: Tensor, dim: int = -1) -> Tensor:
+    """Scale ``x`` to unit L2 norm along ``dim``; an all-zero vector stays zero.
+
+    The norm is clamped from below by the dtype's ``tiny`` so that padding rows of zeros
+    give zeros rather than NaN.
+    """
+    norm = x.norm(dim=dim, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    return x / norm
+
+
+def cosine_similarity(
+    x: Tensor,
+    y: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    y_mask: Optional[Tensor] = None,
+) -> Tensor:
+    r"""Pairwise cosine similarity of two batches of vectors.
+
+    .. math:: S_{bij} = \frac{\langle x_{bi}, y_{bj} \rangle}{\lVert x_{bi} \rVert \, \lVert y_{bj} \rVert}
+
+    Args:
+        x: vectors ``(B, N, D)``.
+        y: vectors ``(B, M, D)``; ``None`` means ``y = x`` (and ``y_mask = mask``).
+        mask: ``(B, N)`` bool, True = real row of ``x``; ``None`` = all real.
+        y_mask: ``(B, M)`` bool for ``y``; ``None`` = all real (or ``mask`` when ``y`` is None).
+
+    Returns:
+        ``(B, N, M)`` similarities in ``[-1, 1]``; exactly 0 wherever a row or a column is
+        padding, and 0 for a zero vector.
+
+    Raises:
+        ValueError: on wrong ranks, mismatched ``B`` or ``D``, a mask of the wrong shape, or
+            NaN/inf at an unmasked position.
+
+    Example:
+        >>> x = torch.tensor([[[1.0, 0.0], [1.0, 1.0]]])
+        >>> cosine_similarity(x).round(decimals=4)
+        tensor([[[1.0000, 0.7071],
+                 [0.7071, 1.0000]]])
+    """
+    check_tensor(x, "x", 3, finite=False)
+    mask = check_mask(mask, x.shape[:2], "mask")
+    check_finite_where(x, mask, "x")
+    if y is None:
+        y, y_mask = x, mask
+    else:
+        check_tensor(y, "y", 3, finite=False)
+        if y.shape[0] != x.shape[0] or y.shape[2] != x.shape[2]:
+            raise ValueError(
+                f"y must have shape (B={x.shape[0]}, M, D={x.shape[2]}), got {tuple(y.shape)}"
+            )
+        y_mask = check_mask(y_mask, y.shape[:2], "y_mask")
+        check_finite_where(y, y_mask, "y")
+    xn = normalize(_zero_padding(x, mask))
+    yn = xn if y is x else normalize(_zero_padding(y, y_mask))
+    sim = torch.bmm(xn, yn.transpose(1, 2)).clamp_(-1.0, 1.0)
+    return sim
+
+
+def _zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    if mask is None:
+        return x
+    return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
