@@ -1,0 +1,1 @@
+"""Benchmarks: each prints ratios against a slow reference measured in the same run, and writes JSON."""

@@ -1,0 +1,23 @@
+"""``python -m geograph.bench <name> [options]`` (also ``geograph bench``)."""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+BENCHES = {
+    "maniscope": "geograph.bench.maniscope",
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in BENCHES:
+        print(f"usage: geograph bench {{{','.join(BENCHES)}}} [options]", file=sys.stderr)
+        return 2
+    import importlib
+
+    return importlib.import_module(BENCHES[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
