@@ -12,9 +12,15 @@ import numpy as np
 from geograph.data import Encoder, load_beir
 from geograph.pipeline import dense_candidates, embed
 
-root = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/scifact"
-ds = load_beir(root, "test").subset(24)
-corpus, query = embed(ds, Encoder())
-c = dense_candidates(corpus, query, 100)
-np.savez_compressed(Path(__file__).with_name("scifact_candidates.npz"),
-                    query=query.numpy().astype(np.float16), docs=c.docs(slice(None)).numpy().astype(np.float16))
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/scifact"
+    ds = load_beir(root, "test").subset(24)
+    corpus, query = embed(ds, Encoder())
+    c = dense_candidates(corpus, query, 100)
+    np.savez_compressed(Path(__file__).with_name("scifact_candidates.npz"),
+                        query=query.numpy().astype(np.float16), docs=c.docs(slice(None)).numpy().astype(np.float16))
+
+
+if __name__ == "__main__":
+    main()
