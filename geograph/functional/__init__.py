@@ -4,6 +4,7 @@ from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
 from geograph.functional.similarity import cosine_similarity, normalize
+from geograph.functional.transport import SinkhornOutput, sinkhorn
 
 __all__ = [
     "cosine_similarity",
@@ -13,6 +14,8 @@ __all__ = [
     "shortest_paths",
     "single_source_shortest_paths",
     "maniscope_scores",
+    "sinkhorn",
+    "SinkhornOutput",
     "recall_at_k",
     "precision_at_k",
     "ndcg_at_k",
