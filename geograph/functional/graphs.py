@@ -59,16 +59,23 @@ def knn_from_similarity(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> T
         raise ValueError(f"sim must be square (B, N, N), got {tuple(sim.shape)}")
     mask = check_mask(mask, (b, n), "mask")
     adj = torch.zeros(b, n, n, dtype=torch.bool, device=sim.device)
-    kk = min(k, n - 1)
-    if kk == 0:
+    if min(k, n - 1) == 0:
         return adj
-    eye = torch.eye(n, dtype=torch.bool, device=sim.device)
-    invalid = eye.expand(b, n, n)
-    if mask is not None:
-        pair = mask.unsqueeze(2) & mask.unsqueeze(1)
-        invalid = invalid | ~pair
-    scores = sim.masked_fill(invalid, float("-inf"))
-    values, idx = scores.topk(kk, dim=-1)
-    # Rows with fewer than kk real neighbours select -inf entries: drop them.
+    values, idx = knn_lists(sim, k, mask)
+    # Rows with fewer than k real neighbours select -inf entries: drop them.
     adj.scatter_(-1, idx, values > float("-inf"))
     return adj | adj.transpose(1, 2)
+
+
+def knn_lists(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Each node's directed k-NN links: ``(values, idx)``, both ``(B, N, min(k, N - 1))``.
+
+    ``values`` are the similarities of the selected neighbours, ``-inf`` where a node has
+    fewer real neighbours than ``k`` (those ``idx`` entries point nowhere meaningful). No
+    validation: callers (:func:`knn_from_similarity`, Maniscope) have checked the inputs.
+    """
+    b, n, _ = sim.shape
+    invalid = torch.eye(n, dtype=torch.bool, device=sim.device).expand(b, n, n)
+    if mask is not None:
+        invalid = invalid | ~(mask.unsqueeze(2) & mask.unsqueeze(1))
+    return sim.masked_fill(invalid, float("-inf")).topk(min(k, n - 1), dim=-1)

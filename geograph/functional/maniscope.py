@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_where, check_mask, check_positive_int, check_tensor, check_unit_interval
+from geograph.functional.graphs import knn_lists
 from geograph.functional.similarity import normalize
 
 __all__ = ["maniscope_scores", "check_candidates"]
@@ -93,7 +94,9 @@ def maniscope_scores(
         inf = torch.full((), float("inf"), dtype=docs.dtype, device=docs.device)
         geo = torch.where(at_source, torch.zeros((), dtype=docs.dtype, device=docs.device), inf)
     else:
-        idx, w = _knn_lists(sim, kk, mask, eps)
+        values, idx = knn_lists(sim, kk, mask)
+        inf = torch.full((), float("inf"), dtype=docs.dtype, device=docs.device)
+        w = torch.where(values > float("-inf"), (1.0 - values).clamp(eps, 2.0), inf)
         geo = _relax_knn(idx, w, at_source, n - 1, early_stop, 4)
     sim_geo = 1.0 / (1.0 + geo)  # +inf -> exactly 0
     scores = alpha * q_cos + (1.0 - alpha) * sim_geo
@@ -102,24 +105,8 @@ def maniscope_scores(
     return torch.where(mask, scores, torch.full((), float("-inf"), dtype=docs.dtype, device=docs.device)), geo
 
 
-def _knn_lists(sim: Tensor, kk: int, mask: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
-    """Each candidate's ``kk`` nearest others ``idx (B, N, kk)`` and lengths ``w`` (``+inf`` = no link).
-
-    The same directed links as :func:`~geograph.functional.knn_from_similarity`; the graph is
-    their union, so :func:`_relax_knn` relaxes every link in both directions.
-    """
-    b, n, _ = sim.shape
-    invalid = torch.eye(n, dtype=torch.bool, device=sim.device).expand(b, n, n)
-    if mask is not None:
-        invalid = invalid | ~(mask.unsqueeze(2) & mask.unsqueeze(1))
-    values, idx = sim.masked_fill(invalid, float("-inf")).topk(kk, dim=-1)
-    inf = torch.full((), float("inf"), dtype=sim.dtype, device=sim.device)
-    w = torch.where(values > float("-inf"), (1.0 - values).clamp(eps, 2.0), inf)
-    return idx, w
-
-
 def _relax_knn(idx: Tensor, w: Tensor, at_source: Tensor, steps: int, early_stop: bool, check_every: int) -> Tensor:
-    """Bellman-Ford on the union of directed k-NN links, ``O(B N k)`` per relaxation.
+    """Bellman-Ford on the union of directed k-NN links (from ``knn_lists``), ``O(B N k)`` a step.
 
     A link ``i -> idx[i, m]`` of length ``w[i, m]`` is an undirected edge: it relaxes ``i``
     from its neighbour (gather) and the neighbour from ``i`` (scatter with ``amin``). The

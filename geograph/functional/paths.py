@@ -127,11 +127,6 @@ def single_source_shortest_paths(
     at_source = node.unsqueeze(0) == source.to(length.device).long().unsqueeze(1)
     if mask is not None:
         at_source = at_source & mask
-    return _relax(length, at_source, steps, early_stop, check_every)
-
-
-def _relax(length: Tensor, at_source: Tensor, steps: int, early_stop: bool, check_every: int) -> Tensor:
-    """Bellman-Ford core: ``length (B, N, N)`` with ``+inf`` off the edges, ``at_source (B, N)`` bool."""
     inf = torch.full((), float("inf"), dtype=length.dtype, device=length.device)
     dist = torch.where(at_source, torch.zeros((), dtype=length.dtype, device=length.device), inf)
     prev = dist

@@ -59,8 +59,10 @@ def sinkhorn(
     ``scaling_iter`` iterations anneal :math:`\varepsilon` geometrically from ``reg_start``
     (default: the largest cost of each batch, at least ``reg``) down to ``reg``; the rest run
     at ``reg``. The potentials carry over between values of :math:`\varepsilon`, so a warm
-    start (``f_init``, ``g_init`` from a nearby problem) also works. The loop runs
-    ``max_iter`` iterations with no host sync unless ``tol`` is given: then every
+    start (``f_init``, ``g_init`` from a nearby problem) also works. Validation and the
+    default ``reg_start`` read a few values on the host before the loop; pass ``reg_start``
+    to skip the latter. The loop itself runs ``max_iter`` iterations with no host sync
+    unless ``tol`` is given: then every
     ``check_every`` iterations at the final ``reg`` the largest marginal violation
     :math:`\max |P 1 - a|` is compared with ``tol`` (one sync per check).
 
