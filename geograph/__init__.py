@@ -1,9 +1,10 @@
 """geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry."""
 from geograph import functional
 from geograph.outputs import RerankOutput, RetrievalOutput
-from geograph.rerankers import Maniscope
+from geograph.rerankers import Maniscope, RicciFiltration
+from geograph.scorers import CrossEncoderScorer
 from geograph.retrievers import DenseRetriever
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "DenseRetriever", "__version__"]
+__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "RicciFiltration", "CrossEncoderScorer", "DenseRetriever", "__version__"]

@@ -1,7 +1,7 @@
 """Slow, trusted per-query reference implementations, for parity tests and benchmarks.
 
-They follow the methods as their authors wrote them (numpy, scikit-learn, scipy), one query
-at a time. Requires the ``bench`` (or ``ref``) extra.
+They follow the methods as their authors wrote them (numpy, scikit-learn, scipy,
+GraphRicciCurvature), one query at a time. Requires the ``bench`` extra (GraphRicciCurvature: the ``ref`` extra).
 """
 from __future__ import annotations
 
@@ -48,3 +48,48 @@ def maniscope_reference(query: np.ndarray, docs: np.ndarray, *, k: int = 5, alph
     scores = alpha * q_cos + (1.0 - alpha) * sim_geo
     order = np.argsort(-scores, kind="stable")
     return scores, geo, order
+
+
+def ricci_reference(
+    edges: list[tuple[int, int]],
+    num_nodes: int,
+    *,
+    weights: dict | None = None,
+    alpha: float = 0.5,
+    exp_power: float = 2,
+    iterations: int = 0,
+    step: float = 1.0,
+    delta: float = 1e-4,
+):
+    """GraphRicciCurvature 0.6.1 on one graph: ``OllivierRicci(..., method="OTD", proc=1)``.
+
+    Args:
+        edges: undirected edges ``(u, v)``.
+        num_nodes: nodes ``0 .. num_nodes - 1`` (isolated ones included).
+        weights: ``{(u, v): length}``; default 1 on every edge.
+        alpha, exp_power: the lazy measures.
+        iterations: 0 = initial curvature only; else ``compute_ricci_flow(iterations)``.
+        step, delta: of the flow.
+
+    Returns:
+        ``(curvature, lengths)``: dicts ``{(u, v): value}`` with ``u < v`` (the initial
+        curvature and unit lengths when ``iterations == 0``, else the flowed ones).
+    """
+    import logging
+
+    import networkx as nx
+    from GraphRicciCurvature.OllivierRicci import OllivierRicci
+
+    logging.getLogger("GraphRicciCurvature").setLevel(logging.ERROR)
+    g = nx.Graph()
+    g.add_nodes_from(range(num_nodes))
+    for u, v in edges:
+        g.add_edge(int(u), int(v), weight=1.0 if weights is None else float(weights[(u, v)]))
+    orc = OllivierRicci(g, alpha=alpha, exp_power=exp_power, method="OTD", proc=1, verbose="ERROR")
+    if iterations:
+        out = orc.compute_ricci_flow(iterations=iterations, step=step, delta=delta)
+    else:
+        out = orc.compute_ricci_curvature()
+    curv = {(min(u, v), max(u, v)): float(d["ricciCurvature"]) for u, v, d in out.edges(data=True)}
+    lengths = {(min(u, v), max(u, v)): float(d["weight"]) for u, v, d in out.edges(data=True)}
+    return curv, lengths

@@ -1,4 +1,6 @@
 """Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
+from geograph.functional.curvature import lazy_measures, ollivier_ricci
+from geograph.functional.flow import RicciFlowOutput, ricci_flow
 from geograph.functional.graphs import knn_from_similarity, knn_graph
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
@@ -16,6 +18,10 @@ __all__ = [
     "maniscope_scores",
     "sinkhorn",
     "SinkhornOutput",
+    "lazy_measures",
+    "ollivier_ricci",
+    "ricci_flow",
+    "RicciFlowOutput",
     "recall_at_k",
     "precision_at_k",
     "ndcg_at_k",

@@ -44,6 +44,7 @@ def sinkhorn(
     check_every: int = 10,
     f_init: Optional[Tensor] = None,
     g_init: Optional[Tensor] = None,
+    relaxation: float = 1.0,
 ) -> SinkhornOutput:
     r"""Entropic OT for a batch of problems by log-domain Sinkhorn iterations.
 
@@ -79,6 +80,10 @@ def sinkhorn(
         check_every: iterations between tolerance checks.
         f_init: ``(B, n)`` initial potential; default 0.
         g_init: ``(B, m)`` initial potential; default 0.
+        relaxation: over-relaxation factor ``omega`` in ``[1, 2)``: each update moves the
+            potential ``omega`` times the plain Sinkhorn step (``f <- f + omega (f_new - f)``).
+            1 is plain Sinkhorn; 1.5-1.8 converges many times faster on degenerate costs
+            (graph distances with ties); close to 2 it can diverge.
 
     Returns:
         :class:`SinkhornOutput` with ``cost``, ``plan``, ``f``, ``g``.
@@ -86,6 +91,8 @@ def sinkhorn(
     References:
         [1] M. Cuturi, Sinkhorn distances, NeurIPS 2013. [2] B. Schmitzer, Stabilized sparse
         scaling algorithms for entropy regularized transport problems, SIAM J. Sci. Comput. 2019.
+        [3] A. Thibault et al., Overrelaxed Sinkhorn-Knopp algorithm for regularized optimal
+        transport, Algorithms 2021.
 
     Example:
         >>> c = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]], dtype=torch.float64)
@@ -103,6 +110,8 @@ def sinkhorn(
             raise ValueError(f"{name} must be non-negative")
     if not reg > 0:
         raise ValueError(f"reg must be positive, got {reg!r}")
+    if not 1.0 <= relaxation < 2.0:
+        raise ValueError(f"relaxation must lie in [1, 2), got {relaxation!r}")
     if max_iter < 1 or check_every < 1:
         raise ValueError(f"max_iter and check_every must be >= 1, got {max_iter} and {check_every}")
     dtype, device = cost.dtype, cost.device
@@ -139,12 +148,15 @@ def sinkhorn(
     eps = reg
     for it in range(max_iter):
         eps = max(reg, reg_start * decay ** (it + 1)) if it < scaling_iter else reg
-        f = torch.where(has_a, eps * log_a - eps * torch.logsumexp((g.unsqueeze(1) - cost) / eps + col_pen, dim=2), zero)
-        g = torch.where(has_b, eps * log_b - eps * torch.logsumexp((f.unsqueeze(2) - cost) / eps + row_pen, dim=1), zero)
+        omega = relaxation if it > 0 else 1.0  # the first step makes f consistent with g
+        f_new = eps * log_a - eps * torch.logsumexp((g.unsqueeze(1) - cost) / eps + col_pen, dim=2)
+        f = torch.where(has_a, f_new if omega == 1.0 else f + omega * (f_new - f), zero)
+        g_new = eps * log_b - eps * torch.logsumexp((f.unsqueeze(2) - cost) / eps + row_pen, dim=1)
+        g = torch.where(has_b, g_new if omega == 1.0 else g + omega * (g_new - g), zero)
         if tol is not None and it >= scaling_iter and (it + 1) % check_every == 0:
             plan = _plan(f, g, cost, eps, row_pen, col_pen)
             violation = (plan.sum(2) - a).abs().amax(1).masked_fill(empty, 0.0)
-            if float(violation.max()) < tol:  # columns are exact after the g-update
+            if float(violation.max()) < tol:  # rows only: with omega = 1 the columns are exact after the g-update
                 break
     plan = _plan(f, g, cost, reg, row_pen, col_pen)
     plan = torch.where(empty.view(-1, 1, 1), zero, plan)

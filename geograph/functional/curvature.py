@@ -1,0 +1,365 @@
+"""Ollivier-Ricci curvature of every edge of a batch of graphs, by batched optimal transport.
+
+The measures and the curvature follow GraphRicciCurvature 0.6.1 (``OllivierRicci``) exactly,
+so that its outputs are the reference (see ``tests/test_curvature.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from geograph._checks import check_mask, check_tensor, check_unit_interval
+from geograph.functional.paths import shortest_paths
+from geograph.functional.transport import sinkhorn
+
+__all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]
+
+_SOLVERS = ("sinkhorn", "exact")
+# GraphRicciCurvature's thresholds: a neighbour weight sum at or below this falls back to the
+# uniform measure; an edge whose endpoints are closer than this gets curvature 0.
+_WEIGHT_SUM_EPS = 1e-7
+_DIST_EPS = 1e-7
+
+
+@dataclass
+class CurvatureState:
+    """Sinkhorn duals of the last solve, kept per edge in node space for warm starts.
+
+    ``edges`` is ``(E, 3)`` long (graph, x, y) with ``x < y``; ``pos``/``neg`` are ``(E, n)``
+    potentials of the nodes where ``m_x - m_y`` was positive / negative. :func:`ricci_flow`
+    passes this from one flow step to the next, where the lengths change a little.
+    """
+
+    edges: Tensor
+    pos: Tensor
+    neg: Tensor
+
+
+def _validate(lengths: Tensor, adj: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    check_tensor(lengths, "lengths", 3, finite=False)
+    b, n, n2 = lengths.shape
+    if n != n2:
+        raise ValueError(f"lengths must be square (B, n, n), got {tuple(lengths.shape)}")
+    adj = check_mask(adj, lengths.shape, "adj")
+    if adj is None:
+        raise ValueError("adj must be given, a (B, n, n) bool edge mask")
+    node_mask = check_mask(mask, (b, n), "mask")
+    if node_mask is None:
+        node_mask = torch.ones(b, n, dtype=torch.bool, device=lengths.device)
+    eye = torch.eye(n, dtype=torch.bool, device=lengths.device)
+    adj = adj & node_mask.unsqueeze(2) & node_mask.unsqueeze(1) & ~eye
+    if not bool((adj == adj.transpose(1, 2)).all()):
+        raise ValueError("adj must be symmetric: the curvature is defined on undirected graphs")
+    on_edges = lengths[adj]
+    if not bool(torch.isfinite(on_edges).all()) or bool((on_edges < 0).any()):
+        raise ValueError("lengths must be finite and non-negative on every edge of adj")
+    if not bool((lengths == lengths.transpose(1, 2))[adj].all()):
+        raise ValueError("lengths must be symmetric on the edges of adj")
+    return torch.where(adj, lengths, torch.zeros((), dtype=lengths.dtype, device=lengths.device)), adj, node_mask
+
+
+def lazy_measures(
+    lengths: Tensor, adj: Tensor, mask: Optional[Tensor] = None, *, alpha: float = 0.5, exp_power: float = 2
+) -> Tensor:
+    r"""The lazy random-walk measure of every node, as in GraphRicciCurvature's ``OllivierRicci``.
+
+    .. math:: m_x(x) = \alpha, \qquad m_x(v) = (1 - \alpha)\,
+              \frac{e^{-w_{xv}^{p}}}{\sum_{u \sim x} e^{-w_{xu}^{p}}} \quad (v \sim x)
+
+    When the neighbour sum is at most ``1e-7`` (all neighbours very far) the neighbours share
+    ``1 - alpha`` uniformly; an isolated real node puts all its mass on itself. Rows of padded
+    nodes are 0.
+
+    Args:
+        lengths: ``(B, n, n)`` symmetric edge lengths ``w``.
+        adj: ``(B, n, n)`` bool symmetric edge mask.
+        mask: ``(B, n)`` bool, True = real node; ``None`` = all real.
+        alpha: mass kept at the node itself.
+        exp_power: ``p`` in the exponent.
+
+    Returns:
+        ``(B, n, n)``: row ``x`` is ``m_x`` (sums to 1 for a real node).
+
+    Example:
+        >>> adj = torch.tensor([[[False, True, True], [True, False, False], [True, False, False]]])
+        >>> lazy_measures(torch.ones(1, 3, 3), adj)[0, 0]
+        tensor([0.5000, 0.2500, 0.2500])
+    """
+    alpha = check_unit_interval(alpha, "alpha")
+    w, adj, node_mask = _validate(lengths, adj, mask)
+    return _measures(w, adj, node_mask, alpha, float(exp_power))
+
+
+def _measures(w: Tensor, adj: Tensor, node_mask: Tensor, alpha: float, exp_power: float) -> Tensor:
+    zero = torch.zeros((), dtype=w.dtype, device=w.device)
+    e = torch.where(adj, torch.exp(-(w**exp_power)), zero)
+    total = e.sum(2, keepdim=True)
+    deg = adj.sum(2, keepdim=True)
+    uniform = adj.to(w.dtype) / deg.clamp_min(1)
+    nbr = torch.where(total > _WEIGHT_SUM_EPS, e / total.clamp_min(_WEIGHT_SUM_EPS), uniform)
+    isolated = deg.squeeze(2) == 0
+    self_mass = torch.where(isolated, torch.ones_like(w[..., 0]), torch.full_like(w[..., 0], alpha))
+    self_mass = torch.where(node_mask, self_mass, zero)
+    m = (1.0 - alpha) * nbr * node_mask.unsqueeze(2)
+    return m + torch.diag_embed(self_mass)
+
+
+def ollivier_ricci(
+    lengths: Tensor,
+    adj: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    alpha: float = 0.5,
+    exp_power: float = 2,
+    solver: str = "sinkhorn",
+    reg: float = 1e-2,
+    max_iter: int = 1000,
+    reg_start: Optional[float] = None,
+    scaling_iter: Optional[int] = None,
+    tol: Optional[float] = None,
+    relaxation: float = 1.7,
+) -> Tensor:
+    r"""Ollivier-Ricci curvature of every edge, with the W1 of all edges in one batched solve.
+
+    .. math:: \kappa_{xy} = 1 - \frac{W_1(m_x, m_y)}{d(x, y)}
+
+    with the lazy measures of :func:`lazy_measures`, ground cost the shortest-path distance
+    ``d`` of ``lengths`` (:func:`~geograph.functional.shortest_paths`), and ``kappa = 0`` where
+    ``d(x, y) < 1e-7`` (GraphRicciCurvature 0.6.1's rules; its curvature divides by ``d``, not
+    by the edge length, which differs when an edge is longer than a detour).
+
+    Because ``d`` is a metric, ``W1(m_x, m_y)`` only depends on ``m_x - m_y``
+    (Kantorovich-Rubinstein): each edge is solved as a transport from the positive part of
+    ``m_x - m_y`` to its negative part, both normalised to mass 1 and with cost
+    ``d / d(x, y)``, so ``kappa = 1 - t * OT`` with ``t = |m_x - m_y|_1 / 2``. The supports are
+    compacted to the nodes that carry mass (at most ``n // 2`` rows by ``n - 1`` columns), and
+    every edge of every graph goes into one call.
+
+    ``solver="sinkhorn"`` runs :func:`~geograph.functional.sinkhorn` (log domain,
+    epsilon-scaling from ``reg_start``, default 1, down to ``reg``; the problem is relative, so
+    ``reg`` is a fraction of ``d(x, y)``). With the defaults its curvature was within 1e-4 of
+    exact (mean 2e-5) on 27 real query graphs; at 400 iterations within 8e-3 (graph costs
+    have many ties, where Sinkhorn converges slowly).
+    ``solver="exact"`` solves each edge with POT's network simplex ``ot.emd2`` on the CPU (a
+    Python loop over edges: the reference path, bit-for-bit the W1 GraphRicciCurvature uses).
+
+    Args:
+        lengths: ``(B, n, n)`` symmetric non-negative edge lengths.
+        adj: ``(B, n, n)`` bool symmetric edge mask (the diagonal is ignored).
+        mask: ``(B, n)`` bool, True = real node; ``None`` = all real.
+        alpha: lazy mass of :func:`lazy_measures`.
+        exp_power: exponent ``p`` of :func:`lazy_measures`.
+        solver: ``"sinkhorn"`` or ``"exact"``.
+        reg: final relative entropic regularisation (Sinkhorn).
+        max_iter: Sinkhorn iterations.
+        reg_start: first epsilon of the annealing (Sinkhorn); default 1.
+        scaling_iter: iterations spent annealing; default ``max_iter // 2``.
+        tol: optional marginal tolerance for an early Sinkhorn stop.
+        relaxation: Sinkhorn over-relaxation (see :func:`~geograph.functional.sinkhorn`);
+            the graph costs have many ties, where plain Sinkhorn (1.0) needs ~5x the iterations.
+
+    Returns:
+        ``(B, n, n)`` symmetric curvature, 0 off the edges (and on padding).
+
+    References:
+        Y. Ollivier, Ricci curvature of Markov chains on metric spaces, J. Funct. Anal. 2009;
+        C.-C. Ni et al., Community detection on networks with Ricci flow, Sci. Rep. 2019
+        (GraphRicciCurvature); Ricci-Filtration (../shared/papers/ricci-filtration.txt).
+
+    Example:
+        >>> adj = torch.tensor([[[False, True, True], [True, False, True], [True, True, False]]])
+        >>> k = ollivier_ricci(torch.ones(1, 3, 3, dtype=torch.float64), adj, solver="exact")
+        >>> round(float(k[0, 0, 1]), 4)
+        0.75
+    """
+    kappa, _ = _ollivier_ricci(
+        lengths, adj, mask, alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, max_iter=max_iter,
+        reg_start=reg_start, scaling_iter=scaling_iter, tol=tol, relaxation=relaxation, state=None,
+    )
+    return kappa
+
+
+def _check_options(alpha: float, solver: str, reg: float, max_iter: int) -> float:
+    alpha = check_unit_interval(alpha, "alpha")
+    if solver not in _SOLVERS:
+        raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
+    if not reg > 0:
+        raise ValueError(f"reg must be positive, got {reg!r}")
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    return alpha
+
+
+def _ollivier_ricci(
+    lengths: Tensor,
+    adj: Tensor,
+    mask: Optional[Tensor],
+    *,
+    alpha: float,
+    exp_power: float,
+    solver: str,
+    reg: float,
+    max_iter: int,
+    reg_start: Optional[float],
+    scaling_iter: Optional[int],
+    tol: Optional[float],
+    relaxation: float,
+    state: Optional[CurvatureState],
+    validated: bool = False,
+) -> tuple[Tensor, Optional[CurvatureState]]:
+    alpha = _check_options(alpha, solver, reg, max_iter)
+    if validated:
+        w, node_mask = lengths, mask
+        assert node_mask is not None
+    else:
+        w, adj, node_mask = _validate(lengths, adj, mask)
+    bsz, n, _ = w.shape
+    dist = shortest_paths(w, adj, node_mask)
+    measures = _measures(w, adj, node_mask, alpha, float(exp_power))
+    edges = state.edges if state is not None else torch.triu(adj, diagonal=1).nonzero()
+    kappa = torch.zeros_like(w)
+    if edges.shape[0] == 0:
+        return kappa, state
+    gb, gx, gy = edges.unbind(1)
+    d_xy = dist[gb, gx, gy]
+    close = d_xy < _DIST_EPS
+    prob = _kr_problems(measures[gb, gx] - measures[gb, gy], dist, gb, d_xy)
+    if solver == "exact":
+        ratio, new_state = _exact_ratio(prob), None
+    else:
+        ratio, new_state = _sinkhorn_ratio(
+            prob, edges, n, reg=reg, max_iter=max_iter, reg_start=reg_start, scaling_iter=scaling_iter,
+            tol=tol, relaxation=relaxation, state=state,
+        )
+    k_e = 1.0 - ratio
+    k_e = torch.where(close, torch.zeros_like(k_e), k_e)
+    kappa = kappa.index_put((gb, gx, gy), k_e).index_put((gb, gy, gx), k_e)
+    return kappa, new_state
+
+
+@dataclass
+class _Problems:
+    """Every edge's W1 as a normalised transport between the parts of ``m_x - m_y``.
+
+    Rows are the smaller side (``flip``: rows are the negative part); valid rows and columns
+    come first (``n_rows``, ``n_cols`` of them); ``cost`` is ``d / d(x, y)``, 0 on padding.
+    """
+
+    a: Tensor  # (E, R)
+    b: Tensor  # (E, C)
+    cost: Tensor  # (E, R, C)
+    t: Tensor  # (E,) total variation |m_x - m_y|_1 / 2
+    r_idx: Tensor
+    c_idx: Tensor
+    r_ok: Tensor
+    c_ok: Tensor
+    flip: Tensor
+    has_mass: Tensor
+    n_rows: Tensor
+    n_cols: Tensor
+
+
+def _compact(side: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """Indices ``(E, size)`` of the True entries of ``side`` first (stable), and their validity."""
+    idx = torch.sort((~side).to(torch.int8), dim=1, stable=True).indices[:, :size]
+    return idx, side.gather(1, idx)
+
+
+def _kr_problems(diff: Tensor, dist: Tensor, gb: Tensor, d_xy: Tensor) -> _Problems:
+    dtype = diff.dtype
+    zero = torch.zeros((), dtype=dtype, device=diff.device)
+    thr = 8 * torch.finfo(dtype).eps
+    pos, neg = diff > thr, diff < -thr
+    n_pos, n_neg = pos.sum(1), neg.sum(1)
+    flip = n_pos > n_neg
+    rows = torch.where(flip.unsqueeze(1), neg, pos)
+    cols = torch.where(flip.unsqueeze(1), pos, neg)
+    n_rows, n_cols = torch.minimum(n_pos, n_neg), torch.maximum(n_pos, n_neg)
+    sizes = torch.stack([n_rows.max(), n_cols.max()]).tolist()  # one host read: the padded sizes
+    r_size, c_size = max(int(sizes[0]), 1), max(int(sizes[1]), 1)
+    r_idx, r_ok = _compact(rows, r_size)
+    c_idx, c_ok = _compact(cols, c_size)
+    signed = torch.where(flip.unsqueeze(1), -diff, diff)
+    a = torch.where(r_ok, signed.gather(1, r_idx), zero).clamp_min(0)
+    b = torch.where(c_ok, (-signed).gather(1, c_idx), zero).clamp_min(0)
+    mass_a, mass_b = a.sum(1, keepdim=True), b.sum(1, keepdim=True)
+    has_mass = (mass_a.squeeze(1) > 0) & (mass_b.squeeze(1) > 0)
+    tiny = torch.finfo(dtype).tiny
+    rows_d = dist[gb.unsqueeze(1), r_idx]  # (E, R, n)
+    cost = rows_d.gather(2, c_idx.unsqueeze(1).expand(-1, r_size, -1)) / d_xy.clamp_min(_DIST_EPS).view(-1, 1, 1)
+    cost = torch.where(r_ok.unsqueeze(2) & c_ok.unsqueeze(1) & torch.isfinite(cost), cost, zero)
+    return _Problems(
+        a=a / mass_a.clamp_min(tiny), b=b / mass_b.clamp_min(tiny), cost=cost, t=0.5 * (mass_a + mass_b).squeeze(1),
+        r_idx=r_idx, c_idx=c_idx, r_ok=r_ok, c_ok=c_ok, flip=flip, has_mass=has_mass, n_rows=n_rows, n_cols=n_cols,
+    )
+
+
+def _emd_solver():
+    """POT's network simplex: the C entry point of ``ot.emd2`` (no per-call backend dispatch)."""
+    try:
+        from ot.lp.emd_wrap import emd_c  # POT >= 0.9
+
+        def solve(a, b, cost):
+            return emd_c(a, b, cost, 100000, 1)[1]
+
+    except ImportError:  # pragma: no cover - older or reorganised POT
+        import ot
+
+        def solve(a, b, cost):
+            return float(ot.emd2(a, b, cost))
+
+    return solve
+
+
+def _exact_ratio(prob: _Problems) -> Tensor:
+    """``W1 / d(x, y)`` per edge by POT's exact network simplex (a Python loop over edges)."""
+    solve = _emd_solver()
+    a = prob.a.detach().cpu().double().numpy()
+    b = prob.b.detach().cpu().double().numpy()
+    cost = prob.cost.detach().cpu().double().numpy()
+    rows = prob.n_rows.tolist()
+    cols = prob.n_cols.tolist()
+    ok = prob.has_mass.tolist()
+    out = [
+        solve(a[e, : rows[e]] / a[e, : rows[e]].sum(), b[e, : cols[e]] / b[e, : cols[e]].sum(),
+              np.ascontiguousarray(cost[e, : rows[e], : cols[e]])) if ok[e] else 0.0
+        for e in range(a.shape[0])
+    ]
+    return prob.t * torch.tensor(out, dtype=prob.t.dtype, device=prob.t.device)
+
+
+def _sinkhorn_ratio(
+    prob: _Problems,
+    edges: Tensor,
+    n: int,
+    *,
+    reg: float,
+    max_iter: int,
+    reg_start: Optional[float],
+    scaling_iter: Optional[int],
+    tol: Optional[float],
+    relaxation: float,
+    state: Optional[CurvatureState],
+) -> tuple[Tensor, CurvatureState]:
+    """``W1 / d(x, y)`` per edge from one batched Sinkhorn call over the compacted supports."""
+    flip, r_idx, c_idx = prob.flip.unsqueeze(1), prob.r_idx, prob.c_idx
+    dtype, device = prob.a.dtype, prob.a.device
+    zero = torch.zeros((), dtype=dtype, device=device)
+    f_init = g_init = None
+    if state is not None:
+        f_init = torch.where(flip, state.neg, state.pos).gather(1, r_idx)
+        g_init = torch.where(flip, state.pos, state.neg).gather(1, c_idx)
+    out = sinkhorn(
+        prob.cost, prob.a, prob.b, reg=reg, max_iter=max_iter, reg_start=1.0 if reg_start is None else reg_start,
+        scaling_iter=scaling_iter, tol=tol, f_init=f_init, g_init=g_init, relaxation=relaxation,
+    )
+    ratio = torch.where(prob.has_mass, prob.t * out.cost, zero)
+    # potentials back to node space, by side of m_x - m_y (indices within a row are distinct)
+    e_count = edges.shape[0]
+    f_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, r_idx, torch.where(prob.r_ok, out.f, zero))
+    g_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, c_idx, torch.where(prob.c_ok, out.g, zero))
+    return ratio, CurvatureState(edges=edges, pos=torch.where(flip, g_node, f_node), neg=torch.where(flip, f_node, g_node))

@@ -1,0 +1,112 @@
+import numpy as np
+import pytest
+import torch
+
+from geograph.functional import ollivier_ricci, ricci_flow
+from ricci_helpers import dense_adj, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
+
+
+def fixture_batch():
+    ds, adjs = [], []
+    for seed in range(3):
+        d = load_fixture(f"grc_0.6.1_seed{seed}.json")
+        ds.append(d)
+        adjs.append(dense_adj(d["graph_construction"]["edge_list"], 21))
+    return ds, torch.stack(adjs)
+
+
+def test_exact_flow_matches_fixtures_batched():
+    ds, adj = fixture_batch()
+    out = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="exact")
+    for b, d in enumerate(ds):
+        for (u, v), w in edge_dict(d["flowed_weights"]).items():
+            assert abs(float(out.lengths[b, u, v]) - w) <= 1e-6
+        for (u, v), k in edge_dict(d["flowed_ricci_curvature"]).items():
+            assert abs(float(out.curvature[b, u, v]) - k) <= 1e-6
+        kept = (torch.nonzero(out.lengths[b, 0, 1:] <= 1.0).squeeze(1) + 1).tolist()
+        assert kept == d["kept_chunks_weight_le_1"]
+        assert int(out.iterations[b]) == d["flow_iterations_logged"]
+        assert bool(out.converged[b]) == d["flow_converged_early"]
+    # normalised: mean edge length 1 on every graph
+    for b in range(3):
+        torch.testing.assert_close(out.lengths[b][adj[b]].mean(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_exact_flow_matches_weighted_denominator_case():
+    d = load_fixture("denominator_case_0.6.1.json")
+    weights = edge_dict(d["input_weights"])
+    n = 1 + max(max(e) for e in weights)
+    adj = dense_adj(weights, n)
+    lengths = torch.zeros(n, n, dtype=torch.float64)
+    for (u, v), w in weights.items():
+        lengths[u, v] = lengths[v, u] = w
+    out = ricci_flow(adj[None], lengths[None], solver="exact", iterations=5)
+    err = max(abs(float(out.lengths[0, u, v]) - w) for (u, v), w in edge_dict(d["flowed_weights_iter5"]).items())
+    assert err <= 1e-6
+
+
+def test_frozen_graph_in_a_batch_is_unchanged():
+    """A graph that converges stops; the others keep flowing (per-graph early stop)."""
+    tri = dense_adj([(0, 1), (1, 2), (0, 2)], 6)  # constant curvature: converges at once
+    rng = np.random.default_rng(3)
+    other = random_adjacency(rng, 1, 6)[0]
+    adj = torch.stack([tri, other])
+    out = ricci_flow(adj, torch.ones(2, 6, 6, dtype=torch.float64), solver="exact", iterations=8)
+    assert int(out.iterations[0]) == 1 and bool(out.converged[0])
+    torch.testing.assert_close(out.lengths[0][tri], torch.ones(6, dtype=torch.float64))
+    alone = ricci_flow(other[None], torch.ones(1, 6, 6, dtype=torch.float64), solver="exact", iterations=8)
+    torch.testing.assert_close(out.lengths[1], alone.lengths[0], atol=1e-12, rtol=0)
+    assert int(out.iterations[1]) == int(alone.iterations[0])
+
+
+def test_no_early_exit_gives_same_result():
+    ds, adj = fixture_batch()
+    ones = torch.ones(adj.shape, dtype=torch.float64)
+    a = ricci_flow(adj, ones, solver="exact", iterations=4)
+    b = ricci_flow(adj, ones, solver="exact", iterations=4, early_exit=False)
+    torch.testing.assert_close(a.lengths, b.lengths)
+
+
+def test_sinkhorn_flow_close_to_exact_on_real_graphs():
+    adj = real_adjacency(8)
+    ones = torch.ones(adj.shape, dtype=torch.float64)
+    exact = ricci_flow(adj, ones, solver="exact", iterations=5)
+    approx = ricci_flow(adj, ones.float(), solver="sinkhorn", iterations=5)
+    assert torch.isfinite(approx.lengths).all()
+    agree = ((approx.lengths[:, 0, 1:] <= 1) == (exact.lengths[:, 0, 1:] <= 1)).float().mean()
+    assert agree >= 0.95
+    assert (approx.lengths.double() - exact.lengths)[adj].abs().max() <= 0.1
+
+
+def test_default_lengths_and_bad_input():
+    adj = dense_adj([(0, 1), (1, 2)], 3)[None]
+    out = ricci_flow(adj, solver="exact", iterations=2)
+    assert out.lengths.dtype == torch.float32 and torch.isfinite(out.lengths).all()
+    with pytest.raises(ValueError, match="iterations"):
+        ricci_flow(adj, iterations=0)
+    with pytest.raises(ValueError, match="delta"):
+        ricci_flow(adj, delta=-1.0)
+    with pytest.raises(ValueError, match="adj"):
+        ricci_flow(adj[0])
+
+
+def test_single_edge_and_empty_graph_are_finite():
+    adj = torch.zeros(2, 3, 3, dtype=torch.bool)
+    adj[0, 0, 1] = adj[0, 1, 0] = True
+    out = ricci_flow(adj, torch.ones(2, 3, 3, dtype=torch.float64), solver="exact")
+    assert torch.isfinite(out.lengths).all() and torch.isfinite(out.curvature).all()
+    assert int(out.iterations[1]) == 0  # nothing to flow
+
+
+def test_live_graphriccicurvature_flow_parity():
+    """Flowed lengths and curvature vs compute_ricci_flow on real and random graphs."""
+    pytest.importorskip("GraphRicciCurvature")
+    from geograph.bench.reference import ricci_reference
+
+    rng = np.random.default_rng(11)
+    adj = torch.cat([real_adjacency(4), random_adjacency(rng, 4, 21)[:, :21, :21]])
+    out = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="exact")
+    for b in range(adj.shape[0]):
+        curv, lengths = ricci_reference(edges_of(adj[b]), 21, iterations=20)
+        assert max(abs(float(out.lengths[b, u, v]) - w) for (u, v), w in lengths.items()) <= 1e-6
+        assert max(abs(float(out.curvature[b, u, v]) - k) for (u, v), k in curv.items()) <= 1e-6
