@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install '$(TORCH)' -e '.[$(EXTRAS)]'
+	# the live parity references; GraphRicciCurvature 0.6.1's metadata pins scipy<=1.13.1,
+	# which it does not need: install it without its dependency pins
+	$(PY) -m pip install --no-deps 'GraphRicciCurvature==0.6.1' 'python-louvain==0.16' 'networkit==11.3' 'tabulate>=0.9'
 	touch $@
 
 demo: $(STAMP)

@@ -316,7 +316,11 @@ def _emd_solver():
 
 
 def _exact_ratio(prob: _Problems) -> Tensor:
-    """``W1 / d(x, y)`` per edge by POT's exact network simplex (a Python loop over edges)."""
+    """``W1 / d(x, y)`` per edge by POT's exact network simplex (a Python loop over edges).
+
+    ``a`` and ``b`` were normalised over their full padded rows, so the valid slices already
+    carry mass 1 each (padding is 0). POT's C entry point holds the GIL: threads do not help.
+    """
     solve = _emd_solver()
     a = prob.a.detach().cpu().double().numpy()
     b = prob.b.detach().cpu().double().numpy()
@@ -325,8 +329,7 @@ def _exact_ratio(prob: _Problems) -> Tensor:
     cols = prob.n_cols.tolist()
     ok = prob.has_mass.tolist()
     out = [
-        solve(a[e, : rows[e]] / a[e, : rows[e]].sum(), b[e, : cols[e]] / b[e, : cols[e]].sum(),
-              np.ascontiguousarray(cost[e, : rows[e], : cols[e]])) if ok[e] else 0.0
+        solve(a[e, : rows[e]], b[e, : cols[e]], np.ascontiguousarray(cost[e, : rows[e], : cols[e]])) if ok[e] else 0.0
         for e in range(a.shape[0])
     ]
     return prob.t * torch.tensor(out, dtype=prob.t.dtype, device=prob.t.device)
