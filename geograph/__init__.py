@@ -3,8 +3,10 @@ from geograph import functional
 from geograph.outputs import RerankOutput, RetrievalOutput
 from geograph.rerankers import Maniscope, RicciFiltration
 from geograph.scorers import CrossEncoderScorer
-from geograph.retrievers import DenseRetriever
+from geograph.corpus import CorpusGraph
+from geograph.encoders import PoincareProjection
+from geograph.retrievers import DenseRetriever, ISORetriever
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "RicciFiltration", "CrossEncoderScorer", "DenseRetriever", "__version__"]
+__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "RicciFiltration", "CrossEncoderScorer", "DenseRetriever", "ISORetriever", "CorpusGraph", "PoincareProjection", "__version__"]

@@ -1,4 +1,4 @@
-"""The ``geograph`` command: ``geograph demo`` and ``geograph bench <method>``."""
+"""The ``geograph`` command: ``geograph demo``, ``geograph bench <method>``, ``geograph build-graph``."""
 from __future__ import annotations
 
 import sys
@@ -7,8 +7,9 @@ from typing import Optional, Sequence
 USAGE = """usage: geograph <command> [options]
 
 commands:
-  demo     dense top-5 next to Maniscope's on the shipped corpus (or --data DIR), with a quality table
-  bench    benchmarks against the slow references: geograph bench maniscope [options]
+  demo         dense top-5 next to Maniscope's on the shipped corpus (or --data DIR), with a quality table
+  bench        benchmarks against the slow references: geograph bench {maniscope,ricci,iso} [options]
+  build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG
 
 run 'geograph <command> --help' for the options of a command."""
 
@@ -27,6 +28,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from geograph.bench.__main__ import main as bench_main
 
         return bench_main(rest)
+    if command == "build-graph":
+        from geograph.build_graph import main as build_main
+
+        return build_main(rest)
     print(f"geograph: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

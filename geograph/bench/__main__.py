@@ -6,6 +6,8 @@ from typing import Optional, Sequence
 
 BENCHES = {
     "maniscope": "geograph.bench.maniscope",
+    "ricci": "geograph.bench.ricci",
+    "iso": "geograph.bench.iso",
 }
 
 

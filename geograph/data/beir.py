@@ -44,8 +44,12 @@ class Dataset:
 
     def subset(self, n_queries: int) -> "Dataset":
         """The same corpus with only the first ``n_queries`` queries."""
-        keep = self.query_ids[:n_queries]
-        return Dataset(self.name, self.doc_ids, self.titles, self.texts, keep, self.queries[:n_queries],
+        return self.query_range(0, n_queries)
+
+    def query_range(self, start: int, stop: int) -> "Dataset":
+        """The same corpus with only the queries ``[start, stop)`` (e.g. a tuning half)."""
+        keep = self.query_ids[start:stop]
+        return Dataset(self.name, self.doc_ids, self.titles, self.texts, keep, self.queries[start:stop],
                        {q: self.qrels[q] for q in keep}, {q: self.query_fields.get(q, {}) for q in keep})
 
     def __repr__(self) -> str:

@@ -1,6 +1,8 @@
 """Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
 from geograph.functional.curvature import lazy_measures, ollivier_ricci
 from geograph.functional.flow import RicciFlowOutput, ricci_flow
+from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
+from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.graphs import knn_from_similarity, knn_graph
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
@@ -22,6 +24,9 @@ __all__ = [
     "ollivier_ricci",
     "ricci_flow",
     "RicciFlowOutput",
+    "isoperimetric_ratio",
+    "compatible_edges",
+    "personalized_pagerank",
     "recall_at_k",
     "precision_at_k",
     "ndcg_at_k",

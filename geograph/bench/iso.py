@@ -1,0 +1,173 @@
+"""``geograph bench iso``: ISO-RAG vs dense on MuSiQue and SciFact, and its speed vs networkx.
+
+For each data set: the passage graphs (a title-mention graph for MuSiQue, a k-NN graph for
+both), each with the untrained projection (the identity signal) and with f_theta trained on
+that graph by Lightning (triplet + radial losses; graph only, no query labels). beta, m, L
+and tau are tuned by Recall@5 on a split that is not reported (MuSiQue: the first half of
+the queries, reporting the second; SciFact: train, reporting test). Reported: Recall@5,
+Recall@10, HitAll@5, the share of edges pruned, and ms/query of ``ISORetriever`` at B = 1 and
+B = ``--batch`` next to a per-query ``networkx.pagerank`` on the same local subgraphs (ratio in
+the same run, with the PageRank parity).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from geograph.bench.common import DEFAULT_DATA, write_json
+from geograph.corpus import CorpusGraph
+from geograph.data import Encoder, load_beir
+from geograph.demo import format_table
+from geograph.functional.pagerank import personalized_pagerank
+from geograph.metrics import evaluate
+from geograph.retrievers import DenseRetriever, ISORetriever
+
+METRICS = ("Recall@5", "Recall@10", "HitAll@5")
+GRID = {"beta": (0.0, 0.2, 0.4, 0.6), "m": (3, 5), "L": (20, 50), "tau": (5.0, 10.0, 20.0)}
+
+
+def _run(dataset, indices):
+    ids = dataset.doc_ids
+    return [[ids[i] for i in row] for row in indices.tolist()]
+
+
+def _retrieve(model, query, k=10, batch=64):
+    return torch.cat([model(query[s : s + batch], k).indices for s in range(0, query.shape[0], batch)])
+
+
+def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0):
+    """f_theta fitted on ``graph`` alone (see ``train/``); returns the projection in eval mode."""
+    import lightning as L
+
+    from train import PoincareModule
+    from train.data import TripletDataset, hard_negatives
+
+    torch.manual_seed(seed)
+    model = PoincareModule(in_dim=int(graph.embeddings.shape[1]), out_dim=32, hidden=256, lr=3e-3)
+    model.attach(graph)
+    data = TripletDataset(graph, hard=hard_negatives(graph, 8), seed=seed)
+    loader = torch.utils.data.DataLoader(data, batch_size=1024, shuffle=True)
+    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, train_dataloaders=loader)
+    return model.projection.eval()
+
+
+def tune(graph, projection, query, dataset, grid=GRID):
+    """Best (Recall@5, then Recall@10) grid point on the tuning queries; phi computed once per beta."""
+    best, best_key = None, None
+    for beta in grid["beta"]:
+        base = ISORetriever(graph, projection=projection, beta=beta)
+        for m, L, tau in itertools.product(grid["m"], grid["L"], grid["tau"]):
+            base.m, base.L, base.tau = m, L, tau
+            res = evaluate(_run(dataset, _retrieve(base, query)), dataset.qrels_list(), ("Recall@5", "Recall@10"))
+            key = (res["Recall@5"], res["Recall@10"])
+            if best_key is None or key > best_key:
+                best_key, best = key, {"beta": beta, "m": m, "L": L, "tau": tau}
+    return best, {"Recall@5": best_key[0], "Recall@10": best_key[1]}
+
+
+def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> dict:
+    """ms/query: ISO forward at B = 1 and B = ``batch``; batched PPR vs networkx on the same subgraphs."""
+    import networkx as nx
+
+    q = query[:batch]
+    model(q, 5)  # warm-up
+    t = time.perf_counter()
+    model(q, 5)
+    t_batch = (time.perf_counter() - t) / q.shape[0]
+    t = time.perf_counter()
+    for i in range(min(single, q.shape[0])):
+        model(q[i : i + 1], 5)
+    t_one = (time.perf_counter() - t) / min(single, q.shape[0])
+    sub = model.local(q)
+    w = sub.adj.double()
+    r = sub.personalization.double()
+    t = time.perf_counter()
+    pi = personalized_pagerank(w, r, sub.mask, alpha=model.alpha, max_iter=model.max_iter)
+    t_ppr = (time.perf_counter() - t) / q.shape[0]
+    t = time.perf_counter()
+    ref = []
+    for b in range(q.shape[0]):
+        n = int(sub.mask[b].sum())
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from(sub.adj[b, :n, :n].nonzero().tolist())
+        pers = {i: float(r[b, i]) for i in range(n)}
+        out = nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers)
+        ref.append(np.array([out[i] for i in range(n)]))
+    t_nx = (time.perf_counter() - t) / q.shape[0]
+    err = max(float(np.abs(pi[b, : len(x)].numpy() - x).max()) for b, x in enumerate(ref))
+    return {"iso_B1_ms": t_one * 1e3, f"iso_B{q.shape[0]}_ms": t_batch * 1e3, "ppr_batched_ms": t_ppr * 1e3,
+            "networkx_pagerank_ms": t_nx * 1e3, "ppr_speedup": t_nx / t_ppr, "ppr_max_abs_diff_vs_networkx": err,
+            "local_nodes_mean": float(sub.mask.sum(1).double().mean())}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="geograph bench iso", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-root", default=str(DEFAULT_DATA), help="folder holding musique/ and scifact/")
+    p.add_argument("--datasets", nargs="+", default=["musique", "scifact"])
+    p.add_argument("--knn", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=5, help="f_theta training epochs per graph")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--single", type=int, default=16)
+    p.add_argument("--cache", help="embedding cache directory")
+    p.add_argument("--out", default="bench-results")
+    args = p.parse_args(argv)
+
+    encoder = Encoder(cache=args.cache, progress=True)
+    results = {}
+    for name in args.datasets:
+        root = f"{args.data_root}/{name}"
+        test = load_beir(root, "test")
+        corpus = encoder.encode(test.passages())
+        if name == "scifact":
+            tune_set, report_set = load_beir(root, "train"), test
+            tune_q, report_q = encoder.encode(tune_set.queries), encoder.encode(test.queries)
+            protocol = "tuned on scifact train, reported on test"
+        else:
+            half = len(test.queries) // 2
+            q_all = encoder.encode(test.queries)
+            tune_set, report_set = test.query_range(0, half), test.query_range(half, len(test.queries))
+            tune_q, report_q = q_all[:half], q_all[half:]
+            protocol = f"tuned on queries [0, {half}), reported on [{half}, {len(test.queries)})"
+        graphs = {f"knn{args.knn}": CorpusGraph.from_knn(corpus, args.knn)}
+        if name == "musique":
+            graphs["mentions"] = CorpusGraph.from_mentions(corpus, test.titles, test.texts)
+        dense = DenseRetriever(corpus)(report_q, 10).indices
+        table = {"dense": evaluate(_run(report_set, dense), report_set.qrels_list(), METRICS)}
+        rows = {}
+        for gname, graph in graphs.items():
+            for pname in ("untrained", "trained"):
+                print(f"[{name}] {gname} ({graph.num_edges} edges), {pname} projection: tuning ...", flush=True)
+                proj = None if pname == "untrained" else train_projection(graph, epochs=args.epochs)
+                best, tuned = tune(graph, proj, tune_q, tune_set)
+                model = ISORetriever(graph, projection=proj, **best)
+                label = f"ISO-RAG {gname}, {pname}"
+                table[label] = evaluate(_run(report_set, _retrieve(model, report_q)), report_set.qrels_list(), METRICS)
+                rows[label] = {"graph": gname, "edges": graph.num_edges, "projection": pname, "tuned": best,
+                               "tuning_split_score": tuned, "pruned_share": model.pruned_share,
+                               "speed": speed(model, report_q, args.batch, args.single)}
+        results[name] = {"protocol": protocol, "queries_reported": len(report_set.queries), "quality": table,
+                         "variants": rows}
+        print(f"\nISO-RAG on {name} ({protocol}; {len(report_set.queries)} queries reported):")
+        print(format_table(table, METRICS))
+        print(f"{'variant':<34}{'pruned':>8}{'tuned (beta, m, L, tau)':>26}{'B=1 ms':>9}{'B=' + str(args.batch) + ' ms':>9}"
+              f"{'PPR ms':>9}{'nx ms':>9}{'PPR x':>8}{'|dpi|':>9}")
+        for label, r in rows.items():
+            t, s = r["tuned"], r["speed"]
+            print(f"{label:<34}{r['pruned_share'] * 100:7.1f}%{str((t['beta'], t['m'], t['L'], t['tau'])):>26}"
+                  f"{s['iso_B1_ms']:9.3f}{s[f'iso_B{min(args.batch, len(report_set.queries))}_ms']:9.3f}"
+                  f"{s['ppr_batched_ms']:9.4f}{s['networkx_pagerank_ms']:9.3f}{s['ppr_speedup']:7.0f}x"
+                  f"{s['ppr_max_abs_diff_vs_networkx']:9.1e}")
+    path = write_json("iso", {"threads": torch.get_num_threads(), "batch": args.batch, "knn": args.knn,
+                              "epochs": args.epochs, "grid": GRID, "results": results}, args.out)
+    print(f"\nwrote {path}")
+    return 0
+

@@ -1,0 +1,220 @@
+"""CorpusGraph: passage embeddings plus an undirected sparse passage graph, with builders."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from geograph._checks import check_positive_int, check_tensor
+from geograph.functional.isoperimetric import clean_edge_index
+from geograph.functional.similarity import normalize
+
+__all__ = ["CorpusGraph"]
+
+_FORMAT = 1
+
+
+class CorpusGraph:
+    """Passage embeddings ``(V, D)`` and an undirected graph over the passages, stored sparse.
+
+    The graph is kept as a clean ``edge_index (2, E)`` (both directions, sorted by source, no
+    duplicates, no self loops: those are dropped by every builder) and its CSR row pointer;
+    nothing ``V x V`` is ever materialised. Isolated passages are allowed.
+
+    Builders: :meth:`from_knn`, :meth:`from_groups`, :meth:`from_mentions`,
+    :meth:`from_edge_index`; :meth:`save` / :meth:`load` a directory.
+
+    Args:
+        embeddings: ``(V, D)`` floating passage embeddings (finite).
+        edge_index: ``(2, E)`` integer node pairs, either direction.
+        name: how the graph was built (kept in :meth:`save`).
+
+    Example:
+        >>> g = CorpusGraph(torch.eye(3), torch.tensor([[0, 1], [1, 1]]))
+        >>> g.num_edges, g.degree().tolist()
+        (1, [1, 1, 0])
+    """
+
+    def __init__(self, embeddings: Tensor, edge_index: Tensor, *, name: str = "edge_index") -> None:
+        check_tensor(embeddings, "embeddings", 2)
+        if embeddings.shape[0] < 1:
+            raise ValueError("embeddings must hold at least one passage")
+        self.embeddings = embeddings
+        self.edge_index = clean_edge_index(edge_index.to(embeddings.device), embeddings.shape[0])
+        self.name = name
+        counts = torch.bincount(self.edge_index[0], minlength=self.num_nodes)
+        self.rowptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        """Undirected edges (each stored in both directions)."""
+        return int(self.edge_index.shape[1]) // 2
+
+    @property
+    def col(self) -> Tensor:
+        """CSR column indices (the targets of :attr:`edge_index`, grouped by source)."""
+        return self.edge_index[1]
+
+    def degree(self) -> Tensor:
+        """``(V,)`` long node degrees."""
+        return self.rowptr[1:] - self.rowptr[:-1]
+
+    def to(self, device: Union[str, torch.device]) -> "CorpusGraph":
+        return CorpusGraph(self.embeddings.to(device), self.edge_index.to(device), name=self.name)
+
+    def __repr__(self) -> str:
+        return f"CorpusGraph(nodes={self.num_nodes}, edges={self.num_edges}, dim={self.embeddings.shape[1]}, name={self.name!r})"
+
+    # -- builders -----------------------------------------------------------------------
+    @classmethod
+    def from_edge_index(cls, embeddings: Tensor, edge_index: Tensor) -> "CorpusGraph":
+        """A graph from given node pairs ``(2, E)`` (either direction)."""
+        return cls(embeddings, edge_index, name="edge_index")
+
+    @classmethod
+    def from_knn(cls, embeddings: Tensor, k: int, *, chunk_size: int = 4096, faiss: bool = False) -> "CorpusGraph":
+        """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
+
+        Exact by default, in row chunks of ``chunk_size`` (memory ``O(chunk_size x V)``);
+        ``faiss=True`` uses an exact FAISS inner-product index when ``faiss`` is installed (the
+        same neighbours up to ties). ``k`` clamps to ``V - 1``.
+        """
+        check_tensor(embeddings, "embeddings", 2)
+        k = check_positive_int(k, "k")
+        check_positive_int(chunk_size, "chunk_size")
+        v = embeddings.shape[0]
+        k = min(k, v - 1)
+        if k < 1:
+            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long), name="knn")
+        z = normalize(embeddings.float())
+        if faiss:
+            idx = _faiss_knn(z, k + 1)
+        else:
+            parts = []
+            for start in range(0, v, chunk_size):
+                sim = z[start : start + chunk_size] @ z.T
+                rows = torch.arange(start, min(start + chunk_size, v), device=z.device)
+                sim[torch.arange(rows.numel(), device=z.device), rows] = float("-inf")
+                parts.append(sim.topk(k, dim=1).indices)
+            idx = torch.cat(parts)
+        if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
+            self_hit = idx == torch.arange(v, device=idx.device).unsqueeze(1)
+            order = torch.sort(self_hit.to(torch.int8), dim=1, stable=True).indices[:, :k]
+            idx = idx.gather(1, order)
+        src = torch.arange(v, device=idx.device).repeat_interleave(k)
+        return cls(embeddings, torch.stack([src, idx.reshape(-1)]), name=f"knn{k}")
+
+    @classmethod
+    def from_groups(cls, embeddings: Tensor, groups: Iterable[Sequence[int]]) -> "CorpusGraph":
+        """Co-occurrence: passages listed in the same group are all linked (a clique per group).
+
+        ``groups`` is any iterable of lists of passage indices (e.g. the passages of one
+        training instance); singletons add nothing.
+        """
+        src, dst = [], []
+        v = embeddings.shape[0]
+        for group in groups:
+            g = torch.as_tensor(list(group), dtype=torch.long)
+            if g.numel() and (int(g.min()) < 0 or int(g.max()) >= v):
+                raise ValueError(f"group {list(group)[:5]} holds a passage index outside [0, {v})")
+            if g.numel() > 1:
+                a, b = torch.meshgrid(g, g, indexing="ij")
+                src.append(a.reshape(-1))
+                dst.append(b.reshape(-1))
+        if not src:
+            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long), name="groups")
+        return cls(embeddings, torch.stack([torch.cat(src), torch.cat(dst)]), name="groups")
+
+    @classmethod
+    def from_mentions(
+        cls, embeddings: Tensor, titles: Sequence[str], texts: Sequence[str], *, min_title_len: int = 4,
+        case_sensitive: bool = False,
+    ) -> "CorpusGraph":
+        """Hyperlink-like graph: passage ``u`` links to ``v`` when ``u``'s text mentions ``v``'s title.
+
+        A zero-LLM stand-in for Wikipedia hyperlinks on multi-hop corpora. All titles are
+        matched in one pass over each text with an Aho-Corasick automaton (``pyahocorasick``),
+        at word boundaries; titles shorter than ``min_title_len`` characters are ignored (too
+        ambiguous), and a passage sharing a title with others links to all of them. A passage
+        does not link to itself. Matching is case-insensitive unless ``case_sensitive``.
+        """
+        try:
+            import ahocorasick
+        except ImportError as exc:  # pragma: no cover - declared dependency
+            raise ImportError("from_mentions needs pyahocorasick: pip install pyahocorasick") from exc
+        v = embeddings.shape[0]
+        if len(titles) != v or len(texts) != v:
+            raise ValueError(f"need one title and one text per passage ({v}), got {len(titles)} and {len(texts)}")
+        fold = (lambda s: s) if case_sensitive else (lambda s: s.casefold())
+        by_title: dict[str, list[int]] = {}
+        for i, t in enumerate(titles):
+            key = fold(str(t).strip())
+            if len(key) >= min_title_len:
+                by_title.setdefault(key, []).append(i)
+        src, dst = [], []
+        if by_title:
+            auto = ahocorasick.Automaton()
+            for key, ids in by_title.items():
+                auto.add_word(key, (len(key), ids))
+            auto.make_automaton()
+            for u, text in enumerate(texts):
+                body = fold(str(text))
+                for end, (length, ids) in auto.iter(body):
+                    start = end - length + 1
+                    if (start > 0 and body[start - 1].isalnum()) or (end + 1 < len(body) and body[end + 1].isalnum()):
+                        continue  # inside a longer word
+                    for w in ids:
+                        if w != u:
+                            src.append(u)
+                            dst.append(w)
+        ei = torch.tensor([src, dst], dtype=torch.long) if src else torch.zeros(2, 0, dtype=torch.long)
+        return cls(embeddings, ei, name="mentions")
+
+    # -- persistence --------------------------------------------------------------------
+    def save(self, directory: Union[str, Path]) -> Path:
+        """Write ``embeddings.pt``, ``edge_index.pt`` and ``graph.json`` into ``directory``."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.embeddings.cpu(), path / "embeddings.pt")
+        torch.save(self.edge_index.cpu(), path / "edge_index.pt")
+        meta = {"format": _FORMAT, "name": self.name, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
+                "dim": int(self.embeddings.shape[1])}
+        (path / "graph.json").write_text(json.dumps(meta, indent=2))
+        return path
+
+    @classmethod
+    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None) -> "CorpusGraph":
+        """Read a graph written by :meth:`save`."""
+        path = Path(directory)
+        meta_file = path / "graph.json"
+        if not meta_file.is_file():
+            raise ValueError(f"{path} is not a saved CorpusGraph (no graph.json)")
+        meta = json.loads(meta_file.read_text())
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"{path}: unsupported CorpusGraph format {meta.get('format')!r}")
+        emb = torch.load(path / "embeddings.pt", map_location=device or "cpu", weights_only=True)
+        ei = torch.load(path / "edge_index.pt", map_location=device or "cpu", weights_only=True)
+        graph = cls(emb, ei, name=meta.get("name", "edge_index"))
+        if graph.num_nodes != meta["num_nodes"] or graph.num_edges != meta["num_edges"]:
+            raise ValueError(f"{path}: files do not match graph.json")
+        return graph
+
+
+def _faiss_knn(z: Tensor, k: int) -> Tensor:
+    try:
+        import faiss
+    except ImportError as exc:
+        raise ImportError("faiss=True needs faiss-cpu or faiss-gpu installed") from exc
+    x = z.detach().cpu().float().contiguous().numpy()
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    _, idx = index.search(x, k)
+    return torch.from_numpy(idx).long().to(z.device)

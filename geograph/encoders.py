@@ -1,0 +1,126 @@
+"""Encoders: ISO-RAG's hyperbolic projection f_theta onto the Poincare ball (geoopt)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import geoopt
+import torch
+from torch import Tensor, nn
+
+from geograph._checks import check_positive_int, check_tensor
+
+__all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
+
+
+class PoincareProjection(nn.Module):
+    r"""f_theta: a small MLP, then the exponential map at the origin of the Poincare ball.
+
+    .. math:: z = \exp_0^c\big(W_2\, \mathrm{GELU}(W_1 h + b_1) + b_2\big), \qquad
+              \exp_0^c(v) = \tanh(\sqrt{c}\,\lVert v\rVert) \frac{v}{\sqrt{c}\,\lVert v\rVert}
+
+    computed by ``geoopt.PoincareBall(c).expmap0`` and projected with geoopt's ``projx`` so
+    that every output is strictly inside the ball (``|z| <= (1 - 4e-3) / sqrt(c)`` in float32),
+    however large the input. ``hidden=0`` drops the hidden layer (one linear map).
+
+    Args:
+        in_dim: embedding size ``D``.
+        out_dim: ball dimension.
+        hidden: hidden width of the MLP (0 = none).
+        c: curvature magnitude of the ball (``-c`` sectional curvature).
+
+    Shape:
+        ``(..., in_dim) -> (..., out_dim)``.
+
+    Example:
+        >>> f = PoincareProjection(8, 4, hidden=16)
+        >>> bool((f(1e6 * torch.randn(5, 8)).norm(dim=-1) < 1).all())
+        True
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, hidden: int = 256, c: float = 1.0) -> None:
+        super().__init__()
+        self.in_dim = check_positive_int(in_dim, "in_dim")
+        self.out_dim = check_positive_int(out_dim, "out_dim")
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
+            raise ValueError(f"hidden must be a non-negative integer, got {hidden!r}")
+        if not float(c) > 0:
+            raise ValueError(f"c must be positive, got {c!r}")
+        self.hidden = hidden
+        self.c = float(c)
+        self.ball = geoopt.PoincareBall(c=self.c)
+        if hidden:
+            self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
+        else:
+            self.mlp = nn.Linear(in_dim, out_dim)
+
+    def forward(self, h: Tensor) -> Tensor:
+        if not isinstance(h, Tensor) or h.shape[-1] != self.in_dim:
+            raise ValueError(f"input must end in dimension {self.in_dim}, got {tuple(getattr(h, 'shape', ()))}")
+        return self.ball.projx(self.ball.expmap0(self.mlp(h)))
+
+    def distance(self, x: Tensor, y: Tensor) -> Tensor:
+        """Poincare distance (geoopt ``dist``) along the last dimension."""
+        return self.ball.dist(x, y)
+
+    def config(self) -> dict:
+        return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden": self.hidden, "c": self.c}
+
+    def save(self, path: Union[str, Path]) -> Path:
+        """Write the configuration and weights to one file (``torch.save``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"kind": "PoincareProjection", "config": self.config(), "state_dict": self.state_dict()}, path)
+        return path
+
+    @classmethod
+    def load(cls, path: Union[str, Path], *, map_location: Optional[str] = "cpu") -> "PoincareProjection":
+        """Read a file written by :meth:`save` (or exported by the training CLI)."""
+        blob = torch.load(Path(path), map_location=map_location, weights_only=True)
+        if not isinstance(blob, dict) or blob.get("kind") != "PoincareProjection":
+            raise ValueError(f"{path} is not a saved PoincareProjection")
+        model = cls(**blob["config"])
+        model.load_state_dict(blob["state_dict"])
+        return model.eval()
+
+    def extra_repr(self) -> str:
+        return f"in_dim={self.in_dim}, out_dim={self.out_dim}, hidden={self.hidden}, c={self.c}"
+
+
+class IdentityPoincare(nn.Module):
+    r"""The untrained default signal: ``z = exp_0(h)``, the raw embedding mapped into the ball.
+
+    For unit-norm embeddings every ``|z| = tanh(1)``, so every node gets the same conformal
+    volume and ISO-RAG's ratio ``phi`` becomes purely combinatorial (ball and shell sizes).
+    """
+
+    def __init__(self, c: float = 1.0) -> None:
+        super().__init__()
+        self.c = float(c)
+        self.ball = geoopt.PoincareBall(c=self.c)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.ball.projx(self.ball.expmap0(h))
+
+
+def conformal_volume(z: Tensor, *, p: float = 2.0, c: float = 1.0) -> Tensor:
+    r"""``v(z) = lambda_c(z) ** p`` with the conformal factor ``lambda_c(z) = 2 / (1 - c |z|^2)``.
+
+    Args:
+        z: ``(..., d)`` points strictly inside the ball.
+        p: power.
+        c: curvature magnitude.
+
+    Returns:
+        ``(...)`` volumes, float (finite: raises if a point is on or outside the boundary).
+
+    Example:
+        >>> conformal_volume(torch.tensor([[0.0, 0.0], [0.5, 0.0]]), p=1.0)
+        tensor([2.0000, 2.6667])
+    """
+    check_tensor(z, "z", z.dim() if isinstance(z, Tensor) and z.dim() > 0 else 1)
+    sq = c * (z.double() ** 2).sum(-1)
+    if bool((sq >= 1).any()):
+        raise ValueError("points must lie strictly inside the Poincare ball (|z| < 1/sqrt(c))")
+    lam = geoopt.PoincareBall(c=c).lambda_x(z.double())
+    return (lam**p).to(z.dtype)

@@ -1,0 +1,131 @@
+"""ISO-RAG's isoperimetric (Cheeger-type) node ratio and the edge filter built on it."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch_geometric.utils import coalesce, remove_self_loops, scatter, to_undirected
+
+from geograph._checks import check_positive_int
+
+__all__ = ["isoperimetric_ratio", "compatible_edges", "clean_edge_index"]
+
+
+def clean_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """``edge_index`` as an undirected graph: both directions, sorted, no duplicates, no self loops.
+
+    Example:
+        >>> clean_edge_index(torch.tensor([[0, 1, 1, 2], [1, 0, 1, 0]]), 3)
+        tensor([[0, 0, 1, 2],
+                [1, 2, 0, 0]])
+    """
+    num_nodes = check_positive_int(num_nodes, "num_nodes")
+    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must be a (2, E) tensor, got {getattr(edge_index, 'shape', type(edge_index))}")
+    if edge_index.is_floating_point() or edge_index.dtype == torch.bool:
+        raise ValueError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
+    edge_index = edge_index.long()
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+        raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
+    edge_index, _ = remove_self_loops(edge_index)
+    return coalesce(to_undirected(edge_index, num_nodes=num_nodes), num_nodes=num_nodes)
+
+
+def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """Pairs ``(u, w)`` with ``w`` at exactly 2 hops from ``u``, as a ``(2, F)`` index, sorted.
+
+    Walks every length-2 path ``u - v - w`` by CSR expansion (memory ``O(sum_v deg(v)^2)``),
+    deduplicates, and removes the closed 1-hop neighbourhood of each node. ``edge_index`` must
+    be clean (:func:`clean_edge_index`: both directions, sorted by source).
+    """
+    device = edge_index.device
+    src, dst = edge_index
+    deg = torch.bincount(src, minlength=num_nodes)
+    rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
+    count = deg[dst]  # paths through edge (u, v): one per neighbour w of v
+    total = int(count.sum())
+    first = torch.repeat_interleave(src, count, output_size=total)
+    start = torch.repeat_interleave(rowptr[dst], count, output_size=total)
+    offset = torch.arange(total, device=device) - torch.repeat_interleave(count.cumsum(0) - count, count, output_size=total)
+    key = torch.unique(first * num_nodes + dst[start + offset])
+    nodes = torch.arange(num_nodes, device=device)
+    closed = torch.cat([src * num_nodes + dst, nodes * num_nodes + nodes])
+    key = key[~torch.isin(key, closed)]
+    pairs = torch.stack([key // num_nodes, key % num_nodes])
+    return pairs
+
+
+def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, eps: float = 1e-8) -> Tensor:
+    r"""Per-node ratio of shell volume to ball volume on an undirected graph.
+
+    .. math:: \phi_u = \frac{V(\partial S_u)}{V(S_u) + \varepsilon}, \qquad
+              S_u = \{u\} \cup N(u), \quad \partial S_u = \{w : d(u, w) = 2\},
+              \quad V(A) = \sum_{a \in A} v(a)
+
+    with ``v`` the node volume (ISO-RAG: the conformal factor of the Poincare embedding to the
+    power ``p``). Sparse throughout: a CSR walk of the length-2 paths for the shells and
+    ``torch_geometric.utils.scatter`` sums; never a dense ``V x V``. An isolated node has
+    ``S_u = {u}``, an empty shell and ``phi = 0``.
+
+    Args:
+        edge_index: ``(2, E)`` long; either or both directions; self loops and duplicates are
+            ignored.
+        volume: ``(V,)`` non-negative node volumes.
+        num_nodes: ``V``.
+        eps: added to the ball volume.
+
+    Returns:
+        ``(V,)`` ``phi`` in the dtype of ``volume``.
+
+    References:
+        ISO-RAG (../shared/papers/iso-rag.txt).
+
+    Example:
+        >>> path = torch.tensor([[0, 1, 2], [1, 2, 3]])  # 0 - 1 - 2 - 3
+        >>> isoperimetric_ratio(path, torch.ones(4), 4, eps=0.0)
+        tensor([0.5000, 0.3333, 0.3333, 0.5000])
+    """
+    edge_index = clean_edge_index(edge_index, num_nodes)
+    if not isinstance(volume, Tensor) or tuple(volume.shape) != (num_nodes,) or not volume.is_floating_point():
+        raise ValueError(f"volume must be a floating ({num_nodes},) tensor, got {getattr(volume, 'shape', volume)}")
+    if not bool(torch.isfinite(volume).all()) or bool((volume < 0).any()):
+        raise ValueError("volume must be finite and non-negative")
+    if not eps >= 0:
+        raise ValueError(f"eps must be non-negative, got {eps!r}")
+    edge_index = edge_index.to(volume.device)
+    ball = volume + scatter(volume[edge_index[1]], edge_index[0], dim=0, dim_size=num_nodes, reduce="sum")
+    shell_idx = two_hop_shell(edge_index, num_nodes)
+    shell = scatter(volume[shell_idx[1]], shell_idx[0], dim=0, dim_size=num_nodes, reduce="sum")
+    return shell / (ball + eps)
+
+
+def compatible_edges(edge_index: Tensor, phi: Tensor, beta: float = 0.4) -> Tensor:
+    r"""Mask of the edges whose endpoints have comparable ratios.
+
+    .. math:: \mathrm{keep}(u, v) = \frac{\min(\phi_u, \phi_v)}{\max(\phi_u, \phi_v)} \ge \beta
+
+    Two endpoints with ``phi = 0`` count as equal (ratio 1, kept).
+
+    Args:
+        edge_index: ``(2, E)`` long.
+        phi: ``(V,)`` non-negative ratios (:func:`isoperimetric_ratio`).
+        beta: in ``[0, 1]``; 0 keeps every edge.
+
+    Returns:
+        ``(E,)`` bool.
+
+    Example:
+        >>> compatible_edges(torch.tensor([[0, 1], [1, 2]]), torch.tensor([1.0, 0.5, 0.1]), 0.4)
+        tensor([ True, False])
+    """
+    if not 0.0 <= float(beta) <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {beta!r}")
+    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must be a (2, E) tensor, got {getattr(edge_index, 'shape', type(edge_index))}")
+    if not isinstance(phi, Tensor) or phi.dim() != 1:
+        raise ValueError(f"phi must be a (V,) tensor, got {getattr(phi, 'shape', type(phi))}")
+    if bool((phi < 0).any()) or not bool(torch.isfinite(phi).all()):
+        raise ValueError("phi must be finite and non-negative")
+    pu, pv = phi[edge_index[0]], phi[edge_index[1]]
+    lo, hi = torch.minimum(pu, pv), torch.maximum(pu, pv)
+    ratio = torch.where(hi > 0, lo / torch.where(hi > 0, hi, torch.ones_like(hi)), torch.ones_like(hi))
+    return ratio >= beta

@@ -1,0 +1,10 @@
+"""Training of ISO-RAG's hyperbolic projection f_theta with Lightning.
+
+``python -m train fit --config configs/iso_poincare.yaml`` (LightningCLI). See
+:class:`train.module.PoincareModule` for the losses and :class:`train.data.GraphDataModule` for
+the triplets. Needs the ``train`` extra (lightning, jsonargparse).
+"""
+from train.data import GraphDataModule, TripletDataset
+from train.module import ExportProjection, PoincareModule, radial_target
+
+__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "ExportProjection", "radial_target"]

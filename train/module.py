@@ -1,0 +1,115 @@
+r"""LightningModule that fits :class:`geograph.PoincareProjection` (f_theta) on a passage graph.
+
+Loss per batch of triplets ``(u, v, w)`` (``v`` a graph neighbour of ``u``, ``w`` not), with
+``z = f_theta(h)`` in the Poincare ball and ``d`` the Poincare distance (geoopt):
+
+.. math:: \mathcal{L}_{tri} = \frac{1}{B} \sum \max\big(0,\ d(z_u, z_v) - d(z_u, z_w) + \mathrm{margin}\big)
+
+.. math:: \mathcal{L}_{rad} = \frac{1}{|U|} \sum_{x \in U} \big(\lVert z_x \rVert \sqrt{c} - r^*(\deg x)\big)^2,
+          \qquad r^*(k) = r_{max} - (r_{max} - r_{min}) \frac{\log(1 + k)}{\log(1 + k_{max})}
+
+over the nodes ``U`` of the batch: hubs (``k = k_max``) are pulled to radius ``r_min`` near
+the origin, leaves to ``r_max`` near the rim. Total: ``L_tri + radial_weight * L_rad``.
+These are our forms (the paper's appendix with its exact ones is not available).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from geograph import PoincareProjection
+
+
+def radial_target(degree: Tensor, max_degree: int, r_min: float = 0.1, r_max: float = 0.9) -> Tensor:
+    """``r*(k)``: target radius (in units of ``1/sqrt(c)``), decreasing in log-degree."""
+    scale = math.log1p(max(int(max_degree), 1))
+    return r_max - (r_max - r_min) * torch.log1p(degree.float()) / scale
+
+
+class PoincareModule(L.LightningModule):
+    """Fits f_theta with the triplet and radial losses of the module docstring.
+
+    Args:
+        in_dim: embedding size (linked from the data module by the CLI).
+        out_dim, hidden, c: of :class:`~geograph.PoincareProjection`.
+        margin: triplet margin (Poincare distance).
+        radial_weight: weight of the radial regulariser.
+        r_min, r_max: target radii of the largest hub and of degree-0 nodes.
+        lr, weight_decay: AdamW. (Euclidean parameters: the MLP lives in R^n and only its
+            output is mapped into the ball, so no Riemannian optimiser is needed.)
+    """
+
+    def __init__(self, in_dim: int = 384, out_dim: int = 32, hidden: int = 256, c: float = 1.0, margin: float = 1.0,
+                 radial_weight: float = 10.0, r_min: float = 0.1, r_max: float = 0.9, lr: float = 1e-3,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.projection = PoincareProjection(in_dim, out_dim, hidden=hidden, c=c)
+        self.register_buffer("embeddings", torch.empty(0, in_dim), persistent=False)
+        self.register_buffer("degree", torch.empty(0, dtype=torch.long), persistent=False)
+
+    def attach(self, graph) -> None:
+        """Take the node embeddings and degrees of ``graph`` (done by :meth:`setup` from the data module)."""
+        self.embeddings = graph.embeddings.float().to(self.device)
+        self.degree = graph.degree().to(self.device)
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and self.embeddings.numel() == 0:
+            self.attach(dm.graph)
+
+    def losses(self, triplets: Tensor) -> dict[str, Tensor]:
+        if self.embeddings.numel() == 0:
+            raise RuntimeError("no graph attached: call attach(graph) or train through GraphDataModule")
+        u, v, w = triplets.long().unbind(1)
+        nodes, inverse = torch.unique(triplets.long().reshape(-1), return_inverse=True)
+        z = self.projection(self.embeddings[nodes])
+        zu, zv, zw = (z[inverse.view(-1, 3)[:, i]] for i in range(3))
+        d_pos = self.projection.distance(zu, zv)
+        d_neg = self.projection.distance(zu, zw)
+        triplet = torch.relu(d_pos - d_neg + self.hparams.margin).mean()
+        target = radial_target(self.degree[nodes], int(self.degree.max()), self.hparams.r_min, self.hparams.r_max)
+        radius = z.norm(dim=-1) * math.sqrt(self.hparams.c)
+        radial = ((radius - target.to(radius.dtype)) ** 2).mean()
+        return {"loss": triplet + self.hparams.radial_weight * radial, "triplet": triplet, "radial": radial,
+                "accuracy": (d_pos < d_neg).float().mean()}
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        out = self.losses(batch)
+        self.log_dict({f"train/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0])
+        return out["loss"]
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        out = self.losses(batch)
+        self.log_dict({f"val/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0])
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+
+
+class ExportProjection(L.Callback):
+    """At the end of ``fit``, write the best checkpoint's f_theta to ``path`` (``PoincareProjection.save``).
+
+    The file loads with ``geograph.PoincareProjection.load(path)`` into ``ISORetriever``.
+    Without a checkpoint callback (or before any checkpoint) the final weights are written.
+    """
+
+    def __init__(self, path: str = "projection.pt") -> None:
+        self.path = path
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: PoincareModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        state = None
+        ckpt = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
+        projection = PoincareProjection(**pl_module.projection.config())
+        if ckpt and Path(ckpt).is_file():
+            blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+            state = {k[len("projection."):]: val for k, val in blob["state_dict"].items() if k.startswith("projection.")}
+        projection.load_state_dict(state if state is not None else pl_module.projection.state_dict())
+        projection.save(self.path)
