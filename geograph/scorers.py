@@ -85,5 +85,20 @@ class CrossEncoderScorer:
             scores[mask] = pred
         return scores
 
+    def for_corpus(self, passages: Sequence[str]):
+        """A G3RAG seed scorer over a corpus: ``scorer(query, candidate_ids, query_texts) -> (B, C)``.
+
+        ``candidate_ids`` index ``passages``; ``query_texts`` are required (the model reads text).
+        """
+        passages = list(passages)
+
+        def score(query: Tensor, candidate_ids: Tensor, query_texts: Optional[Sequence[str]] = None) -> Tensor:
+            if query_texts is None:
+                raise ValueError("the cross-encoder seed scorer needs query_texts")
+            rows = candidate_ids.tolist()
+            return self(list(query_texts), [[passages[i] for i in row] for row in rows]).to(candidate_ids.device)
+
+        return score
+
     def __repr__(self) -> str:
         return f"CrossEncoderScorer({type(self.model).__name__}, batch_size={self.batch_size})"

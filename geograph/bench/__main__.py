@@ -8,6 +8,7 @@ BENCHES = {
     "maniscope": "geograph.bench.maniscope",
     "ricci": "geograph.bench.ricci",
     "iso": "geograph.bench.iso",
+    "g3": "geograph.bench.g3",
 }
 
 

@@ -5,6 +5,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -45,3 +46,37 @@ def resolve_data(path: str | None, name: str) -> Path:
     if not p.is_dir():
         raise SystemExit(f"data folder {p} not found; pass --data DIR (a BEIR-format folder)")
     return p
+
+
+@dataclass
+class Split:
+    """A data set embedded once, with a tuning split and a reported split of its queries."""
+
+    test: Any  # the full test Dataset (corpus, titles, texts)
+    corpus: torch.Tensor
+    tune: Any
+    tune_q: torch.Tensor
+    report: Any
+    report_q: torch.Tensor
+    protocol: str
+
+
+def tuning_split(name: str, root: str | Path, encoder) -> Split:
+    """The honest protocol: a split that is tuned on and never reported.
+
+    A folder with ``qrels/train.tsv`` (SciFact) is tuned on train and reported on test;
+    otherwise (MuSiQue: 100 test queries only) the first half of the test queries is tuned on
+    and the second half reported.
+    """
+    from geograph.data import load_beir
+
+    test = load_beir(root, "test")
+    corpus = encoder.encode(test.passages())
+    if (Path(root) / "qrels" / "train.tsv").is_file():
+        tune = load_beir(root, "train")
+        return Split(test, corpus, tune, encoder.encode(tune.queries), test, encoder.encode(test.queries),
+                     f"tuned on {name} train, reported on test")
+    half = len(test.queries) // 2
+    q_all = encoder.encode(test.queries)
+    return Split(test, corpus, test.query_range(0, half), q_all[:half], test.query_range(half, len(test.queries)),
+                 q_all[half:], f"tuned on queries [0, {half}), reported on [{half}, {len(test.queries)})")

@@ -19,21 +19,17 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from geograph.bench.common import DEFAULT_DATA, write_json
+from geograph.bench.common import DEFAULT_DATA, tuning_split, write_json
 from geograph.corpus import CorpusGraph
-from geograph.data import Encoder, load_beir
+from geograph.data import Encoder
 from geograph.demo import format_table
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.metrics import evaluate
+from geograph.pipeline import run_ids as _run
 from geograph.retrievers import DenseRetriever, ISORetriever
 
 METRICS = ("Recall@5", "Recall@10", "HitAll@5")
 GRID = {"beta": (0.0, 0.2, 0.4, 0.6), "m": (3, 5), "L": (20, 50), "tau": (5.0, 10.0, 20.0)}
-
-
-def _run(dataset, indices):
-    ids = dataset.doc_ids
-    return [[ids[i] for i in row] for row in indices.tolist()]
 
 
 def _retrieve(model, query, k=10, batch=64):
@@ -86,8 +82,8 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
         model(q[i : i + 1], 5)
     t_one = (time.perf_counter() - t) / min(single, q.shape[0])
     sub = model.local(q)
-    w = sub.adj.double()
-    r = sub.personalization.double()
+    w = sub.adj.to(sub.dense.dtype)  # the dtype ISORetriever itself runs in
+    r = sub.personalization
     t = time.perf_counter()
     pi = personalized_pagerank(w, r, sub.mask, alpha=model.alpha, max_iter=model.max_iter)
     t_ppr = (time.perf_counter() - t) / q.shape[0]
@@ -99,9 +95,12 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
         g.add_nodes_from(range(n))
         g.add_edges_from(sub.adj[b, :n, :n].nonzero().tolist())
         pers = {i: float(r[b, i]) for i in range(n)}
-        out = nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers)
-        ref.append(np.array([out[i] for i in range(n)]))
+        ref.append((g, pers, nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers)))
     t_nx = (time.perf_counter() - t) / q.shape[0]
+    # parity against a tightly converged networkx (its default tol=1e-6 allows n * 1e-6 in L1)
+    ref = [nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers, tol=1e-12, max_iter=10000)
+           for g, pers, _ in ref]
+    ref = [np.array([out[i] for i in range(len(out))]) for out in ref]
     err = max(float(np.abs(pi[b, : len(x)].numpy() - x).max()) for b, x in enumerate(ref))
     return {"iso_B1_ms": t_one * 1e3, f"iso_B{q.shape[0]}_ms": t_batch * 1e3, "ppr_batched_ms": t_ppr * 1e3,
             "networkx_pagerank_ms": t_nx * 1e3, "ppr_speedup": t_nx / t_ppr, "ppr_max_abs_diff_vs_networkx": err,
@@ -124,19 +123,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     encoder = Encoder(cache=args.cache, progress=True)
     results = {}
     for name in args.datasets:
-        root = f"{args.data_root}/{name}"
-        test = load_beir(root, "test")
-        corpus = encoder.encode(test.passages())
-        if name == "scifact":
-            tune_set, report_set = load_beir(root, "train"), test
-            tune_q, report_q = encoder.encode(tune_set.queries), encoder.encode(test.queries)
-            protocol = "tuned on scifact train, reported on test"
-        else:
-            half = len(test.queries) // 2
-            q_all = encoder.encode(test.queries)
-            tune_set, report_set = test.query_range(0, half), test.query_range(half, len(test.queries))
-            tune_q, report_q = q_all[:half], q_all[half:]
-            protocol = f"tuned on queries [0, {half}), reported on [{half}, {len(test.queries)})"
+        sp = tuning_split(name, f"{args.data_root}/{name}", encoder)
+        test, corpus, protocol = sp.test, sp.corpus, sp.protocol
+        tune_set, tune_q, report_set, report_q = sp.tune, sp.tune_q, sp.report, sp.report_q
         graphs = {f"knn{args.knn}": CorpusGraph.from_knn(corpus, args.knn)}
         if name == "musique":
             graphs["mentions"] = CorpusGraph.from_mentions(corpus, test.titles, test.texts)

@@ -93,3 +93,31 @@ def ricci_reference(
     curv = {(min(u, v), max(u, v)): float(d["ricciCurvature"]) for u, v, d in out.edges(data=True)}
     lengths = {(min(u, v), max(u, v)): float(d["weight"]) for u, v, d in out.edges(data=True)}
     return curv, lengths
+
+
+def g3_dense_reference(x: np.ndarray, band=(0.1, 0.7), beta: float = 0.4, max_degree=None):
+    """G3RAG's transition matrix as the authors' code builds it: dense ``N x N`` numpy.
+
+    ``S`` = cosine with diagonal 0, ``rho`` = mean clipped similarity min-max normalised,
+    ``W = x sqrt(1 - x^2) exp(-beta rho_j)`` inside ``band`` (``None``: every positive weight),
+    optional per-row top-``max_degree`` (stable order on ties), ``T`` row-normalised.
+
+    Returns:
+        ``(T, rho)`` float64 arrays.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    s = x @ x.T
+    np.fill_diagonal(s, 0.0)
+    n = len(s)
+    rho = np.maximum(s, 0).sum(1) / n
+    rho = (rho - rho.min()) / (rho.max() - rho.min()) if rho.max() > rho.min() else np.zeros(n)
+    w = s * np.sqrt(np.clip(1 - s**2, 0, None)) * np.exp(-beta * rho)[None, :]
+    ok = (s > 0) & (s < 1) if band is None else (s >= band[0]) & (s <= band[1])
+    np.fill_diagonal(ok, False)
+    w = np.where(ok & (w > 0), w, 0.0)
+    if max_degree is not None:
+        cut = np.argsort(-w, axis=1, kind="stable")[:, max_degree:]
+        np.put_along_axis(w, cut, 0.0, axis=1)
+    rs = w.sum(1, keepdims=True)
+    return np.divide(w, rs, out=np.zeros_like(w), where=rs > 0), rho

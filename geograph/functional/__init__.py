@@ -3,6 +3,7 @@ from geograph.functional.curvature import lazy_measures, ollivier_ricci
 from geograph.functional.flow import RicciFlowOutput, ricci_flow
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
 from geograph.functional.pagerank import personalized_pagerank
+from geograph.functional.gain import gain_density, gain_transition
 from geograph.functional.graphs import knn_from_similarity, knn_graph
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
@@ -27,6 +28,8 @@ __all__ = [
     "isoperimetric_ratio",
     "compatible_edges",
     "personalized_pagerank",
+    "gain_density",
+    "gain_transition",
     "recall_at_k",
     "precision_at_k",
     "ndcg_at_k",

@@ -83,12 +83,15 @@ def personalized_pagerank(
     r = torch.where(node_mask, personalization.to(dtype), zero)
     r_sum = r.sum(1, keepdim=True)
     r = torch.where(r_sum > 0, r / torch.where(r_sum > 0, r_sum, torch.ones_like(r_sum)), uniform)
-    x = uniform
+    # dangling rows jump along r: one (B, n, n) walk matrix, one fused baddbmm per iteration
+    walk = p + dangling.to(dtype).unsqueeze(2) * r.unsqueeze(1)
+    teleport = ((1.0 - alpha) * r).unsqueeze(1)
+    x = uniform.unsqueeze(1)
     for it in range(max_iter):
         x_old = x
-        lost = (x * dangling).sum(1, keepdim=True)
-        x = alpha * (torch.bmm(x.unsqueeze(1), p).squeeze(1) + lost * r) + (1.0 - alpha) * r
+        x = torch.baddbmm(teleport, x, walk, alpha=alpha)
         if tol is not None and (it + 1) % check_every == 0:
-            if bool(((x - x_old).abs().sum(1, keepdim=True) < n_real * tol).all()):
+            if bool(((x - x_old).abs().sum(2) < n_real * tol).all()):
                 break
+    x = x.squeeze(1)
     return x

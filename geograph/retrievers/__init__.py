@@ -1,5 +1,6 @@
 """Retrievers: ``nn.Module`` s over a corpus."""
 from geograph.retrievers.dense import DenseRetriever
+from geograph.retrievers.g3 import G3Graph, G3Retriever
 from geograph.retrievers.iso import ISORetriever
 
-__all__ = ["DenseRetriever", "ISORetriever"]
+__all__ = ["DenseRetriever", "ISORetriever", "G3Graph", "G3Retriever"]

@@ -1,0 +1,169 @@
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from geograph import G3Graph, G3Retriever
+from geograph.bench.reference import g3_dense_reference
+from geograph.functional import gain_density, gain_transition
+
+SCIFACT = __import__("pathlib").Path(__file__).parent / "data" / "scifact_candidates.npz"
+
+
+def reference_transition(x, band, beta, max_degree=None):
+    return g3_dense_reference(x, band, beta, max_degree)
+
+
+def reference_retrieve(x, t, q, *, candidates, seeds, k):
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cos = xn @ (q / np.linalg.norm(q))
+    cand = np.argsort(-cos, kind="stable")[:candidates]
+    seed = cand[:seeds]
+    p = np.zeros(len(x))
+    p[seed] = 1.0 / seeds
+    y = p @ t
+    y[seed] = -np.inf
+    order = np.argsort(-y, kind="stable")
+    diffused = [i for i in order[: k - seeds] if y[i] > 0]
+    chosen = list(seed) + diffused
+    rest = [i for i in cand if i not in chosen] + [i for i in np.argsort(-cos, kind="stable") if i not in cand]
+    chosen += [i for i in rest if i not in chosen][: k - len(chosen)]
+    return chosen, y, cos
+
+
+def same_up_to_ties(ours, ref, y, cos, seeds):
+    """Seeds of the same cosine; at every later position the same y (or, for top-ups, cosine)."""
+    if [round(float(cos[i]), 12) for i in ours[:seeds]] != [round(float(cos[i]), 12) for i in ref[:seeds]]:
+        return False
+    key = lambda i: (round(float(y[i]), 12) if y[i] > 0 else None, round(float(cos[i]), 12))  # noqa: E731
+    return [key(i) for i in ours[seeds:]] == [key(i) for i in ref[seeds:]] and len(set(ours)) == len(ours)
+
+
+def corpora():
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(16):  # random clustered corpora, some with duplicates
+        n, d = int(rng.integers(20, 400)), int(rng.integers(4, 32))
+        centers = rng.standard_normal((6, d)) * rng.uniform(0.5, 3)
+        x = centers[rng.integers(0, 6, n)] + rng.standard_normal((n, d))
+        if i % 4 == 0:
+            x[: n // 5] = x[n // 5 : 2 * (n // 5)]
+        out.append(x)
+    data = np.load(SCIFACT)
+    docs = data["docs"].astype(np.float64).reshape(-1, 384)
+    for n in (200, 800, 2000):  # real MiniLM passages (with repeats across query pools)
+        out.append(docs[:n] * 3.0)  # any scale: normalised inside
+    out.append(docs[::7][:1000])
+    return out
+
+
+@pytest.mark.parametrize("band", [None, (0.1, 0.7)], ids=["unbanded", "band"])
+def test_transition_matches_dense_reference(band):
+    for x in corpora():
+        ref, rho = reference_transition(x, band, 0.4)
+        ours = gain_transition(torch.from_numpy(x), band=band, beta=0.4, block=97)
+        assert ours.layout == torch.sparse_csr
+        np.testing.assert_allclose(ours.to_dense().numpy(), ref, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(gain_density(torch.from_numpy(x), block=50).numpy(), rho, atol=1e-12)
+
+
+def test_max_degree_matches_reference_topk():
+    # corpora without duplicate passages: at a tie on the cut the two implementations may keep
+    # different (equal-weight) edges, as documented
+    for x in [c for i, c in enumerate(corpora()[:12]) if i % 4]:
+        ref, _ = reference_transition(x, (0.1, 0.7), 0.7, max_degree=5)
+        ours = gain_transition(torch.from_numpy(x), band=(0.1, 0.7), beta=0.7, max_degree=5, block=33)
+        np.testing.assert_allclose(ours.to_dense().numpy(), ref, atol=1e-6, rtol=0)
+        assert (ours.crow_indices().diff() <= 5).all()
+
+
+@pytest.mark.parametrize("band", [None, (0.1, 0.7)], ids=["unbanded", "band"])
+def test_retrieval_matches_dense_reference(band):
+    rng = np.random.default_rng(1)
+    exact = 0
+    for x in corpora():
+        ref_t, _ = reference_transition(x, band, 0.4)
+        model = G3Retriever(torch.from_numpy(x), band=band, beta=0.4)
+        q = x[rng.integers(0, len(x), 6)] + 0.5 * rng.standard_normal((6, x.shape[1]))
+        out = model(torch.from_numpy(q), k=5)
+        for b in range(6):
+            ref, y, cos = reference_retrieve(x, ref_t, q[b], candidates=10, seeds=2, k=5)
+            ours = out.indices[b].tolist()
+            assert ours == ref or same_up_to_ties(ours, ref, y, cos, 2)
+            exact += ours == ref
+    assert exact >= 0.8 * 6 * len(corpora())  # the rest differ only at ties (duplicate passages)
+
+
+def test_top_up_when_diffusion_is_empty():
+    x = torch.eye(12, dtype=torch.float64)  # orthogonal: no similarity in the band, no edges
+    model = G3Retriever(x, candidates=4, seeds=2)
+    assert model.graph.transition.values().numel() == 0
+    out = model(x[:2] + 0.1, k=6)
+    assert torch.isfinite(out.scores).all()
+    assert len(set(out.indices[0].tolist())) == 6
+
+
+def test_seed_scorer_and_cross_encoder_adapter():
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.standard_normal((60, 8)))
+    model = G3Retriever(x)
+    calls = []
+
+    def reverse(query, cand, texts):  # prefers the weakest dense candidates
+        calls.append(texts)
+        return -torch.arange(cand.shape[1], dtype=torch.float64).flip(0).expand(cand.shape[0], -1)
+
+    dense = model.dense(x[:3], 10).indices
+    out = model(x[:3], k=4, seed_scorer=reverse, query_texts=["a", "b", "c"])
+    assert out.indices[:, :2].tolist() == dense[:, [9, 8]].tolist()
+    assert calls == [["a", "b", "c"]]
+    with pytest.raises(ValueError, match="returned shape"):
+        model(x[:3], k=4, seed_scorer=lambda q, c, t: torch.zeros(3, 2))
+
+
+def test_save_load(tmp_path):
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((80, 6)))
+    g = G3Graph.build(x, max_degree=8)
+    g.save(tmp_path / "g3")
+    h = G3Graph.load(tmp_path / "g3")
+    assert torch.equal(h.transition.to_dense(), g.transition.to_dense()) and h.band == g.band and h.max_degree == 8
+    q = x[:4]
+    assert torch.equal(G3Retriever(h)(q).indices, G3Retriever(g)(q).indices)
+    with pytest.raises(ValueError, match="not a saved G3Graph"):
+        G3Graph.load(tmp_path)
+
+
+def test_duplicates_have_no_edge():
+    x = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.0, 0.6, 0.8]])
+    t = gain_transition(x, band=None).to_dense()
+    assert t[0, 1] == 0 and t[1, 0] == 0  # similarity 1: no gain, outside any band
+    assert torch.allclose(t.sum(1), torch.ones(4))
+
+
+def test_bad_input():
+    x = torch.randn(20, 5)
+    with pytest.raises(ValueError, match="non-empty"):
+        G3Graph.build(x, band=(0.7, 0.1))
+    with pytest.raises(ValueError, match="seeds"):
+        G3Retriever(x, candidates=3, seeds=4)
+    model = G3Retriever(x)
+    with pytest.raises(ValueError, match="at least seeds"):
+        model(x[:2], k=1)
+    with pytest.raises(ValueError, match="exceeds the corpus"):
+        model(x[:2], k=21)
+    with pytest.raises(ValueError, match="D=5"):
+        model(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="NaN"):
+        model(torch.full((1, 5), float("nan")))
+    with pytest.raises(ValueError, match="all-zero"):
+        gain_density(torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="candidates"):
+        G3Retriever(x, candidates=30)
+
+
+def test_no_sparse_warnings_reach_users():
+    x = torch.randn(30, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        G3Retriever(x, max_degree=4)(x[:2])
