@@ -167,3 +167,22 @@ def test_no_sparse_warnings_reach_users():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         G3Retriever(x, max_degree=4)(x[:2])
+
+
+def test_cross_encoder_seed_scorer(tiny_cross_encoder):
+    from geograph import CrossEncoderScorer
+
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.standard_normal((30, 8)))
+    passages = [f"passage number {i}" for i in range(30)]
+    scorer = CrossEncoderScorer(tiny_cross_encoder)
+    seed_scorer = scorer.for_corpus(passages)
+    model = G3Retriever(x, candidates=6, seeds=2)
+    out = model(x[:2], k=4, seed_scorer=seed_scorer, query_texts=["first", "second"])
+    cand = model.dense(x[:2], 6).indices
+    for b, q in enumerate(["first", "second"]):
+        pred = scorer.model.predict([(q, passages[i]) for i in cand[b].tolist()])
+        best = cand[b][np.argsort(-pred, kind="stable")[:2]].tolist()
+        assert out.indices[b, :2].tolist() == best
+    with pytest.raises(ValueError, match="query_texts"):
+        model(x[:2], k=4, seed_scorer=seed_scorer)

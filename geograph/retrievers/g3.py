@@ -49,8 +49,12 @@ class G3Graph:
 
     @classmethod
     def build(cls, embeddings: Tensor, *, band: Optional[tuple[float, float]] = (0.1, 0.7), beta: float = 0.4,
-              max_degree: Optional[int] = None, block: int = 4096) -> "G3Graph":
-        """Build blockwise: memory ``O(block x N + N x max_degree)`` (``band=None``: the authors' T)."""
+              max_degree: Optional[int] = None, block: Optional[int] = None) -> "G3Graph":
+        """Build blockwise: memory ``O(block x N + N x max_degree)`` (``band=None``: the authors' T).
+
+        ``block`` rows per similarity block; default ``2^26 // N`` (about 256 MB per block in
+        float32, whatever N).
+        """
         band = check_band(band)
         rho = gain_density(embeddings, block=block)
         t = gain_transition(embeddings, band=band, beta=beta, max_degree=max_degree, block=block, density=rho)
