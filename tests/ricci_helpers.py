@@ -7,7 +7,7 @@ import torch
 
 from geograph.rerankers import query_graph
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "graphriccicurvature"
+REF = Path(__file__).parent / "data" / "graphriccicurvature"  # copied from ../shared/reference
 SCIFACT = Path(__file__).parent / "data" / "scifact_candidates.npz"
 
 
