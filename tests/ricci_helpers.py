@@ -15,6 +15,17 @@ def load_fixture(name):
     return json.loads((REF / name).read_text())
 
 
+def denominator_case():
+    """The weighted karate-club fixture: ``(json, adj (n, n), lengths (n, n) float64)``."""
+    d = load_fixture("denominator_case_0.6.1.json")
+    weights = edge_dict(d["input_weights"])
+    n = 1 + max(max(e) for e in weights)
+    lengths = torch.zeros(n, n, dtype=torch.float64)
+    for (u, v), w in weights.items():
+        lengths[u, v] = lengths[v, u] = w
+    return d, dense_adj(weights, n), lengths
+
+
 def edge_dict(d):
     return {tuple(sorted(map(int, k.split("-")))): v for k, v in d.items()}
 

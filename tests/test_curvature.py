@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from geograph.functional import lazy_measures, ollivier_ricci
-from ricci_helpers import dense_adj, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
+from ricci_helpers import dense_adj, denominator_case, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
 
 SEEDS = [0, 1, 2]
 
@@ -29,13 +29,7 @@ def test_exact_matches_fixture(seed):
 
 def test_exact_matches_weighted_denominator_case():
     """Weights longer than a detour: GraphRicciCurvature 0.6.1 divides W1 by d(x, y)."""
-    d = load_fixture("denominator_case_0.6.1.json")
-    weights = edge_dict(d["input_weights"])
-    n = 1 + max(max(e) for e in weights)
-    adj = dense_adj(weights, n)
-    lengths = torch.zeros(n, n, dtype=torch.float64)
-    for (u, v), w in weights.items():
-        lengths[u, v] = lengths[v, u] = w
+    d, adj, lengths = denominator_case()
     kappa = ollivier_ricci(lengths[None], adj[None], solver="exact")[0]
     assert max_edge_error(kappa, edge_dict(d["ricci_curvature_initial"])) <= 1e-6
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from geograph.functional import ollivier_ricci, ricci_flow
-from ricci_helpers import dense_adj, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
+from ricci_helpers import dense_adj, denominator_case, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
 
 
 def fixture_batch():
@@ -33,13 +33,7 @@ def test_exact_flow_matches_fixtures_batched():
 
 
 def test_exact_flow_matches_weighted_denominator_case():
-    d = load_fixture("denominator_case_0.6.1.json")
-    weights = edge_dict(d["input_weights"])
-    n = 1 + max(max(e) for e in weights)
-    adj = dense_adj(weights, n)
-    lengths = torch.zeros(n, n, dtype=torch.float64)
-    for (u, v), w in weights.items():
-        lengths[u, v] = lengths[v, u] = w
+    d, adj, lengths = denominator_case()
     out = ricci_flow(adj[None], lengths[None], solver="exact", iterations=5)
     err = max(abs(float(out.lengths[0, u, v]) - w) for (u, v), w in edge_dict(d["flowed_weights_iter5"]).items())
     assert err <= 1e-6

@@ -57,6 +57,7 @@ class PoincareModule(L.LightningModule):
         """Take the node embeddings and degrees of ``graph`` (done by :meth:`setup` from the data module)."""
         self.embeddings = graph.embeddings.float().to(self.device)
         self.degree = graph.degree().to(self.device)
+        self.max_degree = int(self.degree.max()) if self.degree.numel() else 0  # once, not per step
 
     def setup(self, stage: Optional[str] = None) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -73,7 +74,7 @@ class PoincareModule(L.LightningModule):
         d_pos = self.projection.distance(zu, zv)
         d_neg = self.projection.distance(zu, zw)
         triplet = torch.relu(d_pos - d_neg + self.hparams.margin).mean()
-        target = radial_target(self.degree[nodes], int(self.degree.max()), self.hparams.r_min, self.hparams.r_max)
+        target = radial_target(self.degree[nodes], self.max_degree, self.hparams.r_min, self.hparams.r_max)
         radius = z.norm(dim=-1) * math.sqrt(self.hparams.c)
         radial = ((radius - target.to(radius.dtype)) ** 2).mean()
         return {"loss": triplet + self.hparams.radial_weight * radial, "triplet": triplet, "radial": radial,

@@ -40,6 +40,22 @@ def write_json(name: str, payload: dict, out_dir: str | Path = "bench-results") 
     return target
 
 
+def dense_candidate_set(data: str | None, split: str, cache: str | None, m: int):
+    """Load a BEIR folder (default SciFact), embed it through the cache, take the dense top-``m``.
+
+    Returns:
+        ``(dataset, candidates)``: the :class:`~geograph.data.Dataset` and its
+        :class:`~geograph.pipeline.Candidates`.
+    """
+    from geograph.data import Encoder, load_beir
+    from geograph.pipeline import dense_candidates, embed
+
+    dataset = load_beir(resolve_data(data, "scifact"), split)
+    print(f"{dataset}: embedding (cached)", flush=True)
+    corpus, query = embed(dataset, Encoder(cache=cache, progress=True))
+    return dataset, dense_candidates(corpus, query, m)
+
+
 def resolve_data(path: str | None, name: str) -> Path:
     """``path``, else the shared data folder ``<repo>/../shared/data/<name>``."""
     p = Path(path) if path else DEFAULT_DATA / name

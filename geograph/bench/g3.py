@@ -46,7 +46,6 @@ def _rss_mb() -> float:
 
 
 def _child(kind: str, n: int, max_degree: int, queue) -> None:
-    torch.set_num_threads(torch.get_num_threads())
     from geograph import G3Graph
     from geograph.bench.reference import g3_dense_reference
 

@@ -17,12 +17,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from geograph.bench.common import resolve_data, time_calls, write_json
+from geograph.bench.common import dense_candidate_set, time_calls, write_json
 from geograph.bench.reference import maniscope_reference
-from geograph.data import Encoder, load_beir
 from geograph.demo import format_table
 from geograph.metrics import evaluate
-from geograph.pipeline import dense_candidates, embed, rerank_all, run_ids
+from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import Maniscope
 
 
@@ -41,10 +40,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
 
-    dataset = load_beir(resolve_data(args.data, "scifact"), args.split)
-    print(f"{dataset}: embedding (cached)", flush=True)
-    corpus, query = embed(dataset, Encoder(cache=args.cache, progress=True))
-    cands = dense_candidates(corpus, query, args.candidates)
+    dataset, cands = dense_candidate_set(args.data, args.split, args.cache, args.candidates)
+    query = cands.query
     model = Maniscope(k=args.k, alpha=args.alpha)
     dev = torch.device(args.device)
 

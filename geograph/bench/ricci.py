@@ -23,20 +23,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from geograph.bench.common import resolve_data, write_json
+from geograph.bench.common import dense_candidate_set, sync, write_json
 from geograph.bench.reference import ricci_reference
-from geograph.data import Encoder, load_beir
 from geograph.demo import format_table
 from geograph.metrics import evaluate
-from geograph.pipeline import dense_candidates, embed, rerank_all, run_ids
+from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import RicciFiltration, query_graph
 
 
-def _timed(fn):
+def _timed(fn, device):
     t = time.perf_counter()
     out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    sync(device)
     return out, time.perf_counter() - t
 
 
@@ -62,10 +60,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
 
-    dataset = load_beir(resolve_data(args.data, "scifact"), args.split)
-    print(f"{dataset}: embedding (cached)", flush=True)
-    corpus, query = embed(dataset, Encoder(cache=args.cache, progress=True))
-    cands = dense_candidates(corpus, query, args.candidates)
+    dataset, cands = dense_candidate_set(args.data, args.split, args.cache, args.candidates)
+    query = cands.query
     dev = torch.device(args.device)
     nq = min(args.queries, query.shape[0])
     q64 = query[:nq].double()
@@ -91,8 +87,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         q_s, d_s = q64[:count].to(dtype), docs64[:count].to(dtype)
         _batched(model, q_s[:1], d_s[:1], 1, dev)  # warm-up
         n_one = single if solver == "exact" else max(1, single // 4)
-        (_, _), t1 = _timed(lambda: _batched(model, q_s[:n_one], d_s[:n_one], 1, dev))
-        (keep, length), tb = _timed(lambda: _batched(model, q_s, d_s, args.batch, dev))
+        (_, _), t1 = _timed(lambda: _batched(model, q_s[:n_one], d_s[:n_one], 1, dev), dev)
+        (keep, length), tb = _timed(lambda: _batched(model, q_s, d_s, args.batch, dev), dev)
         tag = "(b)" if solver == "exact" else "(c)"
         for name, secs, n in ((f"{tag} {solver} B=1", t1, n_one), (f"{tag} {solver} B={args.batch}", tb, count)):
             rows[name] = {"ms": secs / n * 1e3, "queries": n}

@@ -49,8 +49,7 @@ def query_graph(query: Tensor, docs: Tensor, mask: Optional[Tensor] = None, *, p
         raise ValueError(f"query must have shape (B={b}, D={dim}) to match docs {tuple(docs.shape)}, got {tuple(query.shape)}")
     if n < 1:
         raise ValueError(f"docs must hold at least one candidate, got shape {tuple(docs.shape)}")
-    if not 0.0 <= float(percentile) <= 100.0:
-        raise ValueError(f"percentile must lie in [0, 100], got {percentile!r}")
+    percentile = _check_percentile(percentile)
     cand_mask = check_mask(mask, (b, n), "mask")
     if cand_mask is None:
         cand_mask = torch.ones(b, n, dtype=torch.bool, device=docs.device)
@@ -60,11 +59,17 @@ def query_graph(query: Tensor, docs: Tensor, mask: Optional[Tensor] = None, *, p
     z = torch.cat([query.unsqueeze(1), docs], 1).double()
     r = 1.0 - cosine_similarity(z, mask=node_mask)
     pair = torch.triu(node_mask.unsqueeze(2) & node_mask.unsqueeze(1), diagonal=1)
-    tau = _percentile(r, pair, float(percentile))
+    tau = _percentile(r, pair, percentile)
     adj = pair & (r >= tau.view(-1, 1, 1))
     adj[:, 0, 1:] |= cand_mask
     adj = adj | adj.transpose(1, 2)
     return adj, node_mask, tau
+
+
+def _check_percentile(percentile: float) -> float:
+    if not 0.0 <= float(percentile) <= 100.0:
+        raise ValueError(f"percentile must lie in [0, 100], got {percentile!r}")
+    return float(percentile)
 
 
 def _percentile(values: Tensor, valid: Tensor, q: float) -> Tensor:
@@ -148,13 +153,11 @@ class RicciFiltration(nn.Module):
         scorer: Optional[Callable[..., Tensor]] = None,
     ) -> None:
         super().__init__()
-        if not 0.0 <= float(percentile) <= 100.0:
-            raise ValueError(f"percentile must lie in [0, 100], got {percentile!r}")
+        self.percentile = _check_percentile(percentile)
         if solver not in _SOLVERS:
             raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
         if not float(eta) >= 0:
             raise ValueError(f"eta must be non-negative, got {eta!r}")
-        self.percentile = float(percentile)
         self.alpha = check_unit_interval(alpha, "alpha")
         self.exp_power = float(exp_power)
         self.iterations = check_positive_int(iterations, "iterations")

@@ -154,7 +154,7 @@ class G3Retriever(nn.Module):
             raise ValueError(f"seeds ({seeds}) must not exceed candidates ({candidates})")
         if self.candidates > graph.num_nodes:
             raise ValueError(f"candidates ({candidates}) exceeds the corpus size {graph.num_nodes}")
-        self.dense = DenseRetriever(normalize(graph.embeddings))
+        self.dense = DenseRetriever(graph.embeddings)  # holds the unit embeddings
         t = graph.transition
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -173,15 +173,17 @@ class G3Retriever(nn.Module):
         if query.shape[1] != self.graph.embeddings.shape[1]:
             raise ValueError(f"query must have shape (B, D={self.graph.embeddings.shape[1]}), got {tuple(query.shape)}")
         b = query.shape[0]
-        cand = self.dense(query, self.candidates)
+        # one (B, N) cosine matrix serves the candidates and the top-up
+        cos_all = normalize(query.to(self.dense.embeddings.dtype)) @ self.dense.embeddings.T
+        cand_scores, cand_ids = cos_all.topk(self.candidates, dim=1)
         if seed_scorer is None:
-            seed_score = cand.scores
+            seed_score = cand_scores
         else:
-            seed_score = torch.as_tensor(seed_scorer(query, cand.indices, query_texts)).to(cand.scores)
-            if tuple(seed_score.shape) != tuple(cand.indices.shape):
-                raise ValueError(f"seed_scorer returned shape {tuple(seed_score.shape)}, expected {tuple(cand.indices.shape)}")
+            seed_score = torch.as_tensor(seed_scorer(query, cand_ids, query_texts)).to(cand_scores)
+            if tuple(seed_score.shape) != tuple(cand_ids.shape):
+                raise ValueError(f"seed_scorer returned shape {tuple(seed_score.shape)}, expected {tuple(cand_ids.shape)}")
         top_seed, pos = torch.sort(seed_score, dim=1, descending=True, stable=True)
-        seeds = cand.indices.gather(1, pos[:, : self.seeds])
+        seeds = cand_ids.gather(1, pos[:, : self.seeds])
         seed_vals = top_seed[:, : self.seeds]
         # one sparse product for the batch: y^T = T^T p^T with p uniform on the seeds
         dtype = self.graph.transition.dtype
@@ -195,11 +197,10 @@ class G3Retriever(nn.Module):
         y_val, y_idx = y.topk(m, dim=1)
         positive = y_val > 0
         # top-up order: remaining candidates by cosine, then the rest of the corpus by cosine
-        cos_all = normalize(query.to(self.graph.embeddings.dtype)) @ normalize(self.graph.embeddings).T
         taken = torch.zeros(b, n, dtype=torch.bool, device=query.device)
         taken.scatter_(1, seeds, True)
         taken.scatter_(1, torch.where(positive, y_idx, seeds[:, :1].expand_as(y_idx)), True)
-        bonus = torch.zeros(b, n, dtype=cos_all.dtype, device=query.device).scatter(1, cand.indices, 4.0)
+        bonus = torch.zeros(b, n, dtype=cos_all.dtype, device=query.device).scatter(1, cand_ids, 4.0)
         fill_val, fill_idx = torch.where(taken, torch.full_like(cos_all, float("-inf")), cos_all + bonus).topk(m, dim=1)
         # diffused passages first (already sorted by y), then the fill, per row
         n_pos = positive.sum(1, keepdim=True)

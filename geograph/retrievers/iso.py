@@ -188,9 +188,9 @@ class ISORetriever(nn.Module):
         first = torch.ones_like(ids, dtype=torch.bool)
         first[:, 1:] = ids[:, 1:] != ids[:, :-1]
         ok = first & (ids < v)
-        qn = normalize(query.to(g.embeddings.dtype))
-        emb = g.embeddings[ids.clamp_max(v - 1)]
-        s = (normalize(emb) * qn.unsqueeze(1)).sum(-1)
+        qn = normalize(query.to(self.dense.embeddings.dtype))
+        emb = self.dense.embeddings[ids.clamp_max(v - 1)]  # unit rows
+        s = (emb * qn.unsqueeze(1)).sum(-1)
         s = torch.where(ok, s, torch.full_like(s, float("-inf")))
         n = min(self.max_nodes, ids.shape[1])
         dense, pos = s.topk(n, dim=1)  # by dense score, so the seeds always survive the cap
