@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
-EXTRAS := dev,text,bench,train
+EXTRAS := dev,text,bench,train,serve
 STAMP := $(VENV)/.installed-$(EXTRAS)
 
 .PHONY: demo test bench clean
@@ -27,7 +27,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m geograph bench maniscope
+	HF_HUB_OFFLINE=1 $(PY) -m geograph bench run --config configs/bench/default.yaml
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -2,6 +2,11 @@
 
 Every public entry point validates early and raises ``ValueError`` with the name and
 shape of the offending argument, so that bad input never turns into NaN downstream.
+
+Under ``torch.compile`` / ``torch.export`` (:func:`tracing`) the checks on *values* (NaN/inf)
+are skipped, since each is a host synchronisation and a graph break; shape, rank and dtype
+checks still run (they are static). A server that compiles a module validates its inputs
+before the call (``geograph serve`` does, in the request schema).
 """
 from __future__ import annotations
 
@@ -9,6 +14,11 @@ from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
+
+
+def tracing() -> bool:
+    """True while torch.compile / torch.export traces the code (value checks are skipped)."""
+    return torch.compiler.is_compiling()
 
 
 def check_tensor(x: Tensor, name: str, ndim: int, *, finite: bool = True) -> None:
@@ -19,7 +29,7 @@ def check_tensor(x: Tensor, name: str, ndim: int, *, finite: bool = True) -> Non
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
-    if finite and not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
+    if finite and not tracing() and not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} of shape {tuple(x.shape)} contains NaN or inf")
 
 
@@ -36,6 +46,8 @@ def check_mask(mask: Optional[Tensor], shape: Sequence[int], name: str = "mask")
 
 def check_finite_where(x: Tensor, mask: Optional[Tensor], name: str) -> None:
     """Raise if ``x`` has NaN/inf in a row that ``mask`` (over the leading dims) marks real."""
+    if tracing():
+        return
     if bool(torch.isfinite(x.sum())):  # one reduction: the common, all-finite case
         return
     bad = ~torch.isfinite(x)

@@ -1,4 +1,4 @@
-"""The ``geograph`` command: ``geograph demo``, ``geograph bench <method>``, ``geograph build-graph``."""
+"""The ``geograph`` command: ``geograph demo``, ``geograph bench <name>``, ``geograph build-graph``, ``geograph serve``."""
 from __future__ import annotations
 
 import sys
@@ -8,8 +8,9 @@ USAGE = """usage: geograph <command> [options]
 
 commands:
   demo         dense top-5 next to Maniscope's on the shipped corpus (or --data DIR), with a quality table
-  bench        benchmarks against the slow references: geograph bench {maniscope,ricci,iso} [options]
+  bench        benchmarks against the slow references: geograph bench {run,gpu,maniscope,ricci,iso,g3} [options]
   build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG
+  serve        HTTP rerank/retrieve server on LitServe: geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR
 
 run 'geograph <command> --help' for the options of a command."""
 
@@ -32,6 +33,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from geograph.build_graph import main as build_main
 
         return build_main(rest)
+    if command == "serve":
+        from geograph.serve import main as serve_main
+
+        return serve_main(rest)
     print(f"geograph: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 
-__all__ = ["relevance_tensors", "evaluate", "METRICS"]
+__all__ = ["relevance_tensors", "evaluate", "per_query", "paired_bootstrap", "METRICS"]
 
 METRICS = {
     "nDCG": lambda g, r, k: ndcg_at_k(g, r, k),
@@ -51,6 +51,29 @@ def relevance_tensors(
     return gains, relevant
 
 
+def per_query(
+    run: Sequence[Sequence[str]],
+    qrels: Sequence[Mapping[str, float]],
+    metrics: Iterable[str] = ("nDCG@10", "Recall@10"),
+) -> dict[str, Tensor]:
+    """Each metric per query: ``{name: (Q,) float64}`` (the inputs of a paired test).
+
+    Example:
+        >>> per_query([["a", "b"], ["b"]], [{"b": 1}, {"b": 1}], ["MRR@2"])["MRR@2"].tolist()
+        [0.5, 1.0]
+    """
+    if not run:
+        raise ValueError("run is empty: nothing to evaluate")
+    gains, relevant = relevance_tensors(run, qrels)
+    out = {}
+    for name in metrics:
+        metric, _, k = name.partition("@")
+        if metric not in METRICS or not k.isdigit():
+            raise ValueError(f"unknown metric {name!r}; use one of {sorted(METRICS)} with @k")
+        out[name] = METRICS[metric](gains, relevant, int(k))
+    return out
+
+
 def evaluate(
     run: Sequence[Sequence[str]],
     qrels: Sequence[Mapping[str, float]],
@@ -62,13 +85,50 @@ def evaluate(
         >>> evaluate([["a", "b"]], [{"b": 1}], ["nDCG@2", "MRR@2", "HitAll@1"])
         {'nDCG@2': 0.6309..., 'MRR@2': 0.5, 'HitAll@1': 0.0}
     """
-    if not run:
-        raise ValueError("run is empty: nothing to evaluate")
-    gains, relevant = relevance_tensors(run, qrels)
-    out = {}
-    for name in metrics:
-        metric, _, k = name.partition("@")
-        if metric not in METRICS or not k.isdigit():
-            raise ValueError(f"unknown metric {name!r}; use one of {sorted(METRICS)} with @k")
-        out[name] = float(METRICS[metric](gains, relevant, int(k)).mean())
-    return out
+    return {name: float(v.mean()) for name, v in per_query(run, qrels, metrics).items()}
+
+
+def paired_bootstrap(
+    method: Tensor, baseline: Tensor, *, samples: int = 10000, level: float = 0.95, seed: int = 0
+) -> dict[str, float]:
+    """Paired bootstrap of the mean per-query difference ``method - baseline``.
+
+    Queries are resampled with replacement ``samples`` times (the same resample for both
+    systems, which is what makes it paired); the interval is the percentile interval of the
+    resampled means.
+
+    Args:
+        method, baseline: ``(Q,)`` per-query values of one metric on the same queries.
+        samples: bootstrap resamples.
+        level: coverage of the interval.
+        seed: of the resampling generator (results are reproducible).
+
+    Returns:
+        ``{"diff", "low", "high", "p_le_0", "queries"}``: the observed mean difference, the
+        interval, and the share of resamples whose mean difference is <= 0.
+
+    Example:
+        >>> r = paired_bootstrap(torch.tensor([1., 1., 0.]), torch.tensor([0., 1., 0.]), samples=2000)
+        >>> round(r["diff"], 4), r["low"] >= 0.0, r["high"] <= 1.0
+        (0.3333, True, True)
+    """
+    a = torch.as_tensor(method, dtype=torch.float64).flatten()
+    b = torch.as_tensor(baseline, dtype=torch.float64).flatten()
+    if a.shape != b.shape or a.numel() == 0:
+        raise ValueError(f"method and baseline need the same non-zero number of queries, got {a.numel()} and {b.numel()}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if int(samples) < 1:
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+    d = a - b
+    g = torch.Generator().manual_seed(int(seed))
+    means = torch.empty(int(samples), dtype=torch.float64)
+    chunk = max(1, 2**22 // d.numel())
+    for s in range(0, int(samples), chunk):
+        n = min(chunk, int(samples) - s)
+        idx = torch.randint(d.numel(), (n, d.numel()), generator=g)
+        means[s : s + n] = d[idx].mean(1)
+    tail = (1.0 - level) / 2
+    lo, hi = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+    return {"diff": float(d.mean()), "low": lo, "high": hi, "p_le_0": float((means <= 0).double().mean()),
+            "queries": int(d.numel())}

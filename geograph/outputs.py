@@ -45,6 +45,11 @@ class RetrievalOutput:
     scores: Tensor
 
 
+# pytree nodes, so that torch.export / torch.compile return them as they are
+torch.export.register_dataclass(RerankOutput, serialized_type_name="geograph.RerankOutput")
+torch.export.register_dataclass(RetrievalOutput, serialized_type_name="geograph.RetrievalOutput")
+
+
 def order_by_score(scores: Tensor) -> Tensor:
     """Indices ``(B, N)`` that sort ``scores`` descending; ``-inf`` entries last in index order.
 

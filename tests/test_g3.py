@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from geograph import G3Graph, G3Retriever
-from geograph.bench.reference import g3_dense_reference
+from geograph.bench.reference import g3_dense_reference, g3_retrieve_reference as reference_retrieve
 from geograph.functional import gain_density, gain_transition
 
 SCIFACT = __import__("pathlib").Path(__file__).parent / "data" / "scifact_candidates.npz"
@@ -13,23 +13,6 @@ SCIFACT = __import__("pathlib").Path(__file__).parent / "data" / "scifact_candid
 
 def reference_transition(x, band, beta, max_degree=None):
     return g3_dense_reference(x, band, beta, max_degree)
-
-
-def reference_retrieve(x, t, q, *, candidates, seeds, k):
-    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
-    cos = xn @ (q / np.linalg.norm(q))
-    cand = np.argsort(-cos, kind="stable")[:candidates]
-    seed = cand[:seeds]
-    p = np.zeros(len(x))
-    p[seed] = 1.0 / seeds
-    y = p @ t
-    y[seed] = -np.inf
-    order = np.argsort(-y, kind="stable")
-    diffused = [i for i in order[: k - seeds] if y[i] > 0]
-    chosen = list(seed) + diffused
-    rest = [i for i in cand if i not in chosen] + [i for i in np.argsort(-cos, kind="stable") if i not in cand]
-    chosen += [i for i in rest if i not in chosen][: k - len(chosen)]
-    return chosen, y, cos
 
 
 def same_up_to_ties(ours, ref, y, cos, seeds):

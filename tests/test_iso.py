@@ -1,53 +1,10 @@
-import networkx as nx
 import numpy as np
 import pytest
 import torch
 
 from geograph import CorpusGraph, ISORetriever, PoincareProjection
+from geograph.bench.reference import iso_reference as reference_retrieve
 from geograph.encoders import conformal_volume
-
-
-def reference_retrieve(model, query, k):
-    """ISO-RAG for one query in plain numpy + networkx, following the documented steps."""
-    g = model.graph
-    emb = g.embeddings.double().numpy()
-    emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
-    q = query.double().numpy() / np.linalg.norm(query.double().numpy())
-    s = emb @ q
-    v = len(s)
-    order = np.argsort(-s, kind="stable")
-    seeds = order[: min(model.m, v)]
-    local = set(order[: min(max(model.L, model.m), v)].tolist())
-    nxg = nx.Graph()
-    nxg.add_nodes_from(range(v))
-    nxg.add_edges_from(g.edge_index.T.tolist())
-    frontier = set(seeds.tolist())
-    for _ in range(model.hops):
-        frontier = {w for u in frontier for w in nxg.neighbors(u)}
-        local |= frontier
-    local = sorted(local, key=lambda u: -s[u])[: model.max_nodes]
-    phi = model.phi.double().numpy()  # phi itself is checked against networkx in test_isoperimetric
-    sub = nx.DiGraph()
-    sub.add_nodes_from(local)
-    for a, b in nxg.subgraph(local).edges:
-        lo, hi = min(phi[a], phi[b]), max(phi[a], phi[b])
-        if (lo / hi if hi > 0 else 1.0) >= model.beta:
-            sub.add_edge(a, b)
-            sub.add_edge(b, a)
-    logits = {u: model.tau * s[u] for u in local if u in set(seeds.tolist())}
-    mx = max(logits.values())
-    z = sum(np.exp(x - mx) for x in logits.values())
-    r = {u: (np.exp(logits[u] - mx) / z if u in logits else 0.0) for u in local}
-    pi = nx.pagerank(sub, alpha=model.alpha, personalization=r, dangling=r, tol=1e-12, max_iter=10000)
-
-    def mm(x):
-        arr = np.array([x[u] for u in local])
-        span = arr.max() - arr.min()
-        return (arr - arr.min()) / span if span > 0 else np.zeros_like(arr)
-
-    score = model.lambda_g * mm(pi) + model.lambda_d * mm({u: s[u] for u in local})
-    top = np.argsort(-score, kind="stable")[:k]
-    return np.array(local)[top], score[top]
 
 
 def clustered(rng, v, d, clusters=6):

@@ -86,7 +86,8 @@ def test_training_puts_hubs_near_origin_and_beats_untrained(tmp_path):
     assert after > before, (before, after)
 
 
-def test_cli_one_epoch_exports_a_loadable_projection(tmp_path):
+def test_cli_one_epoch_exports_a_loadable_projection(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the config's relative runs/ paths land here, not in the checkout
     graph = scale_free_graph(50)
     graph.save(tmp_path / "g")
     export = tmp_path / "projection.pt"

@@ -9,6 +9,8 @@ BENCHES = {
     "ricci": "geograph.bench.ricci",
     "iso": "geograph.bench.iso",
     "g3": "geograph.bench.g3",
+    "run": "geograph.bench.run",
+    "gpu": "geograph.bench.gpu",
 }
 
 

@@ -54,18 +54,19 @@ def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0):
     return model.projection.eval()
 
 
-def tune(graph, projection, query, dataset, grid=GRID):
-    """Best (Recall@5, then Recall@10) grid point on the tuning queries; phi computed once per beta."""
+def tune(graph, projection, query, dataset, grid=GRID, metrics=("Recall@5", "Recall@10"), k=10):
+    """Best grid point on the tuning queries by ``metrics`` (the first, then the next to break
+    ties); phi computed once per beta. Returns ``(params, {metric: tuning score})``."""
     best, best_key = None, None
     for beta in grid["beta"]:
         base = ISORetriever(graph, projection=projection, beta=beta)
         for m, L, tau in itertools.product(grid["m"], grid["L"], grid["tau"]):
             base.m, base.L, base.tau = m, L, tau
-            res = evaluate(_run(dataset, _retrieve(base, query)), dataset.qrels_list(), ("Recall@5", "Recall@10"))
-            key = (res["Recall@5"], res["Recall@10"])
+            res = evaluate(_run(dataset, _retrieve(base, query, k)), dataset.qrels_list(), metrics)
+            key = tuple(res[name] for name in metrics)
             if best_key is None or key > best_key:
                 best_key, best = key, {"beta": beta, "m": m, "L": L, "tau": tau}
-    return best, {"Recall@5": best_key[0], "Recall@10": best_key[1]}
+    return best, dict(zip(metrics, best_key))
 
 
 def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> dict:

@@ -121,3 +121,96 @@ def g3_dense_reference(x: np.ndarray, band=(0.1, 0.7), beta: float = 0.4, max_de
         np.put_along_axis(w, cut, 0.0, axis=1)
     rs = w.sum(1, keepdims=True)
     return np.divide(w, rs, out=np.zeros_like(w), where=rs > 0), rho
+
+
+def g3_retrieve_reference(x: np.ndarray, t: np.ndarray, q: np.ndarray, *, candidates: int, seeds: int, k: int):
+    """G3RAG retrieval for one query with a dense ``T`` (:func:`g3_dense_reference`), in numpy.
+
+    Seeds = the first ``seeds`` of the cosine top-``candidates``; ``y = p T`` with ``p``
+    uniform on the seeds; then the passages of largest positive ``y``; then a cosine top-up.
+
+    Returns:
+        ``(chosen ids (list of k), y (N,), cos (N,))``.
+    """
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cos = xn @ (q / np.linalg.norm(q))
+    cand = np.argsort(-cos, kind="stable")[:candidates]
+    seed = cand[:seeds]
+    p = np.zeros(len(x))
+    p[seed] = 1.0 / seeds
+    y = p @ t
+    y[seed] = -np.inf
+    order = np.argsort(-y, kind="stable")
+    diffused = [i for i in order[: k - seeds] if y[i] > 0]
+    chosen = list(seed) + diffused
+    rest = [i for i in cand if i not in chosen] + [i for i in np.argsort(-cos, kind="stable") if i not in cand]
+    chosen += [i for i in rest if i not in chosen][: k - len(chosen)]
+    return chosen, y, cos
+
+
+def iso_reference(model, query, k: int, nx_graph=None):
+    """ISO-RAG for one query in plain numpy + networkx, following the documented steps.
+
+    Dense scores, seeds and the local set, a networkx subgraph of the compatible edges
+    (``phi`` is read from ``model``: it is checked against networkx on its own), softmax
+    personalisation, ``networkx.pagerank`` converged to 1e-12, min-max fusion.
+
+    Args:
+        model: an :class:`~geograph.ISORetriever` (its graph, ``phi`` and hyperparameters).
+        query: ``(D,)`` tensor.
+        k: passages returned.
+        nx_graph: the corpus graph as a ``networkx.Graph`` (:func:`iso_reference_graph`);
+            built here when not given (benchmarks build it once, outside the timed loop).
+
+    Returns:
+        ``(ids (k,), scores (k,))`` numpy arrays.
+    """
+    import networkx as nx
+
+    g = model.graph
+    emb = g.embeddings.double().numpy()
+    emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    q = query.double().numpy() / np.linalg.norm(query.double().numpy())
+    s = emb @ q
+    v = len(s)
+    order = np.argsort(-s, kind="stable")
+    seeds = order[: min(model.m, v)]
+    local = set(order[: min(max(model.L, model.m), v)].tolist())
+    nxg = iso_reference_graph(g) if nx_graph is None else nx_graph
+    frontier = set(seeds.tolist())
+    for _ in range(model.hops):
+        frontier = {w for u in frontier for w in nxg.neighbors(u)}
+        local |= frontier
+    local = sorted(local, key=lambda u: -s[u])[: model.max_nodes]
+    phi = model.phi.double().numpy()  # phi itself is checked against networkx in test_isoperimetric
+    sub = nx.DiGraph()
+    sub.add_nodes_from(local)
+    for a, b in nxg.subgraph(local).edges:
+        lo, hi = min(phi[a], phi[b]), max(phi[a], phi[b])
+        if (lo / hi if hi > 0 else 1.0) >= model.beta:
+            sub.add_edge(a, b)
+            sub.add_edge(b, a)
+    logits = {u: model.tau * s[u] for u in local if u in set(seeds.tolist())}
+    mx = max(logits.values())
+    z = sum(np.exp(x - mx) for x in logits.values())
+    r = {u: (np.exp(logits[u] - mx) / z if u in logits else 0.0) for u in local}
+    pi = nx.pagerank(sub, alpha=model.alpha, personalization=r, dangling=r, tol=1e-12, max_iter=10000)
+
+    def mm(x):
+        arr = np.array([x[u] for u in local])
+        span = arr.max() - arr.min()
+        return (arr - arr.min()) / span if span > 0 else np.zeros_like(arr)
+
+    score = model.lambda_g * mm(pi) + model.lambda_d * mm({u: s[u] for u in local})
+    top = np.argsort(-score, kind="stable")[:k]
+    return np.array(local)[top], score[top]
+
+
+def iso_reference_graph(graph):
+    """A :class:`~geograph.CorpusGraph` as an undirected ``networkx.Graph`` (for :func:`iso_reference`)."""
+    import networkx as nx
+
+    nxg = nx.Graph()
+    nxg.add_nodes_from(range(graph.num_nodes))
+    nxg.add_edges_from(graph.edge_index.T.tolist())
+    return nxg

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import check_finite_where, check_mask, check_positive_int, check_tensor, check_unit_interval
+from geograph._checks import check_finite_where, check_mask, check_positive_int, check_tensor, check_unit_interval, tracing
 from geograph.functional.graphs import knn_lists
 from geograph.functional.similarity import normalize
 
@@ -56,7 +56,8 @@ def maniscope_scores(
         k: neighbours per candidate (clamps to the number of other real candidates).
         alpha: weight of the cosine term, in ``[0, 1]`` (the paper's :math:`\alpha`).
         early_stop: stop the shortest-path relaxation once it has converged (exact either
-            way; ``False`` runs the fixed ``N - 1`` steps, for graph capture).
+            way; ``False`` runs the fixed ``N - 1`` steps, and so does a traced call under
+            ``torch.compile`` / ``torch.export``, where the check would be a host sync).
 
     Returns:
         ``(scores, geodesic)``, both ``(B, N)``: scores ``-inf`` at padding, geodesic
@@ -121,7 +122,7 @@ def _relax_knn(idx: Tensor, w: Tensor, at_source: Tensor, steps: int, early_stop
         pull = (dist.gather(1, flat).view(b, n, kk) + w).amin(dim=-1)
         push = dist.scatter_reduce(1, flat, (dist.unsqueeze(-1) + w).reshape(b, n * kk), reduce="amin")
         dist = torch.minimum(torch.minimum(dist, pull), push)
-        if early_stop and (t + 1) % check_every == 0:
+        if early_stop and not tracing() and (t + 1) % check_every == 0:
             if torch.equal(dist, prev):
                 break
             prev = dist

@@ -21,6 +21,11 @@ class Maniscope(nn.Module):
     :func:`geograph.functional.maniscope_scores` for the details. Every real candidate is
     kept; only the order changes.
 
+    Compilation: ``torch.compile(model, fullgraph=True)`` and ``torch.export.export`` work
+    (tested on padded batches): no graph break and no host synchronisation in the forward.
+    A traced call skips the NaN checks (shape checks remain) and runs the fixed ``N - 1``
+    relaxation steps instead of the early stop.
+
     Args:
         k: neighbours per candidate in the k-NN graph (clamps to ``N - 1``).
         alpha: weight of the cosine term. 0.3 is the value of the authors' published

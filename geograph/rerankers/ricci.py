@@ -105,6 +105,12 @@ class RicciFiltration(nn.Module):
     home is the GPU, where every edge of every graph runs in one kernel, and it is within its
     ``reg`` of exact rather than equal to it.
 
+    Compilation: runs under ``torch.compile`` with graph breaks and the same output (tested).
+    It cannot be captured whole or exported: ``solver="exact"`` solves each edge with POT's C
+    network simplex on numpy, and both solvers compact every edge's transport problem to the
+    nodes carrying mass, a data-dependent size; the flow freezes converged graphs by a host
+    check per step.
+
     Args:
         percentile: percentile of the dissimilarities that sets the edge threshold ``tau``.
         alpha: lazy mass of the Ollivier-Ricci measures.

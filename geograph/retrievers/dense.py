@@ -16,6 +16,9 @@ class DenseRetriever(nn.Module):
     into a running top-k, so memory is ``O(B * (chunk_size + k))`` whatever the corpus size.
     This is the baseline every benchmark row is compared with.
 
+    Compilation: ``torch.compile(model, fullgraph=True)`` and ``torch.export.export(model,
+    (query,), {"k": k})`` work (tested); ``k`` is static. A traced call skips the NaN check.
+
     Args:
         embeddings: ``(V, D)`` passage embeddings (normalised here; stored as a buffer, so
             ``.to(device)`` moves the corpus).

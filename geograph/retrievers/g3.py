@@ -120,6 +120,11 @@ class G3Retriever(nn.Module):
     ``scores`` of the output hold the value of the stage that picked each passage: the seed
     score for seeds, ``y`` for diffused passages, cosine for top-ups. The order is by position.
 
+    Compilation: runs under ``torch.compile`` with the same output (tested), but dynamo
+    cannot trace sparse CSR tensors, so the graph breaks there and the sparse product runs
+    eagerly; ``torch.export`` fails for the same reason. Densify ``graph.transition`` for a
+    small corpus if a captured graph is needed.
+
     Args:
         graph_or_embeddings: a :class:`G3Graph`, or ``(N, D)`` embeddings to build one from with
             ``band``, ``beta``, ``max_degree``.

@@ -57,6 +57,10 @@ class ISORetriever(nn.Module):
     ``min(max(L, m), max_nodes, V)`` (the local set's guaranteed size); ``m`` and ``L`` larger
     than ``V`` clamp to ``V``.
 
+    Compilation: runs under ``torch.compile`` with graph breaks and the same output (tested).
+    It cannot be exported: the padded width of the local subgraphs (seeds, their neighbours,
+    the dense top-L) is read from the data once per hop, a data-dependent shape.
+
     Args:
         graph: the :class:`~geograph.CorpusGraph` (its embeddings are the dense index).
         projection: f_theta (e.g. a trained :class:`~geograph.PoincareProjection`); ``None`` =

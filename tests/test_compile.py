@@ -1,0 +1,88 @@
+"""torch.compile (inductor, the CPU backend) and torch.export of the public modules vs eager.
+
+Compiling is slow on a 2-core CPU (inductor: 10-60 s per module), so shapes are tiny and
+each module compiles once. Maniscope and DenseRetriever compile with ``fullgraph=True``
+(no graph break, hence no host synchronisation in the forward) and export; the others run
+compiled with graph breaks where their docstrings say why.
+"""
+import pytest
+import torch
+
+from geograph import CorpusGraph, DenseRetriever, G3Retriever, ISORetriever, Maniscope, RicciFiltration
+
+
+@pytest.fixture(scope="module")
+def data():
+    g = torch.Generator().manual_seed(0)
+    corpus = torch.nn.functional.normalize(torch.randn(60, 8, generator=g), dim=1)
+    q = torch.nn.functional.normalize(torch.randn(3, 8, generator=g), dim=1)
+    docs = corpus[torch.randperm(60, generator=g)[:18]].view(3, 6, 8).clone()
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[1, 4:] = False  # a padded row
+    docs[1, 4:] = float("nan")  # padding content is ignored, also when compiled
+    return corpus, q, docs, mask
+
+
+def same(out, ref, atol=1e-6):
+    for name in ref.__dataclass_fields__:
+        a, b = getattr(out, name), getattr(ref, name)
+        if b is None:
+            assert a is None
+        elif b.is_floating_point():
+            torch.testing.assert_close(a, b, atol=atol, rtol=1e-5, equal_nan=True)
+        else:
+            assert torch.equal(a, b), name
+
+
+def test_maniscope_compiles_fullgraph_and_exports(data):
+    _, q, docs, mask = data
+    model = Maniscope(k=2)
+    ref = model(q, docs, mask)
+    torch._dynamo.reset()
+    same(torch.compile(model, fullgraph=True)(q, docs, mask), ref)
+    exported = torch.export.export(model, (q, docs, mask))
+    same(exported.module()(q, docs, mask), ref)
+
+
+def test_dense_compiles_fullgraph_and_exports(data):
+    corpus, q, _, _ = data
+    model = DenseRetriever(corpus, chunk_size=16)  # several chunks: the merge loop unrolls
+    ref = model(q, 5)
+    torch._dynamo.reset()
+    same(torch.compile(model, fullgraph=True)(q, 5), ref)
+    exported = torch.export.export(model, (q,), {"k": 5})
+    same(exported.module()(q, k=5), ref)
+
+
+def test_iso_compiles_with_graph_breaks(data):
+    corpus, q, _, _ = data
+    model = ISORetriever(CorpusGraph.from_knn(corpus, 4), L=10)
+    ref = model(q, 5)
+    torch._dynamo.reset()
+    same(torch.compile(model)(q, 5), ref)
+    with pytest.raises(Exception):  # the local subgraph's width is read from the data (docstring)
+        torch.export.export(model, (q,), {"k": 5})
+
+
+def test_g3_compiles_with_graph_breaks(data):
+    corpus, q, _, _ = data
+    model = G3Retriever(corpus)
+    ref = model(q, 5)
+    torch._dynamo.reset()
+    same(torch.compile(model)(q, 5), ref)
+
+
+@pytest.mark.parametrize("solver", ["exact", "sinkhorn"])
+def test_ricci_compiles_with_graph_breaks(data, solver):
+    """aot_eager: the flow's fixed loop unrolls into many graphs, too slow for inductor on 2 cores."""
+    _, q, docs, mask = data
+    model = RicciFiltration(solver=solver, iterations=3)
+    ref = model(q, docs, mask)
+    torch._dynamo.reset()
+    same(torch.compile(model, backend="aot_eager")(q, docs, mask), ref)
+
+
+def test_value_checks_still_run_in_eager(data):
+    _, q, docs, mask = data
+    with pytest.raises(ValueError, match="NaN"):
+        Maniscope()(q, docs)  # NaN at real (unmasked) positions
