@@ -199,3 +199,23 @@ def test_retriever_apis_equal_the_module_in_process(method, corpus):
         assert res["ids"] == [data.doc_ids[j] for j in out.indices[0].tolist()]
         assert res["scores"] == pytest.approx(out.scores[0].tolist(), abs=1e-5)
         assert res["batch_size"] == len(reqs)
+
+
+@pytest.mark.parametrize("method", ["iso", "g3"])
+def test_retriever_servers_over_http(method, corpus):
+    from geograph import serve
+
+    data, emb, enc = corpus
+    proc, url = start(method)
+    try:
+        assert requests.post(url + "/rerank", json={"query": "x", "candidate_ids": ["photo-0"]}).status_code == 404
+        model = serve.build_model(method, emb)
+        q = enc.encode(TEXT_QUERIES)
+        for i, text in enumerate(TEXT_QUERIES):
+            r = requests.post(url + "/retrieve", json={"query": text, "k": 4})
+            assert r.status_code == 200, r.text
+            out = model(q[i : i + 1], 4)
+            assert r.json()["ids"] == [data.doc_ids[j] for j in out.indices[0].tolist()]
+            assert r.json()["scores"] == pytest.approx(out.scores[0].tolist(), abs=1e-5)
+    finally:
+        stop(proc)
