@@ -257,10 +257,7 @@ def run_retrieve(method: str, model, dense, query, k: int, candidates: int, corp
         idx = top.indices.gather(1, res.order)
         scores = res.scores.gather(1, res.order)
         return idx[:, :k], scores[:, :k]
-    k = min(k, model.graph.num_nodes if method == "iso" else corpus.shape[0])
-    if method == "iso":
-        limit = min(max(model.L, model.m), model.max_nodes, model.graph.num_nodes)
-        k = min(k, limit)
+    k = min(k, model.max_k if method == "iso" else corpus.shape[0])
     out = model(query, k)
     return out.indices, out.scores.to(torch.float64)
 

@@ -48,12 +48,12 @@ def test_tuned_values_are_the_best_on_the_tuning_split_only(smoke):
     from geograph.data import Encoder
     from geograph.bench.common import tuning_split
     from geograph.data import DEMO_PATH
-    from geograph.pipeline import run_ids
+    from geograph.pipeline import dense_candidates, run_ids
 
     results, _ = smoke
     row = results["datasets"]["demo"]["methods"]["Maniscope"]
     sp = tuning_split("demo", DEMO_PATH, Encoder(progress=False))
-    cands = bench_run._dense_top(sp.corpus, sp.tune_q, 10)
+    cands = dense_candidates(sp.corpus, sp.tune_q, 10).indices
     got = {}
     for k in (3, 5):
         out = Maniscope(k=k, alpha=0.3)(sp.tune_q, sp.corpus[cands])

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from geograph.bench.common import DEFAULT_DATA, Split, time_calls, tuning_split
 from geograph.metrics import paired_bootstrap, per_query
-from geograph.pipeline import run_ids
+from geograph.pipeline import dense_candidates, run_ids
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bench" / "default.yaml"
 LABELS = {"dense": "dense", "maniscope": "Maniscope", "ricci": "Ricci-Filtration", "iso": "ISO-RAG",
@@ -127,12 +127,6 @@ class Context:
     @property
     def corpus(self) -> Tensor:
         return self.split.corpus
-
-
-def _dense_top(corpus: Tensor, query: Tensor, m: int) -> Tensor:
-    from geograph.retrievers import DenseRetriever
-
-    return DenseRetriever(corpus)(query, min(m, corpus.shape[0])).indices
 
 
 def _batched(ranker: Ranker, query: Tensor, cands: Tensor, batch: int = 64) -> tuple[Tensor, Tensor]:
@@ -436,7 +430,8 @@ def run(cfg: dict, *, progress: bool = True, cache: Optional[str] = None) -> dic
             bar.update(task, description=f"[{name}] embedding (cached)")
             sp = tuning_split(name, root, encoder)
             m = min(cfg["candidates"], sp.corpus.shape[0])
-            ctx = Context(name, sp, m, _dense_top(sp.corpus, sp.tune_q, m), _dense_top(sp.corpus, sp.report_q, m))
+            ctx = Context(name, sp, m, dense_candidates(sp.corpus, sp.tune_q, m).indices,
+                          dense_candidates(sp.corpus, sp.report_q, m).indices)
             primary = entry["primary"]
             out = {"root": str(root), "protocol": sp.protocol, "primary": primary, "candidates": m,
                    "queries_tuned": len(sp.tune.queries), "queries_reported": len(sp.report.queries),

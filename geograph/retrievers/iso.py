@@ -214,9 +214,14 @@ class ISORetriever(nn.Module):
         r = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
         return LocalSubgraph(nodes, mask, dense, adj, r)
 
+    @property
+    def max_k(self) -> int:
+        """The largest ``k`` every query can get: the guaranteed local set size min(max(L, m), max_nodes, V)."""
+        return min(max(self.L, self.m), self.max_nodes, self.graph.num_nodes)
+
     def forward(self, query: Tensor, k: int) -> RetrievalOutput:
         k = check_positive_int(k, "k")
-        limit = min(max(self.L, self.m), self.max_nodes, self.graph.num_nodes)
+        limit = self.max_k
         if k > limit:
             raise ValueError(f"k={k} exceeds the guaranteed local set size min(max(L, m), max_nodes, V) = {limit}")
         sub = self.local(query)
