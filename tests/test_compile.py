@@ -60,7 +60,10 @@ def test_iso_compiles_with_graph_breaks(data):
     ref = model(q, 5)
     torch._dynamo.reset()
     same(torch.compile(model)(q, 5), ref)
-    with pytest.raises(Exception):  # the local subgraph's width is read from the data (docstring)
+    # the local subgraph's width is read from the data (docstring): a data-dependent shape
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    with pytest.raises(GuardOnDataDependentSymNode, match="data-dependent"):
         torch.export.export(model, (q,), {"k": 5})
 
 
