@@ -64,6 +64,28 @@ def check_positive_int(value: int, name: str) -> int:
 
 
 def check_unit_interval(value: float, name: str) -> float:
-    if not 0.0 <= float(value) <= 1.0:
+    value = check_finite_float(value, name)
+    if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
     return float(value)
+
+
+def check_finite_float(value: float, name: str) -> float:
+    """``value`` as a finite float, or raise naming ``name`` (NaN and inf hyperparameters)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return out
+
+
+def check_same_device(x: Tensor, name: str, device: torch.device, owner: str = "the module") -> None:
+    """Raise if ``x`` is not on ``device`` (one device per call), naming both devices."""
+    if isinstance(x, Tensor) and x.device != device:
+        raise ValueError(
+            f"{name} is on {x.device} but {owner} is on {device}: move one of them with .to() first"
+        )

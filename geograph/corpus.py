@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
 from geograph.functional.isoperimetric import clean_edge_index
@@ -17,12 +17,17 @@ __all__ = ["CorpusGraph"]
 _FORMAT = 1
 
 
-class CorpusGraph:
+class CorpusGraph(nn.Module):
     """Passage embeddings ``(V, D)`` and an undirected graph over the passages, stored sparse.
 
     The graph is kept as a clean ``edge_index (2, E)`` (both directions, sorted by source, no
     duplicates, no self loops: those are dropped by every builder) and its CSR row pointer;
     nothing ``V x V`` is ever materialised. Isolated passages are allowed.
+
+    A :class:`torch.nn.Module` whose tensors are buffers (``embeddings``, ``edge_index``,
+    ``rowptr``): ``.to(device)``, ``.to(dtype)``, ``.cuda()`` and ``state_dict()`` carry the
+    whole graph, and a module holding it (:class:`~geograph.ISORetriever`) moves it along.
+    ``.to(dtype)`` casts only the embeddings; the integer index buffers keep their dtype.
 
     Builders: :meth:`from_knn`, :meth:`from_groups`, :meth:`from_mentions`,
     :meth:`from_edge_index`; :meth:`save` / :meth:`load` a directory.
@@ -38,15 +43,23 @@ class CorpusGraph:
         (1, [1, 1, 0])
     """
 
+    embeddings: Tensor
+    edge_index: Tensor
+    rowptr: Tensor
+
     def __init__(self, embeddings: Tensor, edge_index: Tensor, *, name: str = "edge_index") -> None:
+        super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         if embeddings.shape[0] < 1:
             raise ValueError("embeddings must hold at least one passage")
-        self.embeddings = embeddings
-        self.edge_index = clean_edge_index(edge_index.to(embeddings.device), embeddings.shape[0])
+        if isinstance(edge_index, Tensor):
+            edge_index = edge_index.to(embeddings.device)
+        clean = clean_edge_index(edge_index, embeddings.shape[0])
         self.name = name
-        counts = torch.bincount(self.edge_index[0], minlength=self.num_nodes)
-        self.rowptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        counts = torch.bincount(clean[0], minlength=embeddings.shape[0])
+        self.register_buffer("embeddings", embeddings)
+        self.register_buffer("edge_index", clean)
+        self.register_buffer("rowptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -63,20 +76,21 @@ class CorpusGraph:
         """CSR column indices (the targets of :attr:`edge_index`, grouped by source)."""
         return self.edge_index[1]
 
+    @property
+    def device(self) -> torch.device:
+        return self.embeddings.device
+
     def degree(self) -> Tensor:
         """``(V,)`` long node degrees."""
         return self.rowptr[1:] - self.rowptr[:-1]
 
-    def to(self, device: Union[str, torch.device]) -> "CorpusGraph":
-        return CorpusGraph(self.embeddings.to(device), self.edge_index.to(device), name=self.name)
-
-    def __repr__(self) -> str:
-        return f"CorpusGraph(nodes={self.num_nodes}, edges={self.num_edges}, dim={self.embeddings.shape[1]}, name={self.name!r})"
+    def extra_repr(self) -> str:
+        return f"nodes={self.num_nodes}, edges={self.num_edges}, dim={self.embeddings.shape[1]}, name={self.name!r}"
 
     # -- builders -----------------------------------------------------------------------
     @classmethod
     def from_edge_index(cls, embeddings: Tensor, edge_index: Tensor) -> "CorpusGraph":
-        """A graph from given node pairs ``(2, E)`` (either direction)."""
+        """A graph from given node pairs ``(2, E)`` (either direction; moved to the embeddings' device)."""
         return cls(embeddings, edge_index, name="edge_index")
 
     @classmethod
@@ -93,8 +107,8 @@ class CorpusGraph:
         v = embeddings.shape[0]
         k = min(k, v - 1)
         if k < 1:
-            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long), name="knn")
-        z = normalize(embeddings.float())
+            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="knn")
+        z = normalize(embeddings)  # in the embeddings' dtype (float64 stays float64)
         if faiss:
             idx = _faiss_knn(z, k + 1)
         else:
@@ -130,8 +144,8 @@ class CorpusGraph:
                 src.append(a.reshape(-1))
                 dst.append(b.reshape(-1))
         if not src:
-            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long), name="groups")
-        return cls(embeddings, torch.stack([torch.cat(src), torch.cat(dst)]), name="groups")
+            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="groups")
+        return cls(embeddings, torch.stack([torch.cat(src), torch.cat(dst)]).to(embeddings.device), name="groups")
 
     @classmethod
     def from_mentions(
@@ -176,7 +190,7 @@ class CorpusGraph:
                             src.append(u)
                             dst.append(w)
         ei = torch.tensor([src, dst], dtype=torch.long) if src else torch.zeros(2, 0, dtype=torch.long)
-        return cls(embeddings, ei, name="mentions")
+        return cls(embeddings, ei.to(embeddings.device), name="mentions")
 
     # -- persistence --------------------------------------------------------------------
     def save(self, directory: Union[str, Path]) -> Path:

@@ -60,3 +60,56 @@ def order_by_score(scores: Tensor) -> Tensor:
         tensor([[2, 0, 1]])
     """
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices
+
+
+def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest entries along the last dimension; equal scores: lowest index first.
+
+    The tie rule of every geograph ranking (``numpy.argsort(-x, kind="stable")[:k]``), which
+    :func:`torch.topk` does not promise. Cost: two ``topk`` passes and a cumulative sum over
+    the last dimension, no full sort and no host synchronisation. ``-inf`` entries are
+    ordinary values (they tie with each other). No NaN (callers validate).
+
+    Args:
+        scores: ``(..., N)`` floating.
+        k: ``0 <= k <= N``.
+
+    Returns:
+        ``(values, indices)``, both ``(..., k)``, by descending value, ties by ascending index.
+
+    Example:
+        >>> topk_stable(torch.tensor([[0.5, 0.9, 0.5, 0.9, 0.1]]), 3)
+        (tensor([[0.9000, 0.9000, 0.5000]]), tensor([[1, 3, 0]]))
+    """
+    n = scores.shape[-1]
+    if k == 0:
+        return scores[..., :0], torch.zeros(scores.shape[:-1] + (0,), dtype=torch.long, device=scores.device)
+    thr = scores.topk(k, dim=-1).values[..., -1:]
+    above = scores > thr
+    tied = scores == thr
+    take = above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+    pos = torch.arange(n, device=scores.device).expand(scores.shape)
+    idx = pos.masked_fill(~take, n).topk(k, dim=-1, largest=False).values  # ascending positions
+    vals = scores.gather(-1, idx)
+    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
+    return vals.gather(-1, order), idx.gather(-1, order)
+
+
+def topk_by_key(scores: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Positions of the ``k`` largest ``scores`` along the last dimension, ties by lowest ``ids``.
+
+    For rankings whose positions are not corpus ids (a local subgraph, a candidate list):
+    the same tie rule as :func:`topk_stable`, on the ids. Two stable sorts of the last
+    dimension (meant for short lists).
+
+    Returns:
+        ``(values, positions)``, both ``(..., k)``.
+
+    Example:
+        >>> topk_by_key(torch.tensor([[0.5, 0.9, 0.9]]), torch.tensor([[7, 9, 4]]), 2)
+        (tensor([[0.9000, 0.9000]]), tensor([[2, 1]]))
+    """
+    by_id = torch.sort(ids, dim=-1, stable=True).indices
+    order = torch.sort(scores.gather(-1, by_id), dim=-1, descending=True, stable=True).indices[..., :k]
+    pos = by_id.gather(-1, order)
+    return scores.gather(-1, pos), pos

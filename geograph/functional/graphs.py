@@ -8,6 +8,7 @@ from torch import Tensor
 
 from geograph._checks import check_mask, check_positive_int, check_tensor
 from geograph.functional.similarity import cosine_similarity
+from geograph.outputs import topk_stable
 
 
 def knn_graph(x: Tensor, k: int, mask: Optional[Tensor] = None) -> Tensor:
@@ -18,7 +19,8 @@ def knn_graph(x: Tensor, k: int, mask: Optional[Tensor] = None) -> Tensor:
 
     If a graph has fewer than ``k + 1`` real nodes, ``k`` clamps to the number of other real
     nodes (every real node links to every other one); a graph with a single real node has no
-    edges. Ties are broken by :func:`torch.topk`.
+    edges; ``N = 0`` gives an empty ``(B, 0, 0)`` adjacency. Ties at the ``k``-th neighbour:
+    the lowest index is linked (:func:`~geograph.outputs.topk_stable`).
 
     Args:
         x: node vectors ``(B, N, D)``.
@@ -59,7 +61,7 @@ def knn_from_similarity(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> T
         raise ValueError(f"sim must be square (B, N, N), got {tuple(sim.shape)}")
     mask = check_mask(mask, (b, n), "mask")
     adj = torch.zeros(b, n, n, dtype=torch.bool, device=sim.device)
-    if min(k, n - 1) == 0:
+    if min(k, n - 1) <= 0:  # N <= 1: no pair of nodes
         return adj
     values, idx = knn_lists(sim, k, mask)
     # Rows with fewer than k real neighbours select -inf entries: drop them.
@@ -78,4 +80,4 @@ def knn_lists(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> tuple[Tenso
     invalid = torch.eye(n, dtype=torch.bool, device=sim.device).expand(b, n, n)
     if mask is not None:
         invalid = invalid | ~(mask.unsqueeze(2) & mask.unsqueeze(1))
-    return sim.masked_fill(invalid, float("-inf")).topk(min(k, n - 1), dim=-1)
+    return topk_stable(sim.masked_fill(invalid, float("-inf")), min(k, n - 1))

@@ -62,7 +62,7 @@ def maniscope_scores(
     Returns:
         ``(scores, geodesic)``, both ``(B, N)``: scores ``-inf`` at padding, geodesic
         distances ``+inf`` where unreachable or padding. An all-padding row gives all
-        ``-inf`` scores.
+        ``-inf`` scores; ``N = 0`` (no candidates) gives two empty ``(B, 0)`` tensors.
 
     References:
         Maniscope: reranker optimization via geodesic distances on k-NN manifolds
@@ -79,6 +79,8 @@ def maniscope_scores(
     alpha = check_unit_interval(alpha, "alpha")
     mask = check_candidates(query, docs, mask)
     b, n, _ = docs.shape
+    if n == 0:
+        return docs.new_zeros(b, 0), docs.new_zeros(b, 0)
     if mask is not None:
         docs = torch.where(mask.unsqueeze(-1), docs, torch.zeros((), dtype=docs.dtype, device=docs.device))
     # Inputs are validated above; the internals below skip the public ops' re-validation.

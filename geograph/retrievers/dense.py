@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_positive_int, check_tensor
+from geograph._checks import check_positive_int, check_same_device, check_tensor
 from geograph.functional.similarity import normalize
-from geograph.outputs import RetrievalOutput
+from geograph.outputs import RetrievalOutput, topk_stable
 
 
 class DenseRetriever(nn.Module):
@@ -15,6 +15,13 @@ class DenseRetriever(nn.Module):
     The corpus is scanned in chunks of ``chunk_size`` passages; each chunk's top-k is merged
     into a running top-k, so memory is ``O(B * (chunk_size + k))`` whatever the corpus size.
     This is the baseline every benchmark row is compared with.
+
+    Ties: equal scores are returned lowest corpus index first (across chunks too), the rule of
+    every geograph ranking (:func:`~geograph.outputs.topk_stable`).
+
+    Device and dtype: the query must be on the module's device (else ``ValueError`` naming
+    both); it is scored in the corpus's dtype and the scores come back in the query's
+    floating dtype.
 
     Compilation: ``torch.compile(model, fullgraph=True)`` and ``torch.export.export(model,
     (query,), {"k": k})`` work (tested); ``k`` is static. A traced call skips the NaN check.
@@ -26,7 +33,7 @@ class DenseRetriever(nn.Module):
 
     Shape:
         - query ``(B, D)``; output :class:`~geograph.RetrievalOutput` with ``indices (B, k)``
-          and ``scores (B, k)``, best first (ties: lower index first within a chunk).
+          and ``scores (B, k)``, best first (ties: lower index first).
 
     Example:
         >>> corpus = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
@@ -48,6 +55,7 @@ class DenseRetriever(nn.Module):
         return self.embeddings.shape[0]
 
     def forward(self, query: Tensor, k: int) -> RetrievalOutput:
+        check_same_device(query, "query", self.embeddings.device, "the DenseRetriever")
         check_tensor(query, "query", 2)
         check_positive_int(k, "k")
         if query.shape[1] != self.embeddings.shape[1]:
@@ -62,12 +70,13 @@ class DenseRetriever(nn.Module):
         for start in range(0, self.num_passages, self.chunk_size):
             chunk = self.embeddings[start : start + self.chunk_size]
             s = q @ chunk.T
-            top_s, top_i = s.topk(min(k, s.shape[1]), dim=1)
+            top_s, top_i = topk_stable(s, min(k, s.shape[1]))
+            # earlier chunks first: among equal scores a lower position is a lower corpus index
             cand_s = torch.cat([best_s, top_s], dim=1)
             cand_i = torch.cat([best_i, top_i + start], dim=1)
-            best_s, pos = cand_s.topk(min(k, cand_s.shape[1]), dim=1)
+            best_s, pos = topk_stable(cand_s, min(k, cand_s.shape[1]))
             best_i = cand_i.gather(1, pos)
-        return RetrievalOutput(indices=best_i, scores=best_s)
+        return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
 
     def extra_repr(self) -> str:
         return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}"

@@ -6,13 +6,14 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_finite_where, check_positive_int, check_tensor, check_unit_interval
+from geograph._checks import (check_finite_float, check_finite_where, check_positive_int, check_same_device,
+                              check_tensor, check_unit_interval)
 from geograph.corpus import CorpusGraph
 from geograph.encoders import IdentityPoincare, conformal_volume
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.similarity import normalize
-from geograph.outputs import RetrievalOutput
+from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
@@ -57,9 +58,21 @@ class ISORetriever(nn.Module):
     ``min(max(L, m), max_nodes, V)`` (the local set's guaranteed size); ``m`` and ``L`` larger
     than ``V`` clamp to ``V``.
 
+    Padded widths are bounded a priori, so a call makes no host read after validating the
+    query: hop ``h`` lists ``m * D^h`` neighbour slots a query, with ``D`` the graph's largest
+    degree (read once, at construction and :meth:`refresh`). A graph with one huge hub thus
+    widens every query's neighbour list; the local set is still capped at ``max_nodes``.
+
+    Ties: equal dense scores at the ``max_nodes`` cap and equal final scores are broken by the
+    lowest corpus index (:func:`~geograph.outputs.topk_stable`).
+
+    State: the graph is a submodule and ``phi`` / the kept edges are buffers, so ``.to()``,
+    ``.cuda()`` and ``state_dict()`` move or save everything; the graph and the projection must
+    sit on one device at construction, and a query on another device than the module raises a
+    ``ValueError`` naming both. Dense scores are computed in the corpus's dtype; the returned
+    scores have the query's floating dtype.
+
     Compilation: runs under ``torch.compile`` with graph breaks and the same output (tested).
-    It cannot be exported: the padded width of the local subgraphs (seeds, their neighbours,
-    the dense top-L) is read from the data once per hop, a data-dependent shape.
 
     Args:
         graph: the :class:`~geograph.CorpusGraph` (its embeddings are the dense index).
@@ -109,6 +122,11 @@ class ISORetriever(nn.Module):
         super().__init__()
         if not isinstance(graph, CorpusGraph):
             raise ValueError(f"graph must be a CorpusGraph, got {type(graph).__name__}")
+        if projection is not None:
+            for t in list(projection.parameters()) + list(projection.buffers()):
+                if t.device != graph.device:
+                    raise ValueError(f"the projection is on {t.device} but the graph is on {graph.device}: "
+                                     "move one of them with .to() first")
         self.graph = graph
         self.projection = projection if projection is not None else IdentityPoincare()
         self.m = check_positive_int(m, "m")
@@ -120,12 +138,13 @@ class ISORetriever(nn.Module):
         if self.max_nodes < self.m:
             raise ValueError(f"max_nodes ({max_nodes}) must be at least m ({m})")
         self.beta = check_unit_interval(beta, "beta")
-        self.p = float(p)
-        self.tau = float(tau)
-        if not 0.0 <= float(alpha) < 1.0:
+        self.p = check_finite_float(p, "p")
+        self.tau = check_finite_float(tau, "tau")
+        self.alpha = check_finite_float(alpha, "alpha")
+        if not 0.0 <= self.alpha < 1.0:
             raise ValueError(f"alpha must lie in [0, 1), got {alpha!r}")
-        self.alpha = float(alpha)
-        self.lambda_g, self.lambda_d = float(lambda_g), float(lambda_d)
+        self.lambda_g = check_finite_float(lambda_g, "lambda_g")
+        self.lambda_d = check_finite_float(lambda_d, "lambda_d")
         self.max_iter = check_positive_int(max_iter, "max_iter")
         self.dense = DenseRetriever(graph.embeddings)
         self.register_buffer("phi", torch.empty(0), persistent=False)
@@ -134,9 +153,15 @@ class ISORetriever(nn.Module):
 
     @torch.no_grad()
     def refresh(self, chunk_size: int = 65536) -> None:
-        """Recompute ``phi`` and the kept edges (after changing the projection or ``beta``)."""
+        """Recompute ``phi`` and the kept edges (after changing the projection or ``beta``).
+
+        Host reads here are offline (once per graph and projection): the finiteness check, the
+        pruned share, the 2-hop walk's size and the graph's largest degree (the a priori
+        padded width of :meth:`local`).
+        """
         g = self.graph
         emb = g.embeddings
+        self._max_degree = int(g.degree().max()) if g.num_nodes else 0
         params = list(self.projection.parameters())
         dev = params[0].device if params else emb.device
         dtype = params[0].dtype if params else emb.dtype
@@ -155,12 +180,15 @@ class ISORetriever(nn.Module):
         self.pruned_share = 1.0 - float(kept.float().mean()) if kept.numel() else 0.0
 
     def _neighbours(self, seeds: Tensor, seed_ok: Tensor) -> tuple[Tensor, Tensor]:
-        """All neighbours ``(B, S * Dmax)`` of ``seeds (B, S)`` in the full graph, with validity."""
+        """All neighbours ``(B, S * Dmax)`` of ``seeds (B, S)`` in the full graph, with validity.
+
+        ``Dmax`` is the graph's largest degree, known a priori: no host read.
+        """
         rowptr, col = self.graph.rowptr, self.graph.col
         safe = seeds.clamp_min(0)
         start, deg = rowptr[safe], rowptr[safe + 1] - rowptr[safe]
         deg = torch.where(seed_ok, deg, torch.zeros_like(deg))
-        dmax = int(deg.max()) if deg.numel() else 0  # one host read per hop: the padded width
+        dmax = self._max_degree
         if dmax == 0:
             return seeds.new_zeros(seeds.shape[0], 0), seed_ok.new_zeros(seeds.shape[0], 0)
         offs = torch.arange(dmax, device=seeds.device)
@@ -170,6 +198,7 @@ class ISORetriever(nn.Module):
 
     def local(self, query: Tensor) -> LocalSubgraph:
         """The batch's padded local subgraphs (exposed for inspection and the benchmark)."""
+        check_same_device(query, "query", self.graph.device, "the ISORetriever")
         check_tensor(query, "query", 2, finite=False)
         check_finite_where(query, None, "query")
         g = self.graph
@@ -197,7 +226,7 @@ class ISORetriever(nn.Module):
         s = (emb * qn.unsqueeze(1)).sum(-1)
         s = torch.where(ok, s, torch.full_like(s, float("-inf")))
         n = min(self.max_nodes, ids.shape[1])
-        dense, pos = s.topk(n, dim=1)  # by dense score, so the seeds always survive the cap
+        dense, pos = topk_stable(s, n)  # by dense score (ids ascending: ties to the lower id), seeds survive
         nodes = ids.gather(1, pos)
         mask = torch.isfinite(dense)
         nodes = torch.where(mask, nodes, torch.full_like(nodes, -1))
@@ -229,8 +258,8 @@ class ISORetriever(nn.Module):
         pi = personalized_pagerank(w, sub.personalization, sub.mask, alpha=self.alpha, max_iter=self.max_iter)
         score = self.lambda_g * _minmax(pi, sub.mask) + self.lambda_d * _minmax(sub.dense, sub.mask)
         score = torch.where(sub.mask, score, torch.full_like(score, float("-inf")))
-        top, pos = score.topk(k, dim=1)
-        return RetrievalOutput(indices=sub.nodes.gather(1, pos), scores=top)
+        top, pos = topk_by_key(score, torch.where(sub.mask, sub.nodes, self.graph.num_nodes), k)
+        return RetrievalOutput(indices=sub.nodes.gather(1, pos), scores=top.to(query.dtype))
 
     def extra_repr(self) -> str:
         return (f"nodes={self.graph.num_nodes}, m={self.m}, L={self.L}, hops={self.hops}, max_nodes={self.max_nodes}, "
