@@ -10,7 +10,7 @@ from geograph.testing import has_package
 
 def test_demo_corpus_loads():
     ds = load_demo()
-    assert len(ds.doc_ids) == 36 and len(ds.queries) == 12
+    assert len(ds.doc_ids) == 111 and len(ds.queries) == 42
     assert all(ds.qrels[q] for q in ds.query_ids)
     assert ds.passages()[0].startswith("Photosynthesis ")
 

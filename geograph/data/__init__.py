@@ -1,7 +1,7 @@
 """Data: BEIR-format loaders, the shipped demo corpus and the embedding cache."""
 from pathlib import Path
 
-from geograph.data.beir import Dataset, load_beir
+from geograph.data.beir import BEIRError, Dataset, check_beir, load_beir
 from geograph.data.cache import DEFAULT_MODEL_NAME, EmbeddingCache, Encoder, cache_dir, default_model_path
 
 #: The small demo corpus shipped with the package (BEIR layout, split ``test``).
@@ -9,9 +9,19 @@ DEMO_PATH = Path(__file__).parent / "demo"
 
 
 def load_demo() -> Dataset:
-    """The shipped demo corpus: a few dozen passages over a handful of topics, with queries."""
+    """The shipped demo corpus (111 passages, 42 queries; see ``geograph/data/demo/README.md``).
+
+    Twelve single-topic questions over six topics, and thirty two-hop bridge questions whose
+    second passage shares only an entity with the first (a query field ``part`` tells them
+    apart; bridge questions carry their ``answer``).
+
+    Example:
+        >>> data = load_demo()
+        >>> len(data.doc_ids), len(data.queries), data.query_fields["m01"]["part"]
+        (111, 42, 'multi-hop')
+    """
     return load_beir(DEMO_PATH, split="test")
 
 
-__all__ = ["Dataset", "load_beir", "load_demo", "DEMO_PATH", "EmbeddingCache", "Encoder",
+__all__ = ["Dataset", "load_beir", "check_beir", "BEIRError", "load_demo", "DEMO_PATH", "EmbeddingCache", "Encoder",
            "cache_dir", "default_model_path", "DEFAULT_MODEL_NAME"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-__all__ = ["Dataset", "load_beir"]
+__all__ = ["Dataset", "load_beir", "check_beir", "BEIRError"]
 
 
 @dataclass
@@ -56,9 +56,77 @@ class Dataset:
         return f"Dataset({self.name!r}, passages={len(self.doc_ids)}, queries={len(self.query_ids)})"
 
 
+class BEIRError(ValueError):
+    """A folder that cannot be read as a BEIR data set.
+
+    Attributes:
+        argument: what was wrong: ``"path"`` (the folder) or ``"split"`` (the qrels split), so
+            that a command line can name its own option.
+    """
+
+    def __init__(self, message: str, argument: str = "path") -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class BEIRFileError(BEIRError, FileNotFoundError):
+    """A :class:`BEIRError` for a folder or file that does not exist."""
+
+
 def _read_jsonl(path: Path) -> list[dict]:
+    out = []
     with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise BEIRError(f"{path}:{lineno}: not a JSON record ({exc.msg})") from None
+    return out
+
+
+def check_beir(path: Union[str, Path], split: str = "test") -> Path:
+    """Check that ``path`` is a BEIR-format folder with ``qrels/<split>.tsv``, without reading it.
+
+    Cheap (file system only), so a command can reject a wrong folder or split before any slow
+    work.
+
+    Args:
+        path: the folder.
+        split: the qrels split that will be read.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        BEIRError: one line saying what is missing; ``argument`` is ``"path"`` or ``"split"``.
+
+    Example:
+        >>> from geograph.data import DEMO_PATH
+        >>> check_beir(DEMO_PATH, "test").name
+        'demo'
+        >>> try:
+        ...     check_beir(DEMO_PATH, "dev")
+        ... except BEIRError as e:
+        ...     print(e.argument)
+        split
+    """
+    root = Path(path)
+    if not root.exists():
+        raise BEIRFileError(f"{root}: no such folder")
+    if not root.is_dir():
+        raise BEIRError(f"{root} is a file, not a folder")
+    missing = [name for name in ("corpus.jsonl", "queries.jsonl") if not (root / name).is_file()]
+    if missing:
+        raise BEIRFileError(f"{root} is not a BEIR folder: no {' and no '.join(missing)}")
+    if not (root / "qrels" / f"{split}.tsv").is_file():
+        found = sorted(q.stem for q in (root / "qrels").glob("*.tsv")) if (root / "qrels").is_dir() else []
+        have = f"splits here: {', '.join(found)}" if found else "it has no qrels/*.tsv at all"
+        raise BEIRFileError(f"{root} is not a BEIR folder with split {split!r}: no qrels/{split}.tsv ({have})", "split")
+    if (root / "corpus.jsonl").stat().st_size == 0:
+        raise BEIRError(f"{root}/corpus.jsonl is empty: no passages")
+    return root
 
 
 def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
@@ -73,12 +141,18 @@ def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
 
     Returns:
         a :class:`Dataset`.
+
+    Raises:
+        BEIRError: (a ``ValueError``; a ``FileNotFoundError`` too when something is missing)
+            with a one-line message, for a missing folder or split, an empty corpus, or a
+            malformed file.
     """
-    root = Path(path)
-    for rel in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
-        if not (root / rel).is_file():
-            raise FileNotFoundError(f"{root / rel} not found: {root} is not a BEIR folder with split {split!r}")
+    root = check_beir(path, split)
     corpus = _read_jsonl(root / "corpus.jsonl")
+    if not corpus:
+        raise BEIRError(f"{root}/corpus.jsonl is empty: no passages")
+    if any("_id" not in d for d in corpus):
+        raise BEIRError(f"{root}/corpus.jsonl: every record needs an '_id'")
     doc_ids = [str(d["_id"]) for d in corpus]
     known = set(doc_ids)
     qrels: dict[str, dict[str, int]] = {}
@@ -86,13 +160,13 @@ def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header is None or header[:2] != ["query-id", "corpus-id"]:
-            raise ValueError(f"{root}/qrels/{split}.tsv must start with a query-id/corpus-id/score header")
+            raise BEIRError(f"{root}/qrels/{split}.tsv must start with a query-id/corpus-id/score header", "split")
         for row in reader:
             if not row:
                 continue
             qid, did, score = row[0], row[1], int(float(row[2]))
             if did not in known:
-                raise ValueError(f"qrels/{split}.tsv judges corpus id {did!r}, which corpus.jsonl lacks")
+                raise BEIRError(f"qrels/{split}.tsv judges corpus id {did!r}, which corpus.jsonl lacks", "split")
             qrels.setdefault(qid, {})[did] = score
     query_ids, queries, fields = [], [], {}
     for q in _read_jsonl(root / "queries.jsonl"):
@@ -101,6 +175,8 @@ def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
             query_ids.append(qid)
             queries.append(q["text"])
             fields[qid] = {k: v for k, v in q.items() if k not in ("_id", "text")}
+    if not query_ids:
+        raise BEIRError(f"{root}: no query of queries.jsonl has a judgement in qrels/{split}.tsv", "split")
     return Dataset(
         name=root.name,
         doc_ids=doc_ids,
