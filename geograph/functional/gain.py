@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import check_positive_int, check_tensor
+from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph.functional.similarity import normalize
 
 __all__ = ["gain_density", "gain_transition", "check_band", "csr"]
@@ -22,12 +22,20 @@ def csr(crow: Tensor, col: Tensor, val: Tensor, n: int) -> Tensor:
 
 
 def _unit(embeddings: Tensor) -> Tensor:
+    """Unit rows, validated; float16 / bfloat16 are upcast to float32 (their sums of N products
+    would round away the density and the weights)."""
     check_tensor(embeddings, "embeddings", 2)
     if embeddings.shape[0] < 2:
         raise ValueError(f"embeddings must hold at least 2 passages, got shape {tuple(embeddings.shape)}")
+    if embeddings.dtype in (torch.float16, torch.bfloat16):
+        embeddings = embeddings.float()
     if bool((embeddings.norm(dim=1) == 0).any()):
         raise ValueError("embeddings holds an all-zero vector: its cosine similarity is undefined")
     return normalize(embeddings)
+
+
+#: above this many passages ``max_degree=None`` warns: the band keeps over half of all N^2 pairs
+FULL_T_WARN_NODES = 10_000
 
 
 #: elements of one ``block x N`` similarity block when ``block`` is not given (64 Mi: 256 MB float32)
@@ -68,7 +76,8 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None) -> Tensor:
         block: rows per matrix product (default: 2^26 // N).
 
     Returns:
-        ``(N,)`` in ``[0, 1]``, in the embeddings' dtype.
+        ``(N,)`` in ``[0, 1]``, in the embeddings' dtype (float16 / bfloat16 are computed in
+        float32).
 
     References:
         G3RAG (../shared/papers/g3rag.txt).
@@ -89,7 +98,8 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None) -> Tensor:
     rho = torch.cat(parts)
     lo, hi = rho.min(), rho.max()
     span = hi - lo
-    return torch.where(span > 0, (rho - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(rho))
+    out = torch.where(span > 0, (rho - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(rho))
+    return out.to(embeddings.dtype)
 
 
 def gain_transition(
@@ -113,7 +123,10 @@ def gain_transition(
     with more than ``k`` band edges then differs from the full ``T`` (its weakest edges are
     dropped and the rest renormalised; ties at the cut broken by ``torch.topk``). A row with
     no edge stays all zero (a dangling passage). Built in row blocks of ``block`` passages:
-    peak memory about three ``block x N`` blocks plus the kept edges.
+    peak memory about three ``block x N`` blocks plus the kept edges. ``max_degree=None``
+    warns above ``FULL_T_WARN_NODES`` (10,000) passages: real embeddings put over half of all
+    pairs in the default band. float16 / bfloat16 embeddings are built in float32 and ``T``
+    is returned in their dtype.
 
     Args:
         embeddings: ``(N, D)`` passage embeddings (normalised here).
@@ -124,7 +137,8 @@ def gain_transition(
         density: precomputed :func:`gain_density` (saves one pass).
 
     Returns:
-        ``torch.sparse_csr_tensor`` ``(N, N)`` in the embeddings' dtype, rows sum to 1 or 0.
+        ``torch.sparse_csr_tensor`` ``(N, N)`` in the embeddings' dtype, rows sum to 1 or 0
+        (long indices).
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
@@ -136,13 +150,17 @@ def gain_transition(
     z = _unit(embeddings)
     band = check_band(band)
     block = _block_rows(block, z.shape[0])
+    beta = check_finite_float(beta, "beta")
+    n = z.shape[0]
     if max_degree is not None:
         max_degree = check_positive_int(max_degree, "max_degree")
-    n = z.shape[0]
+    elif n > FULL_T_WARN_NODES:
+        warnings.warn(f"gain_transition with max_degree=None on {n} passages: T may hold O(N^2) edges "
+                      "(over half of all pairs on real embeddings); pass max_degree to bound it", stacklevel=2)
     rho = gain_density(z, block=block) if density is None else density.to(z)
     if tuple(rho.shape) != (n,):
         raise ValueError(f"density must have shape ({n},), got {tuple(rho.shape)}")
-    penalty = torch.exp(-float(beta) * rho)
+    penalty = torch.exp(-beta * rho)
     rows_out, cols_out, vals_out = [], [], []
     for start in range(0, n, block):
         s = z[start : start + block] @ z.T
@@ -179,4 +197,4 @@ def gain_transition(
     vals = vals / row_sum[rows]
     crow = torch.zeros(n + 1, dtype=torch.long, device=z.device)
     crow[1:] = torch.bincount(rows, minlength=n).cumsum(0)
-    return csr(crow, cols, vals, n)
+    return csr(crow, cols, vals.to(embeddings.dtype), n)

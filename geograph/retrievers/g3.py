@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_finite_where, check_positive_int, check_tensor
+from geograph._checks import check_finite_float, check_finite_where, check_positive_int, check_same_device, check_tensor
 from geograph.functional.gain import check_band, csr, gain_density, gain_transition
 from geograph.functional.similarity import normalize
-from geograph.outputs import RetrievalOutput
+from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["G3Graph", "G3Retriever"]
@@ -20,16 +19,26 @@ __all__ = ["G3Graph", "G3Retriever"]
 _FORMAT = 1
 
 
-class G3Graph:
+#: ``max_degree`` of :meth:`G3Graph.build` and :class:`G3Retriever` unless given
+DEFAULT_MAX_DEGREE = 128
+
+
+class G3Graph(nn.Module):
     """Passage embeddings and G3RAG's sparse transition matrix ``T`` (see :func:`~geograph.functional.gain_transition`).
 
-    Embeddings are L2-normalised when the graph is built (stored as given).
+    Embeddings are L2-normalised when the graph is built (stored as given). A
+    :class:`torch.nn.Module`: ``T`` is held as three CSR buffers (``crow``, ``col``, ``values``)
+    next to ``embeddings`` and ``density``, so ``.to(device)``, ``.to(dtype)`` (floating
+    buffers only; the index buffers stay long) and ``state_dict()`` carry the whole graph;
+    :attr:`transition` rebuilds the sparse view from them on each access.
 
     Attributes:
         embeddings: ``(N, D)``.
         transition: sparse CSR ``(N, N)``, rows sum to 1 (0 for a passage with no edge).
         density: ``(N,)`` normalised density ``rho``.
         band, beta, max_degree: the build parameters.
+        row_width: the largest out-degree of ``T`` (read once at construction): the padded
+            width of a seed's row in :class:`G3Retriever`.
 
     Example:
         >>> x = torch.nn.functional.normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(0)), dim=1)
@@ -38,22 +47,54 @@ class G3Graph:
         (torch.Size([50, 50]), True)
     """
 
+    embeddings: Tensor
+    density: Tensor
+    crow: Tensor
+    col: Tensor
+    values: Tensor
+
     def __init__(self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float,
                  max_degree: Optional[int]) -> None:
-        self.embeddings = embeddings
-        self.transition = transition
-        self.density = density
-        self.band = band
-        self.beta = float(beta)
+        super().__init__()
+        check_tensor(embeddings, "embeddings", 2)
+        n = embeddings.shape[0]
+        if not isinstance(transition, Tensor) or transition.layout != torch.sparse_csr or tuple(transition.shape) != (n, n):
+            raise ValueError(f"transition must be a sparse CSR ({n}, {n}) tensor, got {getattr(transition, 'shape', transition)}")
+        if not isinstance(density, Tensor) or tuple(density.shape) != (n,):
+            raise ValueError(f"density must have shape ({n},), got {tuple(getattr(density, 'shape', ()))}")
+        for name, t in (("transition", transition), ("density", density)):
+            if t.device != embeddings.device:
+                raise ValueError(f"{name} is on {t.device} but embeddings is on {embeddings.device}: "
+                                 "move one of them with .to() first")
+        self.register_buffer("embeddings", embeddings)
+        self.register_buffer("density", density)
+        self.register_buffer("crow", transition.crow_indices().long())
+        self.register_buffer("col", transition.col_indices().long())
+        self.register_buffer("values", transition.values())
+        self.band = check_band(band)
+        self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
+        self._update_width()
+        self.register_load_state_dict_post_hook(lambda module, _: module._update_width())
+
+    def _update_width(self) -> None:
+        self.row_width = int(self.degree().max()) if self.num_nodes else 0
 
     @classmethod
     def build(cls, embeddings: Tensor, *, band: Optional[tuple[float, float]] = (0.1, 0.7), beta: float = 0.4,
-              max_degree: Optional[int] = None, block: Optional[int] = None) -> "G3Graph":
+              max_degree: Optional[int] = DEFAULT_MAX_DEGREE, block: Optional[int] = None) -> "G3Graph":
         """Build blockwise: memory ``O(block x N + N x max_degree)`` (``band=None``: the authors' T).
 
+        ``max_degree`` defaults to :data:`DEFAULT_MAX_DEGREE` (128) strongest edges a row: the
+        band alone keeps over half of all pairs of real embeddings (61% on 1,824 MuSiQue
+        passages), so an unbounded T is ``O(N^2)``. A row with more band edges than that
+        loses its weakest ones and is renormalised over the rest (see
+        :func:`~geograph.functional.gain_transition`); ``max_degree=None`` is the authors'
+        full T (parity, small corpora; it warns above 10,000 passages).
+
         ``block`` rows per similarity block; default ``2^26 // N`` (about 256 MB per block in
-        float32, whatever N).
+        float32, whatever N). float16 / bfloat16 embeddings are built in float32 and stored
+        in their own dtype.
         """
         band = check_band(band)
         rho = gain_density(embeddings, block=block)
@@ -61,23 +102,30 @@ class G3Graph:
         return cls(embeddings, t, rho, band=band, beta=beta, max_degree=max_degree)
 
     @property
+    def transition(self) -> Tensor:
+        """``T`` as a sparse CSR ``(N, N)`` tensor, a view of the ``crow``/``col``/``values`` buffers."""
+        return csr(self.crow, self.col, self.values, self.num_nodes)
+
+    @property
     def num_nodes(self) -> int:
         return int(self.embeddings.shape[0])
 
+    @property
+    def device(self) -> torch.device:
+        return self.embeddings.device
+
     def degree(self) -> Tensor:
         """Out-degree of every passage in ``T``."""
-        crow = self.transition.crow_indices()
-        return crow[1:] - crow[:-1]
+        return self.crow[1:] - self.crow[:-1]
 
     def save(self, directory: Union[str, Path]) -> Path:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        t = self.transition
         torch.save({"embeddings": self.embeddings.cpu(), "density": self.density.cpu(),
-                    "crow": t.crow_indices().cpu(), "col": t.col_indices().cpu(), "val": t.values().cpu()},
+                    "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.values.cpu()},
                    path / "g3graph.pt")
         meta = {"format": _FORMAT, "band": self.band, "beta": self.beta, "max_degree": self.max_degree,
-                "num_nodes": self.num_nodes, "nnz": int(t.values().numel())}
+                "num_nodes": self.num_nodes, "nnz": int(self.values.numel())}
         (path / "g3graph.json").write_text(json.dumps(meta, indent=2))
         return path
 
@@ -95,9 +143,9 @@ class G3Graph:
         band = tuple(meta["band"]) if meta["band"] is not None else None
         return cls(blob["embeddings"], t, blob["density"], band=band, beta=meta["beta"], max_degree=meta["max_degree"])
 
-    def __repr__(self) -> str:
-        return (f"G3Graph(nodes={self.num_nodes}, nnz={int(self.transition.values().numel())}, band={self.band}, "
-                f"beta={self.beta}, max_degree={self.max_degree})")
+    def extra_repr(self) -> str:
+        return (f"nodes={self.num_nodes}, nnz={int(self.values.numel())}, band={self.band}, "
+                f"beta={self.beta}, max_degree={self.max_degree}")
 
 
 SeedScorer = Callable[..., Tensor]
@@ -120,17 +168,23 @@ class G3Retriever(nn.Module):
     ``scores`` of the output hold the value of the stage that picked each passage: the seed
     score for seeds, ``y`` for diffused passages, cosine for top-ups. The order is by position.
 
-    Compilation: runs under ``torch.compile`` with the same output (tested), but dynamo
-    cannot trace sparse CSR tensors, so the graph breaks there and the sparse product runs
-    eagerly; ``torch.export`` fails for the same reason. Densify ``graph.transition`` for a
-    small corpus if a captured graph is needed.
+    The diffusion reads only the seeds' rows of ``T`` (gathered from the CSR buffers into a
+    ``(B, seeds, row_width)`` block and scattered into ``y``): no sparse kernel, no host read.
+    Ties: equal scores at every stage go to the lowest corpus index
+    (:func:`~geograph.outputs.topk_stable`).
+
+    Device and dtype: the graph is a submodule (``.to()`` moves it); a query on another device
+    raises a ``ValueError`` naming both; the query is scored in the corpus's dtype and the
+    returned scores have the query's floating dtype. Under ``torch.compile`` it runs with the
+    same output (tested).
 
     Args:
         graph_or_embeddings: a :class:`G3Graph`, or ``(N, D)`` embeddings to build one from with
             ``band``, ``beta``, ``max_degree``.
         candidates: dense candidates per query.
         seeds: seeds kept per query.
-        beta, band, max_degree: used only when building from embeddings.
+        beta, band, max_degree: used only when building from embeddings (``max_degree``:
+            see :meth:`G3Graph.build`; ``None`` = the authors' full T).
 
     References:
         G3RAG (../shared/papers/g3rag.txt).
@@ -144,7 +198,7 @@ class G3Retriever(nn.Module):
 
     def __init__(self, graph_or_embeddings: Union[G3Graph, Tensor], *, candidates: int = 10, seeds: int = 2,
                  beta: float = 0.4, band: Optional[tuple[float, float]] = (0.1, 0.7),
-                 max_degree: Optional[int] = None) -> None:
+                 max_degree: Optional[int] = DEFAULT_MAX_DEGREE) -> None:
         super().__init__()
         if isinstance(graph_or_embeddings, G3Graph):
             graph = graph_or_embeddings
@@ -160,13 +214,10 @@ class G3Retriever(nn.Module):
         if self.candidates > graph.num_nodes:
             raise ValueError(f"candidates ({candidates}) exceeds the corpus size {graph.num_nodes}")
         self.dense = DenseRetriever(graph.embeddings)  # holds the unit embeddings
-        t = graph.transition
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            self._t_transposed = t.to_sparse_coo().t().coalesce().to_sparse_csr()
 
     def forward(self, query: Tensor, k: int = 5, seed_scorer: Optional[SeedScorer] = None,
                 query_texts: Optional[Sequence[str]] = None) -> RetrievalOutput:
+        check_same_device(query, "query", self.graph.device, "the G3Retriever")
         check_tensor(query, "query", 2, finite=False)
         check_finite_where(query, None, "query")
         k = check_positive_int(k, "k")
@@ -180,41 +231,58 @@ class G3Retriever(nn.Module):
         b = query.shape[0]
         # one (B, N) cosine matrix serves the candidates and the top-up
         cos_all = normalize(query.to(self.dense.embeddings.dtype)) @ self.dense.embeddings.T
-        cand_scores, cand_ids = cos_all.topk(self.candidates, dim=1)
+        cand_scores, cand_ids = topk_stable(cos_all, self.candidates)
         if seed_scorer is None:
             seed_score = cand_scores
         else:
             seed_score = torch.as_tensor(seed_scorer(query, cand_ids, query_texts)).to(cand_scores)
             if tuple(seed_score.shape) != tuple(cand_ids.shape):
                 raise ValueError(f"seed_scorer returned shape {tuple(seed_score.shape)}, expected {tuple(cand_ids.shape)}")
-        top_seed, pos = torch.sort(seed_score, dim=1, descending=True, stable=True)
-        seeds = cand_ids.gather(1, pos[:, : self.seeds])
-        seed_vals = top_seed[:, : self.seeds]
-        # one sparse product for the batch: y^T = T^T p^T with p uniform on the seeds
-        dtype = self.graph.transition.dtype
-        p = torch.zeros(n, b, dtype=dtype, device=query.device)
-        p.scatter_(0, seeds.T, 1.0 / self.seeds)
-        y = (self._t_transposed @ p).T  # (B, N)
-        y = y.scatter(1, seeds, float("-inf"))
+        seed_vals, pos = topk_by_key(seed_score, cand_ids, self.seeds)
+        seeds = cand_ids.gather(1, pos)
         m = k - self.seeds
         if m == 0:
-            return RetrievalOutput(indices=seeds, scores=seed_vals)
-        y_val, y_idx = y.topk(m, dim=1)
+            return RetrievalOutput(indices=seeds, scores=seed_vals.to(query.dtype))
+        y = self._diffuse(seeds)
+        y = y.scatter(1, seeds, float("-inf"))
+        y_val, y_idx = topk_stable(y, m)
         positive = y_val > 0
         # top-up order: remaining candidates by cosine, then the rest of the corpus by cosine
+        # (two rankings, not one with a bonus added to the candidates, which would round cosines)
         taken = torch.zeros(b, n, dtype=torch.bool, device=query.device)
         taken.scatter_(1, seeds, True)
         taken.scatter_(1, torch.where(positive, y_idx, seeds[:, :1].expand_as(y_idx)), True)
-        bonus = torch.zeros(b, n, dtype=cos_all.dtype, device=query.device).scatter(1, cand_ids, 4.0)
-        fill_val, fill_idx = torch.where(taken, torch.full_like(cos_all, float("-inf")), cos_all + bonus).topk(m, dim=1)
+        is_cand = torch.zeros_like(taken).scatter_(1, cand_ids, True)
+        ninf = torch.full_like(cos_all, float("-inf"))
+        c_val, c_idx = topk_stable(torch.where(taken | ~is_cand, ninf, cos_all), min(m, self.candidates))
+        _, r_idx = topk_stable(torch.where(taken | is_cand, ninf, cos_all), m)
+        n_cand = torch.isfinite(c_val).sum(1, keepdim=True)
+        slot = torch.arange(m, device=query.device).unsqueeze(0).expand(b, -1)
+        fill_idx = torch.where(slot < n_cand, c_idx.gather(1, slot.clamp_max(c_idx.shape[1] - 1)),
+                               r_idx.gather(1, (slot - n_cand).clamp_min(0)))
         # diffused passages first (already sorted by y), then the fill, per row
         n_pos = positive.sum(1, keepdim=True)
-        slot = torch.arange(m, device=query.device).unsqueeze(0)
-        fill_pos = (slot - n_pos).clamp_min(0)
-        idx = torch.where(slot < n_pos, y_idx, fill_idx.gather(1, fill_pos))
-        fill_score = (fill_val.gather(1, fill_pos) - bonus.gather(1, fill_idx.gather(1, fill_pos))).to(y_val.dtype)
-        val = torch.where(slot < n_pos, y_val, fill_score)
-        return RetrievalOutput(indices=torch.cat([seeds, idx], 1), scores=torch.cat([seed_vals.to(val.dtype), val], 1))
+        fill = fill_idx.gather(1, (slot - n_pos).clamp_min(0))
+        idx = torch.where(slot < n_pos, y_idx, fill)
+        val = torch.where(slot < n_pos, y_val.to(cos_all.dtype), cos_all.gather(1, fill))
+        scores = torch.cat([seed_vals.to(val.dtype), val], 1).to(query.dtype)
+        return RetrievalOutput(indices=torch.cat([seeds, idx], 1), scores=scores)
+
+    def _diffuse(self, seeds: Tensor) -> Tensor:
+        """``y = p T`` for ``p`` uniform on ``seeds (B, s)``: a gather of the seeds' CSR rows, ``(B, N)``."""
+        g = self.graph
+        b, s = seeds.shape
+        y = torch.zeros(b, g.num_nodes, dtype=g.values.dtype, device=seeds.device)
+        width = g.row_width
+        if width == 0:
+            return y
+        start = g.crow[seeds]
+        deg = g.crow[seeds + 1] - start
+        offs = torch.arange(width, device=seeds.device)
+        ok = offs < deg.unsqueeze(-1)
+        at = torch.where(ok, start.unsqueeze(-1) + offs, torch.zeros_like(offs))
+        val = torch.where(ok, g.values[at] * (1.0 / s), torch.zeros((), dtype=y.dtype, device=y.device))
+        return y.scatter_add_(1, g.col[at].flatten(1), val.flatten(1))
 
     def extra_repr(self) -> str:
-        return f"{self.graph!r}, candidates={self.candidates}, seeds={self.seeds}"
+        return f"candidates={self.candidates}, seeds={self.seeds}"
