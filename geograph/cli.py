@@ -1,18 +1,56 @@
-"""The ``geograph`` command: ``geograph demo``, ``geograph bench <name>``, ``geograph build-graph``, ``geograph serve``."""
+"""The geograph command: geograph demo, geograph bench <name>, geograph build-graph, geograph serve."""
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Optional, Sequence
 
 USAGE = """usage: geograph <command> [options]
 
 commands:
-  demo         dense top-5 next to Maniscope's on the shipped corpus (or --data DIR), with a quality table
+  demo         every method side by side on the shipped corpus (or --data DIR), then a quality table
   bench        benchmarks against the slow references: geograph bench {run,gpu,maniscope,ricci,iso,g3} [options]
   build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG
   serve        HTTP rerank/retrieve server on LitServe: geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR
 
 run 'geograph <command> --help' for the options of a command."""
+
+BENCH_HELP = {
+    "run": "every method and chain on every labelled data set: quality, intervals against dense, speed",
+    "gpu": "every kernel and module on CUDA against its CPU result, with timings",
+    "maniscope": "batched Maniscope against the per-query scikit-learn + scipy reference",
+    "ricci": "RicciFiltration against GraphRicciCurvature 0.6.1 per query",
+    "iso": "ISO-RAG against dense on MuSiQue and SciFact, and against per-query networkx PageRank",
+    "g3": "blockwise G3 graph build against the dense numpy construction, and G3RAG against dense",
+}
+
+
+class UsageError(Exception):
+    """A mistake in a command's arguments: reported as one line on stderr with exit code 2."""
+
+    def exit(self, prog: str) -> int:
+        print(f"{prog}: error: {self}", file=sys.stderr)
+        return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of argparse's usage block
+        print(f"{self.prog}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        sys.exit(2)
+
+
+def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An argument parser whose mistakes print one line and exit 2, and whose help is plain text."""
+    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def bench_usage() -> str:
+    from geograph.bench.__main__ import BENCHES
+
+    lines = ["usage: geograph bench <name> [options]", "", "benchmarks:"]
+    lines += [f"  {name:<10} {BENCH_HELP.get(name, '')}".rstrip() for name in BENCHES]
+    lines += ["", "run 'geograph bench <name> --help' for the options of a benchmark."]
+    return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -26,6 +64,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return demo_main(rest)
     if command == "bench":
+        if not rest:
+            from geograph.bench.__main__ import BENCHES
+
+            return UsageError(f"name a benchmark: {', '.join(BENCHES)} (see 'geograph bench --help')").exit("geograph bench")
+        if rest[0] in ("-h", "--help"):
+            print(bench_usage())
+            return 0
         from geograph.bench.__main__ import main as bench_main
 
         return bench_main(rest)
@@ -37,7 +82,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from geograph.serve import main as serve_main
 
         return serve_main(rest)
-    print(f"geograph: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    print(f"geograph: error: unknown command {command!r} (run 'geograph --help' for the commands)", file=sys.stderr)
     return 2
 
 

@@ -42,6 +42,14 @@ def embed(dataset: Dataset, encoder: Encoder) -> tuple[Tensor, Tensor]:
     return encoder.encode(dataset.passages()), encoder.encode(dataset.queries)
 
 
+def missing_embeddings(dataset: Dataset, encoder: Encoder) -> int:
+    """How many of the passages and queries :func:`embed` would have to encode (not in the cache)."""
+    texts = list(dataset.passages()) + list(dataset.queries)
+    if encoder.cache is None:
+        return len(texts)
+    return len(encoder.cache.get(texts)[1])
+
+
 def dense_candidates(corpus: Tensor, query: Tensor, m: int) -> Candidates:
     """Exact dense top-``m`` (clamped to the corpus size) for every query."""
     out = DenseRetriever(corpus)(query, min(m, corpus.shape[0]))

@@ -1,34 +1,136 @@
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from geograph.cli import main
+from geograph.data import DEMO_PATH
 from geograph.testing import has_package
+
+DEMO = str(DEMO_PATH)
 
 
 def test_help(capsys):
     assert main(["--help"]) == 0
     assert "demo" in capsys.readouterr().out
     assert main(["nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown command 'nope'" in err
 
 
-@pytest.mark.skipif(not has_package("sentence_transformers"), reason="text extra not installed")
-def test_demo_prints_tables(tmp_path, capsys):
-    assert main(["demo", "--cache", str(tmp_path), "--show", "2"]) == 0
+def test_bench_help_lists_its_subcommands(capsys):
+    from geograph.bench.__main__ import BENCHES
+
+    assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "Maniscope (k=5, alpha=0.3)" in out and "dense (cosine)" in out
-    assert "nDCG@10" in out and out.count("Query q") == 2
+    assert all(re.search(rf"^\s+{name}\s+\w", out, re.M) for name in BENCHES), out
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "name a benchmark: " in err and "run" in err
+
+
+@pytest.mark.parametrize("command", ["demo", "build-graph"])
+def test_help_is_plain_text(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--data" in out
+    for markup in ("``", ":class:", ":func:", ":meth:", ".. "):
+        assert markup not in out, markup
+
+
+def _beir(root: Path, passages, queries=(("q1", "a question"),), qrels=(("q1", "d0"),)) -> str:
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n"
+                                               for i, t, x in passages))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": x}) + "\n" for i, x in queries))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in qrels))
+    return str(root)
+
+
+@pytest.fixture
+def no_embedding(monkeypatch):
+    """Every mistake must be reported before anything is embedded."""
+    from geograph.data import Encoder
+
+    def fail(self, texts):
+        raise AssertionError("embedded before validating the arguments")
+
+    monkeypatch.setattr(Encoder, "encode", fail)
+
+
+def _cases(tmp: Path):
+    missing = str(tmp / "nowhere")
+    not_beir = tmp / "plain"
+    not_beir.mkdir()
+    (not_beir / "notes.txt").write_text("hello")
+    empty = tmp / "empty"
+    empty.mkdir()
+    (empty / "qrels").mkdir()
+    (empty / "corpus.jsonl").write_text("")
+    (empty / "queries.jsonl").write_text('{"_id": "q1", "text": "x"}\n')
+    (empty / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    unlinked = _beir(tmp / "unlinked", [("d0", "Alpha", "one"), ("d1", "Beta", "two")])
+    g = ["--out", str(tmp / "g")]
+    return [
+        (["demo", "--data", missing], "--data", "no such folder"),
+        (["demo", "--data", str(not_beir)], "--data", "not a BEIR folder"),
+        (["demo", "--data", str(empty)], "--data", "no passages"),
+        (["demo", "--data", DEMO, "--split", "dev"], "--split", "splits here: test"),
+        (["demo", "--split", "train"], "--split", "only the split 'test'"),
+        (["demo", "--k", "-3"], "--k", "got -3"),
+        (["demo", "--k", "0"], "--k", "at least 1"),
+        (["demo", "--k", "20"], "--k", "below --candidates (20)"),
+        (["demo", "--candidates", "500"], "--candidates", "corpus size (111 passages)"),
+        (["demo", "--candidates", "1"], "--candidates", "got 1"),
+        (["demo", "--alpha", "2"], "--alpha", "[0, 1]"),
+        (["demo", "--graph-k", "111"], "--graph-k", "below the corpus size"),
+        (["demo", "--show", "-1"], "--show", "0 or more"),
+        (["demo", "--k", "abc"], "--k", "invalid int value"),
+        (["demo", "--bogus"], "--bogus", "unrecognized arguments"),
+        (["build-graph", "--data", missing, "--knn", "3", *g], "--data", "no such folder"),
+        (["build-graph", "--data", str(not_beir), "--knn", "3", *g], "--data", "no corpus.jsonl"),
+        (["build-graph", "--data", str(empty), "--knn", "3", *g], "--data", "no passages"),
+        (["build-graph", "--data", DEMO, "--split", "dev", "--knn", "3", *g], "--split", "no qrels/dev.tsv"),
+        (["build-graph", "--data", DEMO, "--knn", "0", *g], "--knn", "at least 1"),
+        (["build-graph", "--data", DEMO, "--knn", "-3", *g], "--knn", "got -3"),
+        (["build-graph", "--data", DEMO, "--knn", "111", *g], "--knn", "below the number of passages (111)"),
+        (["build-graph", "--data", DEMO, "--knn", "5000", *g], "--knn", "got 5000"),
+        (["build-graph", "--data", unlinked, "--mentions", *g], "--mentions", "use --knn K"),
+        (["build-graph", "--data", DEMO, *g], "--knn", "one of the arguments --knn --mentions is required"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--out", str(not_beir / "notes.txt")], "--out", "is a file"),
+    ]
+
+
+def test_every_mistake_is_one_line_naming_the_argument(tmp_path, capsys, no_embedding):
+    for argv, arg, text in _cases(tmp_path):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # argparse's own errors exit through our one-line parser
+            rc = exc.code
+        out = capsys.readouterr()
+        assert rc == 2, (argv, out)
+        lines = out.err.splitlines()
+        assert len(lines) == 1, (argv, out.err)
+        assert arg in lines[0] and text in lines[0], (argv, lines[0])
+        assert "Traceback" not in out.err and out.out == "", argv
 
 
 @pytest.mark.skipif(not has_package("sentence_transformers"), reason="text extra not installed")
 @pytest.mark.parametrize("kind", [["--knn", "3"], ["--mentions"]])
 def test_build_graph_saves_a_loadable_graph(tmp_path, capsys, kind):
-    from pathlib import Path
-
     from geograph import CorpusGraph
 
-    demo = Path(__file__).resolve().parents[1] / "geograph" / "data" / "demo"
     out = tmp_path / "graph"
-    assert main(["build-graph", "--data", str(demo), *kind, "--cache", str(tmp_path / "c"), "--out", str(out)]) == 0
+    assert main(["build-graph", "--data", DEMO, *kind, "--cache", str(tmp_path / "c"), "--out", str(out)]) == 0
     graph = CorpusGraph.load(out)
-    assert graph.num_nodes > 0 and "CorpusGraph" in capsys.readouterr().out
+    assert graph.num_nodes == 111 and "CorpusGraph" in capsys.readouterr().out
     if kind[0] == "--knn":
         assert (graph.degree() >= 3).all()
+    else:  # every bridge question's first passage links to the passage titled by its entity
+        ids = [json.loads(line)["_id"] for line in (DEMO_PATH / "corpus.jsonl").read_text().splitlines()]
+        edges = set(map(tuple, graph.edge_index.T.tolist()))
+        for n in range(1, 31):
+            assert (ids.index(f"hop-{n:02d}a"), ids.index(f"hop-{n:02d}b")) in edges
