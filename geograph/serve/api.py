@@ -1,0 +1,184 @@
+"""The LitServe worker of ``geograph serve``: one padded, masked module call per batch.
+
+Per-request semantics: a response depends only on its own request and the server's
+configuration. Every request brings its own candidate pool and ``k``; a batch of mixed
+requests is padded to its largest pool and masked, and the modules treat padding as absent
+(their ``mask`` contract), so the answer is the one the request would get alone. For the
+corpus retrievers (ISO, G3), which take one ``k`` per call, the batch runs with its largest
+``k`` and each request gets the first ``k`` of its row (top-k is a prefix of top-k').
+
+Results are read back with one device-to-host transfer per batch: everything a response
+needs is packed into one tensor first.
+"""
+# no `from __future__ import annotations`: LitServe reads decode_request's annotation as a class
+from typing import Any, Optional
+
+from geograph.serve.models import RERANKERS, build_model
+
+try:
+    import litserve as ls
+except ImportError:  # pragma: no cover - exercised only without the serve extra
+    ls = None
+
+
+class GeoAPI(ls.LitAPI if ls is not None else object):
+    """One endpoint (``/rerank`` or ``/retrieve``) of one method; LitServe batches its requests.
+
+    ``setup`` (in the worker process) embeds the corpus through the on-disk cache, builds
+    the module (or loads its artefacts) and the text encoder; ``predict`` answers a batch.
+
+    Args:
+        endpoint: ``"retrieve"`` or ``"rerank"``.
+        settings: the server configuration as a dict (see :class:`geograph.serve.config.ServeConfig`).
+    """
+
+    def __init__(self, endpoint: str, settings: dict[str, Any]) -> None:
+        super().__init__(max_batch_size=settings["max_batch_size"], batch_timeout=settings["batch_timeout"],
+                         api_path=f"/{endpoint}")
+        self.endpoint, self.settings = endpoint, dict(settings)
+        self.method = settings["method"]
+
+    def setup(self, device) -> None:
+        import torch
+
+        from geograph.retrievers import DenseRetriever
+        from geograph.serve.corpus import TextEncoder, read_corpus
+
+        s = self.settings
+        self.device = torch.device(device)
+        self.dataset = read_corpus(s["corpus"])
+        self.index = {d: i for i, d in enumerate(self.dataset.doc_ids)}
+        self.encoder = TextEncoder(s["encoder"], query_prefix=s["query_prefix"], passage_prefix=s["passage_prefix"],
+                                   cache=s["cache"], memory=s["text_cache_size"])
+        self.corpus = self.encoder.corpus(self.dataset.passages()).to(self.device)
+        self.model = build_model(self.method, self.corpus, s["params"], graph=s["graph"], projection=s["projection"])
+        self.dense = DenseRetriever(self.corpus) if self.method in RERANKERS else None
+        self.ids = list(self.dataset.doc_ids)
+
+    # LitServe hooks -----------------------------------------------------------------------
+    def batch(self, inputs):
+        return list(inputs)
+
+    def unbatch(self, output):
+        return output
+
+    def encode_response(self, output):
+        return output
+
+    def predict(self, reqs):
+        import torch
+
+        with torch.inference_mode():
+            out = self._retrieve(reqs) if self.endpoint == "retrieve" else self._rerank(reqs)
+        if getattr(self, "_logger_queue", None) is not None:
+            self.log("batch", (self.endpoint, len(reqs)))
+        return out
+
+    # ---------------------------------------------------------------------------------------
+    def _queries(self, reqs):
+        import torch
+
+        texts = [r.query for r in reqs if r.query is not None]
+        enc = iter(self.encoder.queries(texts)) if texts else iter(())
+        rows = [torch.tensor(r.query_embedding, dtype=torch.float32) if r.query is None else next(enc) for r in reqs]
+        return torch.stack(rows).to(self.device, self.corpus.dtype)
+
+    def _retrieve(self, reqs):
+        import torch
+
+        q = self._queries(reqs)
+        b = len(reqs)
+        if self.method not in RERANKERS:
+            k = max(r.k for r in reqs)
+            out = self.model(q, k)
+            packed = torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu()  # one transfer
+            return [{"ids": [self.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
+                     "scores": packed[1, i, : r.k].tolist(), "dropped": [], "batch_size": b}
+                    for i, r in enumerate(reqs)]
+        pools = torch.tensor([r.pool() for r in reqs], device=self.device)
+        width = max(r.pool() for r in reqs)
+        top = self.dense(q, width).indices  # (B, width); a row's first c entries are its own top-c
+        mask = torch.arange(width, device=self.device) < pools.unsqueeze(1)
+        res = self.model(q, self.corpus[top], mask)
+        cols = self._pack(res, mask, top)
+        return [self._answer_retrieve(cols, i, r, b) for i, r in enumerate(reqs)]
+
+    def _pack(self, res, mask, ids=None):
+        """``(6, B, N)`` float64 on the host: order, sorted scores, sorted keep, keep, mask, sorted ids."""
+        import torch
+
+        order = res.order
+        parts = [order, res.scores.gather(1, order), res.keep.gather(1, order), res.keep, mask,
+                 (ids.gather(1, order) if ids is not None else order)]
+        return torch.stack([p.to(torch.float64) for p in parts]).cpu().numpy()  # one transfer
+
+    def _answer_retrieve(self, cols, i, r, b):
+        order, scores, kept_sorted, keep, mask, ids = (c[i] for c in cols)
+        n = int(mask.sum())
+        sel = kept_sorted[:n] > 0
+        kept_ids, kept_scores = ids[:n][sel][: r.k], scores[:n][sel][: r.k]
+        dropped = [self.ids[int(j)] for j, kp in zip(ids[:n], kept_sorted[:n]) if not kp]
+        return {"ids": [self.ids[int(j)] for j in kept_ids], "scores": kept_scores.tolist(),
+                "dropped": sorted(dropped, key=self.index.__getitem__), "batch_size": b}
+
+    def _rerank(self, reqs):
+        import torch
+
+        q = self._queries(reqs)
+        sizes = [r.size() for r in reqs]
+        b, n = len(reqs), max(sizes)
+        blocks: list[Optional[torch.Tensor]] = [None] * b
+        text_rows = [i for i, r in enumerate(reqs) if r.candidates is not None]
+        if text_rows:
+            enc = self.encoder.passages([t for i in text_rows for t in reqs[i].candidates]).to(self.device, q.dtype)
+            for i, part in zip(text_rows, enc.split([sizes[i] for i in text_rows])):
+                blocks[i] = part
+        id_rows = [i for i, r in enumerate(reqs) if r.candidate_ids is not None]
+        if id_rows:
+            idx = torch.tensor([self.index[x] for i in id_rows for x in reqs[i].candidate_ids], device=self.device)
+            for i, part in zip(id_rows, self.corpus[idx].split([sizes[i] for i in id_rows])):
+                blocks[i] = part
+        for i, r in enumerate(reqs):
+            if r.candidate_embeddings is not None:
+                blocks[i] = torch.tensor(r.candidate_embeddings, dtype=q.dtype, device=self.device)
+        # scatter the concatenated blocks into the padded (B, N, D) batch in one indexed copy
+        counts = torch.tensor(sizes, device=self.device)
+        rows = torch.repeat_interleave(torch.arange(b, device=self.device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        cols_ = torch.arange(int(counts.sum()), device=self.device) - starts[rows]
+        docs = torch.zeros(b, n, q.shape[1], dtype=q.dtype, device=self.device)
+        docs[rows, cols_] = torch.cat(blocks)
+        mask = torch.arange(n, device=self.device) < counts.unsqueeze(1)
+        res = self.model(q, docs, mask)
+        cols = self._pack(res, mask)
+        out = []
+        for i, r in enumerate(reqs):
+            order, scores, kept_sorted, keep, _, _ = (c[i] for c in cols)
+            m = sizes[i]
+            sel = kept_sorted[:m] > 0
+            top_n = r.top_n if r.top_n is not None else m
+            out.append({"order": order[:m][sel][:top_n].astype(int).tolist(), "scores": scores[:m][sel][:top_n].tolist(),
+                        "dropped": [j for j in range(m) if not keep[j]], "batch_size": b})
+        return out
+
+
+if ls is not None:
+    from geograph.serve.schema import RerankRequest, RetrieveRequest
+
+    class RetrieveAPI(GeoAPI):
+        """``POST /retrieve`` (pydantic validates :class:`~geograph.serve.schema.RetrieveRequest`)."""
+
+        def __init__(self, settings: dict[str, Any]) -> None:
+            super().__init__("retrieve", settings)
+
+        def decode_request(self, request: RetrieveRequest):
+            return request
+
+    class RerankAPI(GeoAPI):
+        """``POST /rerank`` (pydantic validates :class:`~geograph.serve.schema.RerankRequest`)."""
+
+        def __init__(self, settings: dict[str, Any]) -> None:
+            super().__init__("rerank", settings)
+
+        def decode_request(self, request: RerankRequest):
+            return request

@@ -1,0 +1,30 @@
+"""The ``geograph serve`` command: parse the configuration, serve, exit with a status.
+
+Configuration and startup errors print one line (``geograph serve: <key>: <problem>``) to
+stderr and exit with status 2 (configuration) or 1 (startup), without a traceback.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``geograph serve`` with ``argv``; the exit status."""
+    try:
+        from geograph.serve.config import ConfigError, load_config
+    except ImportError:  # pragma: no cover - exercised only without the serve extra
+        print("geograph serve: needs the serve extra: pip install 'geograph[serve]'", file=sys.stderr)
+        return 1
+    from geograph.serve.server import StartupError, run
+
+    try:
+        cfg = load_config(argv)
+    except ConfigError as e:
+        print(f"geograph serve: {e}", file=sys.stderr)
+        return 2
+    try:
+        return run(cfg)
+    except StartupError as e:
+        print(f"geograph serve: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,180 @@
+"""Configuration of ``geograph serve``: a YAML file (``--config``) and flags that override it.
+
+Every key of the file is a field of :class:`ServeConfig` (the flag of the same name, with
+``-`` for ``_``); method parameters go under ``params`` (or ``--param KEY=VALUE``, the value
+read as YAML). Unknown keys and bad values raise :class:`ConfigError` with one line naming the
+key, which the CLI prints before exiting with status 2. See ``configs/serve.yaml``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from geograph.serve.models import METHODS, check_params
+
+
+class ConfigError(ValueError):
+    """A configuration error: one line, naming the key."""
+
+
+class ServeConfig(BaseModel):
+    """Everything ``geograph serve`` can be told (defaults as shown)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["maniscope", "ricci", "iso", "g3"]
+    corpus: str = Field(description="BEIR-format folder (corpus.jsonl)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
+    graph: Optional[str] = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
+    projection: Optional[str] = Field(None, description="saved PoincareProjection file (iso)")
+    encoder: Optional[str] = Field(None, description="local sentence-transformers directory (default: MiniLM)")
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    cache: Optional[str] = Field(None, description="on-disk embedding cache root for the corpus")
+    text_cache_size: int = Field(4096, ge=0, description="in-memory LRU of request text embeddings, per worker")
+    host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_batch_size: int = Field(64, ge=1)
+    batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
+    candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")
+    max_candidates: int = Field(1000, ge=1, description="largest candidate list of /rerank")
+    max_k: int = Field(1000, ge=1)
+    max_payload_mb: float = Field(10.0, gt=0)
+    timeout: float = Field(60.0, gt=0, description="seconds a request may wait for its answer")
+    accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
+    devices: Union[int, Literal["auto"]] = "auto"
+    workers_per_device: int = Field(1, ge=1)
+    api_servers: int = Field(1, ge=1)
+    shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus(cls, v: str) -> str:
+        if not (Path(v) / "corpus.jsonl").is_file():
+            raise ValueError(f"{v} is not a BEIR-format folder (no corpus.jsonl)")
+        return v
+
+    @field_validator("graph")
+    @classmethod
+    def _graph(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"{v} is not a directory")
+        return v
+
+    @field_validator("projection")
+    @classmethod
+    def _projection(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"{v} is not a file")
+        return v
+
+    @field_validator("encoder")
+    @classmethod
+    def _encoder(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"{v} is not a local sentence-transformers directory")
+        return v
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``geograph serve`` argument parser (every default comes from :class:`ServeConfig`)."""
+    from geograph.serve import __doc__ as doc
+
+    p = argparse.ArgumentParser(prog="geograph serve", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", help="YAML file with any of the keys below (flags override it)")
+    p.add_argument("--method", choices=METHODS)
+    p.add_argument("--corpus", help="BEIR-format folder (corpus.jsonl)")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="a method parameter (repeatable)")
+    p.add_argument("--graph", help="saved CorpusGraph (iso) / G3Graph (g3) directory, instead of building one")
+    p.add_argument("--projection", help="trained PoincareProjection file (iso)")
+    p.add_argument("--encoder", help="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
+    p.add_argument("--query-prefix")
+    p.add_argument("--passage-prefix")
+    p.add_argument("--cache", help="embedding cache root for the corpus (default $GEOGRAPH_CACHE)")
+    p.add_argument("--text-cache-size", type=int, help="in-memory LRU of request texts per worker (4096)")
+    p.add_argument("--host", help="127.0.0.1 (default), 0.0.0.0 or ::")
+    p.add_argument("--port", type=int, help="8000")
+    p.add_argument("--max-batch-size", type=int, help="64")
+    p.add_argument("--batch-timeout", type=float, help="seconds a batch waits to fill (0.01)")
+    p.add_argument("--candidates", type=int, help="default dense pool of /retrieve for maniscope, ricci (20)")
+    p.add_argument("--max-candidates", type=int, help="largest candidate list of /rerank (1000)")
+    p.add_argument("--max-k", type=int, help="largest k (1000)")
+    p.add_argument("--max-payload-mb", type=float, help="largest request body (10)")
+    p.add_argument("--timeout", type=float, help="seconds a request may wait (60)")
+    p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
+    p.add_argument("--devices", help="number of devices or auto")
+    p.add_argument("--workers-per-device", type=int, help="1")
+    p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
+    p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
+    p.add_argument("--log-level", help="warning")
+    return p
+
+
+def _line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    return f"{loc}: {msg}"
+
+
+def load_config(argv: Optional[Sequence[str]] = None) -> ServeConfig:
+    """Parse flags, read ``--config``, merge (flags win) and validate.
+
+    Raises:
+        ConfigError: one line naming the bad key.
+    """
+    import yaml
+
+    args = vars(parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    path = args.pop("config", None)
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"--config {path}: {e.strerror or e}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config {path}: expected a mapping of keys, got {type(loaded).__name__}")
+        values.update(loaded)
+    params = dict(values.get("params") or {}) if isinstance(values.get("params", {}), dict) else values["params"]
+    for item in args.pop("param", []) or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        try:
+            params[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"--param {item!r}: the value is not valid YAML") from None
+    if params or "params" in values:
+        values["params"] = params
+    if "devices" in args and args["devices"] != "auto":
+        try:
+            args["devices"] = int(args["devices"])
+        except ValueError:
+            raise ConfigError(f"devices: expected an integer or 'auto', got {args['devices']!r}") from None
+    values.update(args)
+    for required in ("method", "corpus"):
+        if required not in values:
+            raise ConfigError(f"{required}: missing (give --{required} or put it in --config)")
+    try:
+        cfg = ServeConfig(**values)
+    except ValidationError as e:
+        raise ConfigError(_line(e)) from None
+    try:
+        check_params(cfg.method, cfg.params, graph=cfg.graph, projection=cfg.projection)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return cfg

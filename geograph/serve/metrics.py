@@ -1,0 +1,146 @@
+"""``/metrics`` of ``geograph serve``: Prometheus counters and histograms through LitServe's loggers.
+
+Events are put on LitServe's logger queue (``LitAPI.log``): the API servers log every
+finished HTTP request (:class:`RequestMetricsMiddleware`: endpoint, status, seconds), the
+inference workers every batch (endpoint, size). LitServe's logger process hands them to
+:class:`PrometheusLogger`, which updates prometheus-client metrics in multiprocess mode
+(``$PROMETHEUS_MULTIPROC_DIR``, a private temporary folder unless set); ``/metrics`` in every
+API server reads that folder. Exported:
+
+* ``geograph_requests_total{endpoint, status}`` (counter)
+* ``geograph_request_errors_total{endpoint, status}`` (counter, status >= 400)
+* ``geograph_request_latency_seconds{endpoint}`` (histogram)
+* ``geograph_batch_size{endpoint}`` (histogram)
+
+``endpoint`` is the path for the server's own routes and ``other`` for any other path (so an
+unknown URL cannot grow the label set). Metrics trail the responses by the logger queue's
+latency (milliseconds).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+try:
+    import litserve as ls
+except ImportError:  # pragma: no cover - exercised only without the serve extra
+    ls = None
+
+ROUTES = ("/retrieve", "/rerank", "/health", "/metrics")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def endpoint_label(path: str) -> str:
+    """The ``endpoint`` label of a request path.
+
+    Example:
+        >>> endpoint_label("/rerank"), endpoint_label("/no/such/path")
+        ('/rerank', 'other')
+    """
+    return path if path in ROUTES else "other"
+
+
+def metrics_text() -> tuple[bytes, str]:
+    """``(body, content type)`` of the multiprocess registry in Prometheus text format."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def add_metrics_route(app) -> None:
+    """``GET /metrics`` on the FastAPI ``app`` (every API server reads the shared folder)."""
+    from fastapi import Response
+
+    async def metrics() -> Response:
+        body, ctype = metrics_text()
+        return Response(content=body, media_type=ctype)
+
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+
+
+class PrometheusLogger(ls.Logger if ls is not None else object):
+    """Turns the server's log events into prometheus-client metrics (runs in LitServe's logger process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._metrics = None  # made in the logger process, after $PROMETHEUS_MULTIPROC_DIR is set
+
+    def _make(self):
+        from prometheus_client import Counter, Histogram
+
+        return {
+            "requests": Counter("geograph_requests", "HTTP requests by endpoint and status", ["endpoint", "status"]),
+            "errors": Counter("geograph_request_errors", "HTTP requests answered with status >= 400",
+                              ["endpoint", "status"]),
+            "latency": Histogram("geograph_request_latency_seconds", "time from request to response",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS),
+            "batch": Histogram("geograph_batch_size", "requests per inference batch", ["endpoint"],
+                               buckets=BATCH_BUCKETS),
+        }
+
+    def process(self, key: str, value: Any) -> None:
+        if self._metrics is None:
+            self._metrics = self._make()
+        m = self._metrics
+        if key == "request":
+            endpoint, status, seconds = value
+            m["requests"].labels(endpoint, str(status)).inc()
+            if int(status) >= 400:
+                m["errors"].labels(endpoint, str(status)).inc()
+            m["latency"].labels(endpoint).observe(float(seconds))
+        elif key == "batch":
+            endpoint, size = value
+            m["batch"].labels(f"/{endpoint}").observe(int(size))
+
+
+class RequestMetricsMiddleware:
+    """ASGI middleware: logs ``("request", (endpoint, status, seconds))`` for every HTTP request.
+
+    It wraps LitServe's own middlewares (added last, it runs first), so 413s of the payload
+    limit are counted too. ``apis`` are the server's LitAPIs: their logger queue is set by
+    LitServe before the API servers start.
+    """
+
+    def __init__(self, app, apis) -> None:
+        self.app, self.apis = app, list(apis)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def send_(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_)
+        finally:
+            api = self.apis[0]
+            if getattr(api, "_logger_queue", None) is not None:
+                api.log("request", (endpoint_label(scope["path"]), status[0], time.perf_counter() - start))
+
+
+class JSONOnlyMiddleware:
+    """ASGI middleware: a POST whose ``content-type`` is not JSON gets a 415 naming the header."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ("/retrieve", "/rerank"):
+            ctype = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1").lower()
+            if ctype.split(";")[0].strip() != "application/json":
+                from fastapi.responses import JSONResponse
+
+                msg = f"content-type must be application/json, got {ctype or 'none'!r}"
+                resp = JSONResponse(status_code=415, content={"detail": [{"loc": ["header", "content-type"],
+                                                                          "msg": msg, "type": "content_type"}]})
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,129 @@
+"""The module a ``geograph serve`` worker runs, built from the method, its parameters and artefacts.
+
+``params`` are the module's constructor arguments (checked here against the list below, and
+by the module's own constructor); ``graph`` is a directory written by
+:meth:`geograph.CorpusGraph.save` (ISO) or :meth:`geograph.G3Graph.save` (G3) loaded instead of
+building one at start; ``projection`` a file written by :meth:`geograph.PoincareProjection.save`.
+
+=========  ==========================================================================
+method     params
+=========  ==========================================================================
+maniscope  ``k``, ``alpha``, ``early_stop``
+ricci      ``percentile``, ``alpha``, ``exp_power``, ``iterations``, ``step``, ``delta``,
+           ``eta``, ``solver``, ``reg``
+iso        ``knn`` (k-NN graph built at start when no ``graph``), ``m``, ``L``, ``hops``,
+           ``max_nodes``, ``beta``, ``p``, ``tau``, ``alpha``, ``lambda_g``, ``lambda_d``,
+           ``max_iter``
+g3         ``candidates``, ``seeds``, and when no ``graph``: ``band``, ``beta``, ``max_degree``
+=========  ==========================================================================
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+METHODS = ("maniscope", "ricci", "iso", "g3")
+RERANKERS = ("maniscope", "ricci")
+
+PARAMS: dict[str, tuple[str, ...]] = {
+    "maniscope": ("k", "alpha", "early_stop"),
+    "ricci": ("percentile", "alpha", "exp_power", "iterations", "step", "delta", "eta", "solver", "reg"),
+    "iso": ("knn", "m", "L", "hops", "max_nodes", "beta", "p", "tau", "alpha", "lambda_g", "lambda_d", "max_iter"),
+    "g3": ("candidates", "seeds", "band", "beta", "max_degree"),
+}
+_GRAPH_BUILD = {"iso": ("knn",), "g3": ("band", "beta", "max_degree")}
+
+
+def check_params(method: str, params: dict[str, Any], *, graph: Optional[str] = None,
+                 projection: Optional[str] = None) -> None:
+    """Raise ``ValueError`` on a parameter or artefact the method does not take.
+
+    Example:
+        >>> check_params("maniscope", {"k": 3})
+        >>> try:
+        ...     check_params("maniscope", {"beta": 0.4})
+        ... except ValueError as e:
+        ...     print(e)
+        params: unknown key 'beta' for method maniscope (allowed: k, alpha, early_stop)
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    for key in params:
+        if key not in PARAMS[method]:
+            raise ValueError(f"params: unknown key {key!r} for method {method} (allowed: {', '.join(PARAMS[method])})")
+        if graph is not None and key in _GRAPH_BUILD.get(method, ()):
+            raise ValueError(f"params: {key} is fixed by the saved graph (graph: {graph}); remove it")
+    if graph is not None and method not in ("iso", "g3"):
+        raise ValueError(f"graph applies to iso and g3, not {method}")
+    if projection is not None and method != "iso":
+        raise ValueError(f"projection applies to iso, not {method}")
+
+
+def build_model(method: str, corpus, params: Optional[dict] = None, *, graph: Optional[str] = None,
+                projection: Optional[str] = None):
+    """The module for ``method`` over ``corpus (V, D)`` (on the corpus's device).
+
+    Raises:
+        ValueError: a bad parameter (the module's message), an artefact that cannot be read or
+            does not match the corpus (size or dimension).
+    """
+    import torch
+
+    params = dict(params or {})
+    check_params(method, params, graph=graph, projection=projection)
+    if method == "maniscope":
+        from geograph import Maniscope
+
+        return Maniscope(**params)
+    if method == "ricci":
+        from geograph import RicciFiltration
+
+        return RicciFiltration(**params)
+    v, d = corpus.shape
+    if method == "iso":
+        from geograph import CorpusGraph, ISORetriever, PoincareProjection
+
+        if graph is not None:
+            g = _load(CorpusGraph.load, graph, "graph")
+        else:
+            knn = params.pop("knn", 10)
+            if isinstance(knn, bool) or not isinstance(knn, int) or knn < 1:
+                raise ValueError(f"params: knn must be a positive integer, got {knn!r}")
+            g = CorpusGraph.from_knn(corpus, min(knn, v - 1))
+        params.pop("knn", None)
+        _match(g.embeddings.shape, v, d, graph)
+        proj = _load(PoincareProjection.load, projection, "projection") if projection else None
+        if proj is not None and proj.in_dim != d:
+            raise ValueError(f"projection: {projection} takes {proj.in_dim}-dimensional inputs, the corpus has {d}")
+        model = ISORetriever(g, projection=proj, **params)
+        return model.to(corpus.device)
+    from geograph import G3Graph, G3Retriever
+
+    if graph is not None:
+        g = _load(G3Graph.load, graph, "graph")
+        _match(g.embeddings.shape, v, d, graph)
+        return G3Retriever(g, **params).to(corpus.device)
+    if "band" in params and params["band"] is not None:
+        params["band"] = tuple(params["band"])
+    with torch.no_grad():
+        return G3Retriever(corpus, **params)
+
+
+def _load(loader, path: str, what: str):
+    try:
+        return loader(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable artefact is a one-line start error
+        raise ValueError(f"{what}: cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+def _match(shape, v: int, d: int, path: str) -> None:
+    if tuple(shape) != (v, d):
+        raise ValueError(f"graph: {path} holds {shape[0]} x {shape[1]} embeddings, the corpus is {v} x {d}")
+
+
+def k_bounds(method: str, model, num_docs: int) -> tuple[int, Optional[int], str]:
+    """``(k_min, k_max, why)`` the module accepts on ``/retrieve`` (rerankers: bounded by the pool)."""
+    if method == "iso":
+        return 1, int(model.max_k), "the guaranteed ISO local set size min(max(L, m), max_nodes, V)"
+    if method == "g3":
+        return int(model.seeds), num_docs, "the corpus size"
+    return 1, None, ""

@@ -1,0 +1,145 @@
+"""Request schema of ``geograph serve``: every constraint a module enforces, checked before a worker.
+
+Pydantic validates a request in the API server process; a request that fails gets a 422
+naming the field and never joins a batch. The limits that depend on the loaded corpus and
+method (embedding dimension, corpus ids and size, the method's bounds on ``k``) live in
+:data:`LIMITS`, filled by :func:`set_limits` in the process that forks the API servers.
+
+Checks, per field:
+
+* ``query`` / ``query_embedding``: exactly one; text 1..10000 characters; an embedding has
+  ``D`` finite values and is not the zero vector (it has no direction, so every cosine is 0).
+* ``candidates`` / ``candidate_embeddings`` / ``candidate_ids`` (``/rerank``): exactly one,
+  1..``max_candidates`` entries, rows like ``query_embedding``, ids known to the corpus.
+* ``k`` (``/retrieve``): ``1 <= k``; rerankers: ``k <= candidates`` (the request's own dense
+  pool, default ``--candidates``, at most the corpus size); ISO: ``k <=`` the guaranteed local
+  set size; G3: ``seeds <= k <=`` corpus size; every method: ``k <= max_k``.
+* ``top_n`` (``/rerank``): ``1 <= top_n <=`` the number of candidates.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Limits set by :func:`set_limits` (``dim``, ``ids``, ``num_docs``, ``max_candidates``, ``max_k``,
+#: ``method``, ``default_candidates``, ``k_min``, ``k_max``).
+LIMITS: dict[str, Any] = {}
+
+RERANKERS = ("maniscope", "ricci")
+
+
+def set_limits(**limits: Any) -> None:
+    """Replace :data:`LIMITS` (called once at start, before the API servers fork)."""
+    LIMITS.clear()
+    LIMITS.update(limits)
+
+
+def check_vector(v: Optional[list], name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``v`` is ``None`` or ``D`` finite values, not all 0.
+
+    Example:
+        >>> set_limits(dim=2)
+        >>> check_vector([0.0, 1.0], "query_embedding") is None
+        True
+        >>> set_limits()
+    """
+    if v is None:
+        return
+    dim = LIMITS.get("dim")
+    if dim is not None and len(v) != dim:
+        raise ValueError(f"{name} must have {dim} values (the corpus embedding dimension), got {len(v)}")
+    if not all(math.isfinite(x) for x in v):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if not any(x != 0.0 for x in v):
+        raise ValueError(f"{name} is the zero vector (no direction: every cosine would be 0)")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: Optional[str] = Field(None, min_length=1, max_length=10000, description="query text")
+    query_embedding: Optional[list[float]] = Field(None, description="query embedding (D floats)")
+
+    def _check_query(self) -> None:
+        if (self.query is None) == (self.query_embedding is None):
+            raise ValueError("give exactly one of query (text) and query_embedding")
+        check_vector(self.query_embedding, "query_embedding")
+
+
+class RetrieveRequest(_Request):
+    """``POST /retrieve``: ``{"query": str} | {"query_embedding": [D floats]}``, ``"k"``, and for the
+    rerankers ``"candidates"`` (the size of the request's dense pool)."""
+
+    k: int = Field(10, ge=1, description="number of passages returned (Ricci-Filtration: at most k)")
+    candidates: Optional[int] = Field(None, ge=1, description="dense pool reranked (maniscope, ricci)")
+
+    @model_validator(mode="after")
+    def _validate(self):
+        self._check_query()
+        method = LIMITS.get("method")
+        max_k = LIMITS.get("max_k", 1000)
+        if self.k > max_k:
+            raise ValueError(f"k must be <= {max_k} (--max-k), got {self.k}")
+        if method in RERANKERS:
+            pool = self.candidates if self.candidates is not None else LIMITS.get("default_candidates", 20)
+            n = LIMITS.get("num_docs")
+            if n is not None and pool > n:
+                raise ValueError(f"candidates must be <= {n} (the corpus size), got {pool}")
+            if self.k > pool:
+                raise ValueError(f"k ({self.k}) must be <= candidates ({pool}), the request's pool")
+        else:
+            if self.candidates is not None:
+                raise ValueError(f"candidates applies to maniscope and ricci, not {method}")
+            lo, hi = LIMITS.get("k_min", 1), LIMITS.get("k_max")
+            if self.k < lo:
+                raise ValueError(f"k ({self.k}) must be >= {lo} ({method}: the seeds come first)")
+            if hi is not None and self.k > hi:
+                raise ValueError(f"k ({self.k}) must be <= {hi} ({LIMITS.get('k_max_reason', method)})")
+        return self
+
+    def pool(self) -> int:
+        """The dense pool this request reranks (rerankers)."""
+        return self.candidates if self.candidates is not None else LIMITS.get("default_candidates", 20)
+
+
+class RerankRequest(_Request):
+    """``POST /rerank``: a query, exactly one of ``candidates`` (texts), ``candidate_embeddings``
+    (``N x D``) or ``candidate_ids`` (corpus ids), and optionally ``top_n``."""
+
+    candidates: Optional[list[str]] = Field(None, min_length=1)
+    candidate_embeddings: Optional[list[list[float]]] = Field(None, min_length=1)
+    candidate_ids: Optional[list[str]] = Field(None, min_length=1)
+    top_n: Optional[int] = Field(None, ge=1, description="return at most this many (best first)")
+
+    @model_validator(mode="after")
+    def _validate(self):
+        self._check_query()
+        given = [n for n in ("candidates", "candidate_embeddings", "candidate_ids") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of candidates, candidate_embeddings and candidate_ids")
+        items = getattr(self, given[0])
+        limit = LIMITS.get("max_candidates", 1000)
+        if len(items) > limit:
+            raise ValueError(f"{given[0]} has {len(items)} entries; at most {limit} per request")
+        for i, t in enumerate(self.candidates or []):
+            if len(t) == 0:
+                raise ValueError(f"candidates[{i}] is empty")
+        for i, row in enumerate(self.candidate_embeddings or []):
+            check_vector(row, f"candidate_embeddings[{i}]")
+        if self.candidate_ids is not None and "ids" in LIMITS:
+            unknown = [x for x in self.candidate_ids if x not in LIMITS["ids"]]
+            if unknown:
+                raise ValueError(f"unknown candidate_ids {unknown[:5]} (not in the corpus)")
+        if self.top_n is not None and self.top_n > len(items):
+            raise ValueError(f"top_n ({self.top_n}) must be <= the number of candidates ({len(items)})")
+        return self
+
+    def size(self) -> int:
+        """Number of candidates in the request."""
+        for name in ("candidates", "candidate_embeddings", "candidate_ids"):
+            items = getattr(self, name)
+            if items is not None:
+                return len(items)
+        return 0

@@ -1,0 +1,147 @@
+"""Building and running the LitServe server of ``geograph serve``, with a clean lifecycle.
+
+:func:`build_server` checks everything it can in the main process before any worker starts
+(the corpus is read and embedded through the on-disk cache, the module is built once, so
+bad parameters and artefacts fail here with one line) and fills the request limits.
+:func:`run` turns SIGTERM and SIGINT into LitServe's graceful shutdown (API servers get
+``shutdown_timeout`` seconds for in-flight requests, then the workers stop) and, whatever
+happened, ends every process the server started that is still alive (a walk of the process
+tree: SIGTERM, then SIGKILL after ``shutdown_timeout``), so no worker, API server, logger or
+manager process outlives the command.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from typing import Optional
+
+from geograph.serve.config import ServeConfig
+from geograph.serve.models import RERANKERS, build_model, k_bounds
+
+
+class StartupError(RuntimeError):
+    """The server could not start (one line)."""
+
+
+def build_server(cfg: ServeConfig):
+    """A configured :class:`litserve.LitServer` for ``cfg`` (call :func:`run` to serve it)."""
+    try:
+        import litserve as ls
+        from fastapi.exceptions import RequestValidationError
+    except ImportError:  # pragma: no cover - exercised only without the extra
+        raise StartupError("geograph serve needs the serve extra: pip install 'geograph[serve]'") from None
+    from geograph.serve.api import RerankAPI, RetrieveAPI
+    from geograph.serve.corpus import TextEncoder, read_corpus
+    from geograph.serve.metrics import JSONOnlyMiddleware, PrometheusLogger, RequestMetricsMiddleware, add_metrics_route
+    from geograph.serve.schema import set_limits
+
+    try:
+        dataset = read_corpus(cfg.corpus)
+        encoder = TextEncoder(cfg.encoder, query_prefix=cfg.query_prefix, passage_prefix=cfg.passage_prefix,
+                              cache=cfg.cache, memory=0)
+        emb = encoder.corpus(dataset.passages())  # fills the on-disk cache before the workers start
+    except (ValueError, OSError) as e:
+        raise StartupError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    try:
+        model = build_model(cfg.method, emb, cfg.params, graph=cfg.graph, projection=cfg.projection)
+    except ValueError as e:
+        msg = str(e).splitlines()[0]
+        raise StartupError(msg if msg.split(":")[0] in ("params", "graph", "projection") else f"params: {msg}") from None
+    v = int(emb.shape[0])
+    if cfg.method in RERANKERS and cfg.candidates > v:
+        raise StartupError(f"candidates: {cfg.candidates} exceeds the corpus size {v}")
+    k_min, k_max, why = k_bounds(cfg.method, model, v)
+    set_limits(method=cfg.method, dim=int(emb.shape[1]), ids=frozenset(dataset.doc_ids), num_docs=v,
+               max_candidates=cfg.max_candidates, max_k=cfg.max_k, default_candidates=cfg.candidates,
+               k_min=k_min, k_max=k_max, k_max_reason=why)
+    del model, emb
+
+    settings = cfg.model_dump()
+    apis = [RetrieveAPI(settings)]
+    if cfg.method in RERANKERS:
+        apis.append(RerankAPI(settings))
+    devices = cfg.devices
+    server = ls.LitServer(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=cfg.workers_per_device,
+                          timeout=cfg.timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
+                          loggers=[PrometheusLogger()],
+                          middlewares=[JSONOnlyMiddleware, (RequestMetricsMiddleware, {"apis": apis})])
+    server.app.add_exception_handler(RequestValidationError, _validation_error)
+    add_metrics_route(server.app)
+    server.uvicorn_graceful_timeout = cfg.shutdown_timeout
+    return server
+
+
+def _validation_error(request, exc):
+    """422 with each error's location and message only: the default echoes the input, which
+    cannot be rendered as JSON when it holds NaN, and can be megabytes long."""
+    from fastapi.responses import JSONResponse
+
+    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")} for e in exc.errors()]
+    return JSONResponse(status_code=422, content={"detail": errors})
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _default_signals() -> None:  # in forked API servers: uvicorn installs its own handlers
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.default_int_handler)
+
+
+def stop_children(timeout: float) -> list[int]:
+    """SIGTERM every live descendant of this process, SIGKILL what remains after ``timeout`` s; their pids."""
+    import psutil
+
+    me = psutil.Process()
+    try:
+        procs = me.children(recursive=True)
+    except psutil.Error:
+        return []
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+    return [p.pid for p in procs]
+
+
+def run(cfg: ServeConfig) -> int:
+    """Serve ``cfg`` until SIGTERM/SIGINT; 0 after a clean stop (raises :class:`StartupError`)."""
+    own_dir: Optional[str] = None
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # before prometheus_client is imported anywhere
+        own_dir = tempfile.mkdtemp(prefix="geograph-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dir
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main_pid = os.getpid()
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+    os.register_at_fork(after_in_child=_default_signals)
+    try:
+        server = build_server(cfg)
+        server.run(host=cfg.host, port=cfg.port, num_api_servers=cfg.api_servers, generate_client_file=False,
+                   log_level=cfg.log_level, pretty_logs=False)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:
+        if os.getpid() != main_pid:  # a forked API server unwinding: leave it to its parent
+            raise
+        raise StartupError(str(e).splitlines()[0]) from None
+    finally:
+        if os.getpid() == main_pid:
+            for s in previous:
+                signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+            stop_children(cfg.shutdown_timeout)
+            if own_dir is not None:
+                shutil.rmtree(own_dir, ignore_errors=True)
+            for s, h in previous.items():
+                signal.signal(s, h)
+    return 0

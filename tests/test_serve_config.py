@@ -1,0 +1,145 @@
+"""``geograph serve`` without HTTP: config file and flags, one-line start errors, the request schema,
+the in-memory text cache, and the worker's batched answers against per-request module calls."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import require
+
+require("litserve")
+yaml = require("yaml")
+
+from geograph.data import DEMO_PATH  # noqa: E402
+from geograph.data.cache import MemoryCache  # noqa: E402
+from geograph.serve.config import ConfigError, load_config  # noqa: E402
+from geograph.serve.schema import RerankRequest, RetrieveRequest, set_limits  # noqa: E402
+
+DEMO = str(DEMO_PATH)
+
+
+def write(tmp_path, data, name="serve.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return str(path)
+
+
+def test_config_file_flags_override_and_params(tmp_path):
+    path = write(tmp_path, {"method": "iso", "corpus": DEMO, "port": 9001, "max_batch_size": 8,
+                            "params": {"beta": 0.3, "m": 4}, "query_prefix": "query: "})
+    cfg = load_config(["--config", path, "--port", "9002", "--param", "L=20", "--param", "beta=0.5"])
+    assert (cfg.method, cfg.port, cfg.max_batch_size, cfg.query_prefix) == ("iso", 9002, 8, "query: ")
+    assert cfg.params == {"beta": 0.5, "m": 4, "L": 20}
+    assert load_config(["--method", "maniscope", "--corpus", DEMO]).candidates == 20
+
+
+def test_example_config_is_valid():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(["--config", os.path.join(root, "configs", "serve.yaml")])
+    assert cfg.method == "maniscope" and cfg.params
+
+
+@pytest.mark.parametrize("data, argv, fragment", [
+    ({"method": "maniscope", "corpus": DEMO, "prot": 1}, [], "prot: unknown key"),
+    ({"method": "maniscope", "corpus": DEMO, "port": "eighty"}, [], "port:"),
+    ({"method": "maniscope", "corpus": DEMO, "max_batch_size": 0}, [], "max_batch_size:"),
+    ({"method": "maniscope", "corpus": DEMO, "params": {"beta": 1}}, [], "unknown key 'beta' for method maniscope"),
+    ({"method": "nope", "corpus": DEMO}, [], "method:"),
+    ({"method": "maniscope", "corpus": "/no/such/dir"}, [], "corpus:"),
+    ({"method": "maniscope", "corpus": DEMO, "graph": DEMO}, [], "graph applies to iso and g3"),
+    ({"method": "maniscope", "corpus": DEMO, "host": "10.0.0.1"}, [], "host:"),
+    ({"method": "g3", "corpus": DEMO, "graph": DEMO, "params": {"band": [0, 1]}}, [], "band is fixed by the saved graph"),
+    ("- a list", [], "expected a mapping"),
+    ("method: [unclosed", [], "not valid YAML"),
+    ({"corpus": DEMO}, [], "method: missing"),
+    ({"method": "maniscope", "corpus": DEMO}, ["--param", "k"], "expected KEY=VALUE"),
+])
+def test_bad_config_is_one_line_config_error(tmp_path, data, argv, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(["--config", write(tmp_path, data), *argv])
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def run_cli(*argv, env=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "geograph", "serve", *argv], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_cli_config_errors_exit_2_with_one_line(tmp_path):
+    r = run_cli("--config", write(tmp_path, {"method": "maniscope", "corpus": DEMO, "workers": 2}))
+    assert r.returncode == 2
+    assert r.stderr.strip() == "geograph serve: workers: unknown key"
+    r = run_cli("--config", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
+    """Bad parameter values (the module's own check) and artefacts that do not match the corpus."""
+    from geograph import CorpusGraph
+
+    small = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(7, 384), dim=1), 2)
+    small.save(tmp_path / "graph")
+    cases = [(["--method", "maniscope", "--param", "alpha=2"], "params: alpha must lie in [0, 1]"),
+             (["--method", "iso", "--graph", str(tmp_path / "graph")], "graph: "),
+             (["--method", "iso", "--projection", write(tmp_path, "not a checkpoint", "p.pt")], "projection: cannot read")]
+    for argv, fragment in cases:
+        r = run_cli("--corpus", DEMO, "--port", "1", *argv)
+        lines = [x for x in r.stderr.splitlines() if x.startswith("geograph serve:")]
+        assert r.returncode == 1, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and len(lines) == 1 and fragment in lines[0], r.stderr[-2000:]
+
+
+def test_memory_cache_is_bounded_lru():
+    c = MemoryCache(2)
+    v = np.arange(6, dtype=np.float32).reshape(3, 2)
+    c.put(["a", "b"], v[:2])
+    assert c.get(["a"])[1] == []  # "a" is now the most recent
+    c.put(["c"], v[2:])
+    found, missing = c.get(["a", "b", "c"])
+    assert missing == [1] and len(c) == 2
+    np.testing.assert_array_equal(found[0], v[0])
+    np.testing.assert_array_equal(found[2], v[2])
+    assert MemoryCache(0).get(["a"])[1] == [0]
+    with pytest.raises(ValueError, match="maxsize"):
+        MemoryCache(-1)
+
+
+@pytest.fixture
+def limits():
+    set_limits(method="maniscope", dim=3, ids=frozenset({"a", "b"}), num_docs=30, max_candidates=4, max_k=1000,
+               default_candidates=10, k_min=1, k_max=None)
+    yield
+    set_limits()
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"query_embedding": [0, 0, 0], "candidate_ids": ["a"]}, "query_embedding is the zero vector"),
+    ({"query": "x", "candidate_embeddings": [[1, 0, 0], [0, 0, 0]]}, "candidate_embeddings[1] is the zero vector"),
+    ({"query": "x", "candidate_ids": ["a", "b"], "top_n": 3}, "top_n (3) must be <="),
+    ({"query": "x", "candidates": ["a", ""]}, "candidates[1] is empty"),
+    ({"query": "x", "candidate_ids": ["a"] * 5}, "at most 4"),
+])
+def test_rerank_schema_rejects(limits, body, fragment):
+    with pytest.raises(ValueError, match=None) as e:
+        RerankRequest(**body)
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("body, method, fragment", [
+    ({"query": "x", "k": 11}, "maniscope", "k (11) must be <= candidates (10)"),
+    ({"query": "x", "k": 5, "candidates": 31}, "ricci", "candidates must be <= 30"),
+    ({"query": "x", "k": 1}, "g3", "k (1) must be >= 2"),
+    ({"query": "x", "k": 31}, "g3", "k (31) must be <= 30"),
+    ({"query": "x", "k": 3, "candidates": 5}, "iso", "candidates applies to maniscope and ricci"),
+])
+def test_retrieve_schema_rejects(limits, body, method, fragment):
+    set_limits(method=method, dim=3, num_docs=30, max_k=1000, default_candidates=10,
+               k_min=2 if method == "g3" else 1, k_max=30 if method == "g3" else None)
+    with pytest.raises(ValueError) as e:
+        RetrieveRequest(**body)
+    assert fragment in str(e.value)
+    assert RetrieveRequest(query="x", k=2).k == 2
