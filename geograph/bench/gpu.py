@@ -2,7 +2,7 @@
 
 On synthetic clustered embeddings (no model, no data files needed), for each kernel of
 :mod:`geograph.functional` and each public module it runs the same inputs on the CPU and on
-``--device`` and records the largest difference (ids: the share of identical top-k lists;
+``--device`` (modules are built on the CPU and moved with ``.to(device)``, as users do) and records the largest difference (ids: the share of identical top-k lists;
 Ricci-Filtration: the kept-set agreement of the device's solver with CPU's exact one), then
 times each module at B = ``--sizes`` (default 1, 64, 1024) with ``torch.cuda.synchronize``
 around every call. Writes one JSON file (``--out``) and prints a table.
@@ -13,6 +13,7 @@ test suite does that with small sizes so the script cannot rot between GPU loans
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 from pathlib import Path
@@ -96,14 +97,15 @@ def module_parity_and_timing(dev: torch.device, sizes: Sequence[int], *, corpus:
     cand = dense_cpu(q, 100).indices
     graph = CorpusGraph.from_knn(x, 10)
     g3_cpu = G3Graph.build(x, max_degree=32)
+    # every module is built on the CPU and moved with .to(device), the path users take (a fresh
+    # copy of the shared graphs each time: .to moves a module's state in place)
     models = {
-        "DenseRetriever (k=10)": (lambda d: DenseRetriever(x.to(d)), lambda m, qq, cc: m(qq, 10).indices),
-        "Maniscope (M=100)": (lambda d: Maniscope(), lambda m, qq, cc: m(qq, x.to(qq.device)[cc]).order),
-        "RicciFiltration (M=20)": (lambda d: RicciFiltration(),
+        "DenseRetriever (k=10)": (lambda d: DenseRetriever(x).to(d), lambda m, qq, cc: m(qq, 10).indices),
+        "Maniscope (M=100)": (lambda d: Maniscope().to(d), lambda m, qq, cc: m(qq, x.to(qq.device)[cc]).order),
+        "RicciFiltration (M=20)": (lambda d: RicciFiltration().to(d),
                                    lambda m, qq, cc: m(qq, x.to(qq.device)[cc[:, :20]]).keep),
-        "ISORetriever (k=10)": (lambda d: ISORetriever(graph.to(d)), lambda m, qq, cc: m(qq, 10).indices),
-        "G3Retriever (k=5)": (lambda d: G3Retriever(g3_cpu if d.type == "cpu" else G3Graph.build(x.to(d), max_degree=32)),
-                              lambda m, qq, cc: m(qq, 5).indices),
+        "ISORetriever (k=10)": (lambda d: ISORetriever(copy.deepcopy(graph)).to(d), lambda m, qq, cc: m(qq, 10).indices),
+        "G3Retriever (k=5)": (lambda d: G3Retriever(copy.deepcopy(g3_cpu)).to(d), lambda m, qq, cc: m(qq, 5).indices),
     }
     parity_b = min(parity_queries, big)
     out = {}
