@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import check_finite_where, check_mask, check_positive_int, check_tensor, check_unit_interval, tracing
+from geograph._checks import (check_finite_where, check_mask, check_positive_int, check_same_device, check_tensor,
+                              check_unit_interval, tracing)
 from geograph.functional.graphs import knn_lists
 from geograph.functional.similarity import normalize
 
@@ -24,6 +25,8 @@ def check_candidates(query: Tensor, docs: Tensor, mask: Optional[Tensor]) -> Opt
         )
     if docs.dtype != query.dtype:
         raise ValueError(f"query and docs must share a dtype, got {query.dtype} and {docs.dtype}")
+    check_same_device(docs, "docs", query.device, "query")
+    check_same_device(mask, "mask", query.device, "query")
     mask = check_mask(mask, docs.shape[:2], "mask")
     check_finite_where(docs, mask, "docs")
     return mask

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import check_mask, check_positive_int, check_tensor
+from geograph._checks import check_finite_float, check_mask, check_positive_int, check_same_device, check_tensor, tracing
 
 __all__ = ["personalized_pagerank"]
 
@@ -32,7 +32,8 @@ def personalized_pagerank(
     starting from the uniform vector: the mass of dangling nodes (no out-weight) is returned
     through ``r``, which is ``networkx.pagerank(G, alpha, personalization=r, dangling=r)``.
     Where ``r`` is all zero on the real nodes it falls back to uniform. A fixed ``max_iter``
-    iterations run (no host synchronisation) unless ``tol`` is given: then every
+    iterations run (no host read in the loop; the input checks before it read the host once
+    each, and are skipped under ``torch.compile``) unless ``tol`` is given: then every
     ``check_every`` iterations the loop stops once every graph's L1 change is below
     ``n_real * tol`` (networkx's criterion).
 
@@ -62,13 +63,18 @@ def personalized_pagerank(
     check_tensor(personalization, "personalization", 2)
     if tuple(personalization.shape) != (b, n):
         raise ValueError(f"personalization must have shape {(b, n)}, got {tuple(personalization.shape)}")
+    check_same_device(personalization, "personalization", weights.device, "weights")
+    check_same_device(mask, "mask", weights.device, "weights")
     node_mask = check_mask(mask, (b, n), "mask")
     if node_mask is None:
         node_mask = torch.ones(b, n, dtype=torch.bool, device=weights.device)
-    if bool((weights < 0).any()) or bool((personalization < 0).any()):
+    if not tracing() and (bool((weights < 0).any()) or bool((personalization < 0).any())):
         raise ValueError("weights and personalization must be non-negative")
-    if not 0.0 <= float(alpha) < 1.0:
+    alpha = check_finite_float(alpha, "alpha")
+    if not 0.0 <= alpha < 1.0:
         raise ValueError(f"alpha must lie in [0, 1), got {alpha!r}")
+    if tol is not None and not check_finite_float(tol, "tol") > 0:
+        raise ValueError(f"tol must be positive, got {tol!r}")
     check_positive_int(max_iter, "max_iter")
     check_positive_int(check_every, "check_every")
     dtype = weights.dtype
