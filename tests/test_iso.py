@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, ISORetriever, PoincareProjection
-from geograph.bench.reference import iso_reference as reference_retrieve
+from geograph.bench.reference import (expmap0_reference, iso_reference, iso_reference_kept, iso_reference_phi,
+                                      iso_reference_prepare)
 from geograph.encoders import conformal_volume
 
 
@@ -13,22 +14,84 @@ def clustered(rng, v, d, clusters=6):
     return torch.from_numpy(x / np.linalg.norm(x, axis=1, keepdims=True))
 
 
+def knn_edges(x: np.ndarray, k: int) -> np.ndarray:
+    """A k-NN edge list built in numpy (not by CorpusGraph): ``(2, V k)``, one direction."""
+    z = x / np.linalg.norm(x, axis=1, keepdims=True)
+    s = z @ z.T
+    np.fill_diagonal(s, -np.inf)
+    nn = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return np.stack([np.repeat(np.arange(len(x)), k), nn.ravel()])
+
+
+def reference_points(emb: torch.Tensor, proj) -> np.ndarray | None:
+    """The points in the ball: numpy exp_0 of the projection's MLP output (None: the identity signal)."""
+    if proj is None:
+        return None
+    with torch.no_grad():
+        return expmap0_reference(proj.eval().mlp(emb.to(next(proj.parameters()).dtype)).double().numpy())
+
+
+def kept_pairs(model) -> set[tuple[int, int]]:
+    v = model.graph.num_nodes
+    return {(int(key) // v, int(key) % v) for key in model.kept_keys}
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_matches_reference(seed):
+def test_matches_independent_reference(seed):
+    """phi, the kept edges and the whole output against numpy + networkx from embeddings + edge list."""
     rng = np.random.default_rng(seed)
     v = int(rng.integers(40, 150))
     emb = clustered(rng, v, 16)
-    graph = CorpusGraph.from_knn(emb, int(rng.integers(2, 6)))
+    edges = knn_edges(emb.numpy(), int(rng.integers(2, 6)))
+    graph = CorpusGraph.from_edge_index(emb, torch.from_numpy(edges))
     kwargs = dict(m=int(rng.integers(1, 6)), L=int(rng.integers(5, 30)), hops=int(rng.integers(0, 3)),
-                  max_nodes=int(rng.integers(30, 60)), beta=float(rng.uniform(0.2, 0.8)))
-    proj = PoincareProjection(16, 4, hidden=8) if seed % 2 else None
+                  max_nodes=int(rng.integers(30, 60)), beta=float(rng.uniform(0.2, 0.8)),
+                  tau=float(rng.uniform(2, 20)), alpha=float(rng.uniform(0.5, 0.95)),
+                  lambda_g=float(rng.uniform(0.2, 0.8)), p=float(rng.choice([1.0, 2.0, 3.0])))
+    kwargs["lambda_d"] = 1.0 - kwargs["lambda_g"]
+    proj = PoincareProjection(16, 4, hidden=8).double() if seed % 2 else None
     model = ISORetriever(graph, projection=proj, max_iter=2000, **kwargs)
+    z = reference_points(emb, proj)
+    phi, nxg = iso_reference_phi(v, edges, expmap0_reference(emb.numpy()) if z is None else z, p=kwargs["p"])
+    np.testing.assert_allclose(model.phi.numpy(), phi, rtol=1e-8, atol=1e-12)
+    kept = iso_reference_kept(nxg, phi, kwargs["beta"])
+    assert kept_pairs(model) == kept
+    assert 0 < len(kept) < 2 * nxg.number_of_edges() or kwargs["beta"] < 0.3  # the filter does something
     query = clustered(rng, 9, 16)
     out = model(query, 5)
+    prepared = (nxg, kept)
     for b in range(9):
-        ids, scores = reference_retrieve(model, query[b], 5)
-        np.testing.assert_allclose(out.scores[b].numpy(), scores, atol=1e-6)
+        ids, scores = iso_reference(emb.numpy(), edges, query[b].numpy(), 5, prepared=prepared, **kwargs)
+        np.testing.assert_allclose(out.scores[b].numpy(), scores, atol=1e-6, rtol=0)
         assert out.indices[b].tolist() == ids.tolist()
+
+
+def test_defaults_match_the_design():
+    """Default hyperparameters on both sides: a changed default in the module shows up here."""
+    rng = np.random.default_rng(11)
+    emb = clustered(rng, 160, 12)
+    edges = knn_edges(emb.numpy(), 4)
+    model = ISORetriever(CorpusGraph.from_edge_index(emb, torch.from_numpy(edges)), max_iter=2000)
+    prepared = iso_reference_prepare(emb.numpy(), edges)  # beta 0.4, p 2, exp_0 of the embeddings
+    query = clustered(rng, 4, 12)
+    out = model(query, 10)
+    for b in range(4):
+        ids, scores = iso_reference(emb.numpy(), edges, query[b].numpy(), 10, prepared=prepared)
+        np.testing.assert_allclose(out.scores[b].numpy(), scores, atol=1e-6, rtol=0)
+        assert out.indices[b].tolist() == ids.tolist()
+
+
+def test_phi_depends_on_the_volumes():
+    """With unequal volumes (a projection), phi is not the combinatorial ratio: the reference sees it."""
+    rng = np.random.default_rng(12)
+    emb = clustered(rng, 60, 8)
+    edges = knn_edges(emb.numpy(), 3)
+    proj = PoincareProjection(8, 3, hidden=4).double()
+    model = ISORetriever(CorpusGraph.from_edge_index(emb, torch.from_numpy(edges)), projection=proj)
+    phi, _ = iso_reference_phi(60, edges, reference_points(emb, proj))
+    flat, _ = iso_reference_phi(60, edges, np.zeros((60, 3)))
+    np.testing.assert_allclose(model.phi.numpy(), phi, rtol=1e-8, atol=1e-12)
+    assert np.abs(phi - flat).max() > 1e-3
 
 
 def test_phi_cached_and_refresh():

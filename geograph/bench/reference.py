@@ -126,15 +126,19 @@ def g3_dense_reference(x: np.ndarray, band=(0.1, 0.7), beta: float = 0.4, max_de
 def g3_retrieve_reference(x: np.ndarray, t: np.ndarray, q: np.ndarray, *, candidates: int, seeds: int, k: int):
     """G3RAG retrieval for one query with a dense ``T`` (:func:`g3_dense_reference`), in numpy.
 
-    Seeds = the first ``seeds`` of the cosine top-``candidates``; ``y = p T`` with ``p``
-    uniform on the seeds; then the passages of largest positive ``y``; then a cosine top-up.
+    Seeds = the first ``seeds`` of the cosine top-``candidates`` (ties: lowest index first);
+    ``y = p T`` with ``p`` uniform on the seeds; then the passages of largest positive ``y``;
+    then a cosine top-up (the remaining candidates first, then the rest of the corpus). Each
+    returned passage's score is the value of the stage that picked it: cosine for seeds and
+    top-ups, ``y`` for diffused passages.
 
     Returns:
-        ``(chosen ids (list of k), y (N,), cos (N,))``.
+        ``(chosen ids (list of k), scores (k,), y (N,), cos (N,))``.
     """
     xn = x / np.linalg.norm(x, axis=1, keepdims=True)
     cos = xn @ (q / np.linalg.norm(q))
-    cand = np.argsort(-cos, kind="stable")[:candidates]
+    by_cos = np.argsort(-cos, kind="stable")
+    cand = by_cos[:candidates]
     seed = cand[:seeds]
     p = np.zeros(len(x))
     p[seed] = 1.0 / seeds
@@ -143,74 +147,130 @@ def g3_retrieve_reference(x: np.ndarray, t: np.ndarray, q: np.ndarray, *, candid
     order = np.argsort(-y, kind="stable")
     diffused = [i for i in order[: k - seeds] if y[i] > 0]
     chosen = list(seed) + diffused
-    rest = [i for i in cand if i not in chosen] + [i for i in np.argsort(-cos, kind="stable") if i not in cand]
-    chosen += [i for i in rest if i not in chosen][: k - len(chosen)]
-    return chosen, y, cos
+    rest = [i for i in cand if i not in chosen] + [i for i in by_cos if i not in cand]
+    top_up = [i for i in rest if i not in chosen][: k - len(chosen)]
+    scores = np.concatenate([cos[seed], y[np.asarray(diffused, dtype=np.int64)], cos[np.asarray(top_up, dtype=np.int64)]])
+    return chosen + top_up, scores, y, cos
 
 
-def iso_reference(model, query, k: int, nx_graph=None):
-    """ISO-RAG for one query in plain numpy + networkx, following the documented steps.
+def expmap0_reference(u: np.ndarray, c: float = 1.0) -> np.ndarray:
+    """The Poincare ball's exponential map at the origin, in numpy: ``tanh(sqrt(c)|u|) u / (sqrt(c)|u|)``."""
+    u = np.asarray(u, dtype=np.float64)
+    sc = np.sqrt(c)
+    norm = np.maximum(np.linalg.norm(u, axis=-1, keepdims=True), 1e-300)
+    return np.tanh(sc * norm) * u / (sc * norm)
 
-    Dense scores, seeds and the local set, a networkx subgraph of the compatible edges
-    (``phi`` is read from ``model``: it is checked against networkx on its own), softmax
-    personalisation, ``networkx.pagerank`` converged to 1e-12, min-max fusion.
+
+def iso_reference_phi(num_nodes: int, edges, z: np.ndarray, *, p: float = 2.0, c: float = 1.0,
+                      eps: float = float(np.finfo(np.float64).eps)):
+    """ISO-RAG's isoperimetric ratio per node from the points in the ball and the edge list (networkx BFS).
+
+    ``v(u) = (2 / (1 - c |z_u|^2)) ** p``; ``S_u = {u} + N(u)``; ``dS_u`` = the nodes at exactly
+    2 hops; ``phi_u = V(dS_u) / (V(S_u) + eps)`` (eps: float64's, as DESIGN's "eps from the
+    dtype"). Self loops and duplicate edges are ignored.
 
     Args:
-        model: an :class:`~geograph.ISORetriever` (its graph, ``phi`` and hyperparameters).
-        query: ``(D,)`` tensor.
+        num_nodes: ``V``.
+        edges: ``(2, E)`` array-like of node ids (either or both directions).
+        z: ``(V, d)`` points strictly inside the ball.
+
+    Returns:
+        ``(phi (V,), graph)``: float64 ratios and the undirected ``networkx.Graph``.
+    """
+    import networkx as nx
+
+    z = np.asarray(z, dtype=np.float64)
+    vol = (2.0 / (1.0 - c * (z**2).sum(1))) ** p
+    g = nx.Graph()
+    g.add_nodes_from(range(num_nodes))
+    g.add_edges_from((int(a), int(b)) for a, b in np.asarray(edges).T if a != b)
+    phi = np.zeros(num_nodes)
+    for u in range(num_nodes):
+        dist = nx.single_source_shortest_path_length(g, u, cutoff=2)
+        ball = sum(vol[w] for w, d in dist.items() if d <= 1)
+        shell = sum(vol[w] for w, d in dist.items() if d == 2)
+        phi[u] = shell / (ball + eps)
+    return phi, g
+
+
+def iso_reference_kept(graph, phi: np.ndarray, beta: float) -> set[tuple[int, int]]:
+    """The edges ``(u, v)`` (both directions) with ``min(phi) / max(phi) >= beta`` (0 / 0 counts as 1)."""
+    kept = set()
+    for a, b in graph.edges:
+        lo, hi = min(phi[a], phi[b]), max(phi[a], phi[b])
+        if (lo / hi if hi > 0 else 1.0) >= beta:
+            kept |= {(a, b), (b, a)}
+    return kept
+
+
+def iso_reference(embeddings: np.ndarray, edges, query: np.ndarray, k: int, *, z: np.ndarray | None = None,
+                  p: float = 2.0, c: float = 1.0, m: int = 5, L: int = 50, hops: int = 1, max_nodes: int = 100,
+                  beta: float = 0.4, tau: float = 10.0, alpha: float = 0.85, lambda_g: float = 0.5,
+                  lambda_d: float = 0.5, prepared=None):
+    """ISO-RAG for one query in plain numpy + networkx, from the raw inputs only.
+
+    ``z`` = the points in the Poincare ball (default: :func:`expmap0_reference` of the raw
+    embeddings, ISO-RAG's untrained signal; a trained f_theta's points otherwise);
+    ``phi`` and the kept edges by :func:`iso_reference_phi` and :func:`iso_reference_kept`;
+    dense cosine scores, seeds = top-``m``, the local set = dense top-``max(L, m)`` plus the
+    ``hops``-hop neighbourhood of the seeds in the full graph, capped at ``max_nodes`` by dense
+    score; a networkx subgraph of the kept edges; ``softmax(tau * s)`` on the seeds;
+    ``networkx.pagerank`` (personalization = dangling = r) converged to 1e-12; min-max fusion.
+    The defaults are DESIGN.md's.
+
+    Args:
+        embeddings: ``(V, D)`` passage embeddings.
+        edges: ``(2, E)`` corpus graph edges.
+        query: ``(D,)``.
         k: passages returned.
-        nx_graph: the corpus graph as a ``networkx.Graph`` (:func:`iso_reference_graph`);
-            built here when not given (benchmarks build it once, outside the timed loop).
+        prepared: ``(graph, kept)`` from :func:`iso_reference_prepare` (benchmarks build it once,
+            outside the timed loop); computed here when not given.
 
     Returns:
         ``(ids (k,), scores (k,))`` numpy arrays.
     """
     import networkx as nx
 
-    g = model.graph
-    emb = g.embeddings.double().numpy()
+    emb = np.asarray(embeddings, dtype=np.float64)
+    if prepared is None:
+        prepared = iso_reference_prepare(emb, edges, z=z, p=p, c=c, beta=beta)
+    nxg, kept = prepared
     emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
-    q = query.double().numpy() / np.linalg.norm(query.double().numpy())
-    s = emb @ q
+    q = np.asarray(query, dtype=np.float64)
+    s = emb @ (q / np.linalg.norm(q))
     v = len(s)
     order = np.argsort(-s, kind="stable")
-    seeds = order[: min(model.m, v)]
-    local = set(order[: min(max(model.L, model.m), v)].tolist())
-    nxg = iso_reference_graph(g) if nx_graph is None else nx_graph
+    seeds = order[: min(m, v)]
+    local = set(order[: min(max(L, m), v)].tolist())
     frontier = set(seeds.tolist())
-    for _ in range(model.hops):
+    for _ in range(hops):
         frontier = {w for u in frontier for w in nxg.neighbors(u)}
         local |= frontier
-    local = sorted(local, key=lambda u: -s[u])[: model.max_nodes]
-    phi = model.phi.double().numpy()  # phi itself is checked against networkx in test_isoperimetric
+    local = sorted(local, key=lambda u: -s[u])[:max_nodes]
     sub = nx.DiGraph()
     sub.add_nodes_from(local)
-    for a, b in nxg.subgraph(local).edges:
-        lo, hi = min(phi[a], phi[b]), max(phi[a], phi[b])
-        if (lo / hi if hi > 0 else 1.0) >= model.beta:
-            sub.add_edge(a, b)
-            sub.add_edge(b, a)
-    logits = {u: model.tau * s[u] for u in local if u in set(seeds.tolist())}
+    sub.add_edges_from(e for e in nxg.subgraph(local).to_directed().edges if e in kept)
+    seed_set = set(seeds.tolist())
+    logits = {u: tau * s[u] for u in local if u in seed_set}
     mx = max(logits.values())
-    z = sum(np.exp(x - mx) for x in logits.values())
-    r = {u: (np.exp(logits[u] - mx) / z if u in logits else 0.0) for u in local}
-    pi = nx.pagerank(sub, alpha=model.alpha, personalization=r, dangling=r, tol=1e-12, max_iter=10000)
+    z_sum = sum(np.exp(x - mx) for x in logits.values())
+    r = {u: (np.exp(logits[u] - mx) / z_sum if u in logits else 0.0) for u in local}
+    pi = nx.pagerank(sub, alpha=alpha, personalization=r, dangling=r, tol=1e-12, max_iter=10000)
 
     def mm(x):
         arr = np.array([x[u] for u in local])
         span = arr.max() - arr.min()
         return (arr - arr.min()) / span if span > 0 else np.zeros_like(arr)
 
-    score = model.lambda_g * mm(pi) + model.lambda_d * mm({u: s[u] for u in local})
+    score = lambda_g * mm(pi) + lambda_d * mm({u: s[u] for u in local})
     top = np.argsort(-score, kind="stable")[:k]
     return np.array(local)[top], score[top]
 
 
-def iso_reference_graph(graph):
-    """A :class:`~geograph.CorpusGraph` as an undirected ``networkx.Graph`` (for :func:`iso_reference`)."""
-    import networkx as nx
-
-    nxg = nx.Graph()
-    nxg.add_nodes_from(range(graph.num_nodes))
-    nxg.add_edges_from(graph.edge_index.T.tolist())
-    return nxg
+def iso_reference_prepare(embeddings: np.ndarray, edges, *, z: np.ndarray | None = None, p: float = 2.0,
+                          c: float = 1.0, beta: float = 0.4):
+    """The per-corpus part of :func:`iso_reference`: ``(networkx graph, kept directed edges)``."""
+    emb = np.asarray(embeddings, dtype=np.float64)
+    z = expmap0_reference(emb, c) if z is None else z
+    phi, nxg = iso_reference_phi(len(emb), edges, z, p=p, c=c)
+    return nxg, iso_reference_kept(nxg, phi, beta)

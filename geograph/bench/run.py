@@ -273,11 +273,29 @@ class ISOMethod(Method):
         return run
 
     def reference(self, ctx, params, cfg):
-        from geograph.bench.reference import iso_reference, iso_reference_graph
+        return iso_method_reference(ctx, params, cfg, self._graph(ctx, cfg), self._projection(ctx, cfg))
 
-        model = self.model(ctx, params, cfg)
-        nxg = iso_reference_graph(model.graph)
-        return lambda q, c: np.asarray(iso_reference(model, q, cfg["k"], nx_graph=nxg)[0], dtype=np.int64)
+
+def iso_method_reference(ctx, params, cfg, graph, projection):
+    """The numpy + networkx ISO-RAG of one grid point, from the raw inputs: the corpus
+    embeddings, the k-NN edge list and the projected points (never the module's phi)."""
+    from geograph.bench.reference import expmap0_reference, iso_reference, iso_reference_prepare
+
+    emb = ctx.corpus.double().numpy()
+    edges = graph.edge_index.cpu().numpy()
+    z, c = None, 1.0
+    if projection is not None:
+        with torch.no_grad():
+            z = expmap0_reference(projection.eval().mlp(ctx.corpus.to(next(projection.parameters()).dtype))
+                                  .double().numpy(), projection.c)
+        c = projection.c
+    beta = params.get("beta", 0.4)
+    key = ("iso-reference", projection is not None, cfg.get("knn", 10), beta)
+    if key not in ctx.cache:  # the per-corpus part, once per beta (outside the timed loop)
+        ctx.cache[key] = iso_reference_prepare(emb, edges, z=z, c=c, beta=beta)
+    kwargs = {name: value for name, value in params.items() if name != "beta"}
+    return lambda q, cands: np.asarray(iso_reference(emb, edges, q.double().numpy(), cfg["k"], beta=beta, c=c,
+                                                     prepared=ctx.cache[key], **kwargs)[0], dtype=np.int64)
 
 
 class ISOTrainedMethod(ISOMethod):

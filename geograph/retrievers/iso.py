@@ -162,7 +162,9 @@ class ISORetriever(nn.Module):
         g = self.graph
         emb = g.embeddings
         self._max_degree = int(g.degree().max()) if g.num_nodes else 0
-        params = list(self.projection.parameters())
+        # the projection's dtype; the identity signal (whose only parameter is geoopt's float32
+        # curvature) keeps the embeddings' dtype
+        params = [] if isinstance(self.projection, IdentityPoincare) else list(self.projection.parameters())
         dev = params[0].device if params else emb.device
         dtype = params[0].dtype if params else emb.dtype
         was_training = self.projection.training
