@@ -56,6 +56,9 @@ def personalized_pagerank(
         >>> personalized_pagerank(w, torch.tensor([[1.0, 0.0]])).round(decimals=4)
         tensor([[0.5405, 0.4595]])
     """
+    if isinstance(weights, Tensor):
+        check_same_device(personalization, "personalization", weights.device, "weights")
+        check_same_device(mask, "mask", weights.device, "weights")
     check_tensor(weights, "weights", 3)
     b, n, n2 = weights.shape
     if n != n2:
@@ -63,8 +66,6 @@ def personalized_pagerank(
     check_tensor(personalization, "personalization", 2)
     if tuple(personalization.shape) != (b, n):
         raise ValueError(f"personalization must have shape {(b, n)}, got {tuple(personalization.shape)}")
-    check_same_device(personalization, "personalization", weights.device, "weights")
-    check_same_device(mask, "mask", weights.device, "weights")
     node_mask = check_mask(mask, (b, n), "mask")
     if node_mask is None:
         node_mask = torch.ones(b, n, dtype=torch.bool, device=weights.device)
