@@ -1,14 +1,18 @@
 """Evaluate runs against qrels with the batched metrics of :mod:`geograph.functional.metrics`."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+import re
+import string
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
-from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
+from geograph.functional.metrics import (hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k,
+                                         recall_at_k)
 
-__all__ = ["relevance_tensors", "evaluate", "per_query", "paired_bootstrap", "METRICS"]
+__all__ = ["relevance_tensors", "evaluate", "per_query", "paired_bootstrap", "normalize_answer", "answer_hits",
+           "METRICS", "ANSWER_METRICS"]
 
 METRICS = {
     "nDCG": lambda g, r, k: ndcg_at_k(g, r, k),
@@ -17,6 +21,60 @@ METRICS = {
     "MRR": lambda g, r, k: mrr_at_k(g, k),
     "HitAll": lambda g, r, k: hit_all_at_k(g, r, k),
 }
+#: metrics over answer strings (they need ``passages`` and ``answers``), ``(contains (B, K), k)``
+ANSWER_METRICS = {"HitAns": hit_answer_at_k}
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans({c: " " for c in string.punctuation})
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style answer normalisation: lower case, punctuation and the articles a/an/the removed,
+    whitespace collapsed.
+
+    Example:
+        >>> normalize_answer("The  G. Stanley-Hall!")
+        'g stanley hall'
+    """
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def answer_hits(
+    run: Sequence[Sequence[str]],
+    passages: Union[Mapping[str, str], Callable[[str], str]],
+    answers: Sequence[Sequence[str]],
+) -> Tensor:
+    """``contains (B, K)`` bool: the passage at each rank contains the query's answer or an alias.
+
+    A passage contains an answer when the normalised answer (:func:`normalize_answer`) occurs in
+    the normalised passage as a whole-token sequence ("35" matches "35 stores", not "1935").
+    A query without answers never hits.
+
+    Args:
+        run: for each query, the retrieved ids best first.
+        passages: id -> passage text (title and text, as embedded), a mapping or a callable.
+        answers: for each query, its answer strings (answer and aliases).
+
+    Returns:
+        ``(B, K)`` bool, padded with False.
+
+    Example:
+        >>> answer_hits([["a", "b"]], {"a": "Born in 1935.", "b": "It has 35 stores."}, [["35"]]).tolist()
+        [[False, True]]
+    """
+    if len(run) != len(answers):
+        raise ValueError(f"run has {len(run)} queries but answers has {len(answers)}")
+    text = passages.__getitem__ if isinstance(passages, Mapping) else passages
+    k = max((len(r) for r in run), default=0)
+    out = torch.zeros(len(run), k, dtype=torch.bool)
+    for i, (ids, ans) in enumerate(zip(run, answers)):
+        norm = [f" {a} " for a in {normalize_answer(a) for a in ans} if a]
+        if not norm:
+            continue
+        for rank, doc in enumerate(ids):
+            body = f" {normalize_answer(text(doc))} "
+            out[i, rank] = any(a in body for a in norm)
+    return out
 
 
 def relevance_tensors(
@@ -55,22 +113,39 @@ def per_query(
     run: Sequence[Sequence[str]],
     qrels: Sequence[Mapping[str, float]],
     metrics: Iterable[str] = ("nDCG@10", "Recall@10"),
+    *,
+    passages: Optional[Union[Mapping[str, str], Callable[[str], str]]] = None,
+    answers: Optional[Sequence[Sequence[str]]] = None,
 ) -> dict[str, Tensor]:
     """Each metric per query: ``{name: (Q,) float64}`` (the inputs of a paired test).
+
+    ``HitAns@k`` (an answer string in the top k, :func:`answer_hits`) needs ``passages`` and
+    ``answers``; the other metrics read the qrels.
 
     Example:
         >>> per_query([["a", "b"], ["b"]], [{"b": 1}, {"b": 1}], ["MRR@2"])["MRR@2"].tolist()
         [0.5, 1.0]
+        >>> per_query([["a", "b"]], [{"b": 1}], ["HitAns@1", "HitAns@2"], passages={"a": "x", "b": "Paris"},
+        ...           answers=[["paris"]])
+        {'HitAns@1': tensor([0.], dtype=torch.float64), 'HitAns@2': tensor([1.], dtype=torch.float64)}
     """
     if not run:
         raise ValueError("run is empty: nothing to evaluate")
     gains, relevant = relevance_tensors(run, qrels)
+    contains = None
     out = {}
     for name in metrics:
         metric, _, k = name.partition("@")
-        if metric not in METRICS or not k.isdigit():
-            raise ValueError(f"unknown metric {name!r}; use one of {sorted(METRICS)} with @k")
-        out[name] = METRICS[metric](gains, relevant, int(k))
+        if (metric not in METRICS and metric not in ANSWER_METRICS) or not k.isdigit():
+            raise ValueError(f"unknown metric {name!r}; use one of {sorted(METRICS) + sorted(ANSWER_METRICS)} with @k")
+        if metric in ANSWER_METRICS:
+            if passages is None or answers is None:
+                raise ValueError(f"{name} needs passages and answers (the data set has no answer strings)")
+            if contains is None:
+                contains = answer_hits(run, passages, answers)
+            out[name] = ANSWER_METRICS[metric](contains, int(k))
+        else:
+            out[name] = METRICS[metric](gains, relevant, int(k))
     return out
 
 
@@ -78,14 +153,16 @@ def evaluate(
     run: Sequence[Sequence[str]],
     qrels: Sequence[Mapping[str, float]],
     metrics: Iterable[str] = ("nDCG@10", "Recall@10"),
+    **answer_inputs,
 ) -> dict[str, float]:
-    """Mean of each metric (``"nDCG@10"``, ``"Recall@5"``, ``"P@1"``, ``"MRR@10"``, ``"HitAll@5"``).
+    """Mean of each metric (``"nDCG@10"``, ``"Recall@5"``, ``"P@1"``, ``"MRR@10"``, ``"HitAll@5"``,
+    ``"HitAns@5"`` with ``passages=`` and ``answers=`` as in :func:`per_query`).
 
     Example:
         >>> evaluate([["a", "b"]], [{"b": 1}], ["nDCG@2", "MRR@2", "HitAll@1"])
         {'nDCG@2': 0.6309..., 'MRR@2': 0.5, 'HitAll@1': 0.0}
     """
-    return {name: float(v.mean()) for name, v in per_query(run, qrels, metrics).items()}
+    return {name: float(v.mean()) for name, v in per_query(run, qrels, metrics, **answer_inputs).items()}
 
 
 def paired_bootstrap(

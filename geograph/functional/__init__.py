@@ -6,7 +6,7 @@ from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.gain import gain_density, gain_transition
 from geograph.functional.graphs import knn_from_similarity, knn_graph
 from geograph.functional.maniscope import maniscope_scores
-from geograph.functional.metrics import hit_all_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
+from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
 from geograph.functional.similarity import cosine_similarity, normalize
 from geograph.functional.transport import SinkhornOutput, sinkhorn
@@ -35,4 +35,5 @@ __all__ = [
     "ndcg_at_k",
     "mrr_at_k",
     "hit_all_at_k",
+    "hit_answer_at_k",
 ]

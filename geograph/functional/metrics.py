@@ -11,6 +11,9 @@ An item counts as relevant when its gain is > 0, as in trec_eval. nDCG uses line
 and the ``log2(rank + 1)`` discount (trec_eval's ``ndcg_cut``, which BEIR reports). A query
 with no relevant item scores 0 on every metric. :func:`geograph.metrics.relevance_tensors`
 builds both tensors from a run and qrels.
+
+:func:`hit_answer_at_k` instead takes ``contains (B, K)`` bool: whether the passage at each
+rank contains an answer string (:func:`geograph.metrics.answer_hits` builds it from texts).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from torch import Tensor
 
 from geograph._checks import check_positive_int
 
-__all__ = ["recall_at_k", "precision_at_k", "ndcg_at_k", "mrr_at_k", "hit_all_at_k"]
+__all__ = ["recall_at_k", "precision_at_k", "ndcg_at_k", "mrr_at_k", "hit_all_at_k", "hit_answer_at_k"]
 
 
 def _check(gains: Tensor, relevant: Tensor | None, k: int) -> None:
@@ -67,6 +70,26 @@ def hit_all_at_k(gains: Tensor, relevant: Tensor, k: int) -> Tensor:
     _check(gains, relevant, k)
     n_rel = (relevant > 0).sum(-1)
     return ((_hits(gains, k).sum(-1) == n_rel) & (n_rel > 0)).to(torch.float64)
+
+
+def hit_answer_at_k(contains: Tensor, k: int) -> Tensor:
+    r"""HitAns@k: 1 when some passage among the top k contains an answer string, else 0, ``(B,)`` float64.
+
+    .. math:: \mathrm{HitAns@k} = \max_{r \le k} \mathbb{1}[\text{passage}_r \ni \text{answer}]
+
+    Args:
+        contains: ``(B, K)`` bool (or 0/1) per rank, best first; pad short runs with False.
+        k: cut-off.
+
+    Returns:
+        ``(B,)`` float64 in {0, 1}.
+
+    Example:
+        >>> hit_answer_at_k(torch.tensor([[False, False, True], [True, False, False]]), k=2)
+        tensor([0., 1.], dtype=torch.float64)
+    """
+    _check(contains, None, k)
+    return (contains[:, :k] != 0).any(-1).to(torch.float64)
 
 
 def mrr_at_k(gains: Tensor, k: int) -> Tensor:
