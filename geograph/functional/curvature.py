@@ -5,6 +5,7 @@ so that its outputs are the reference (see ``tests/test_curvature.py``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from geograph._checks import check_mask, check_tensor, check_unit_interval
 from geograph.functional.paths import shortest_paths
-from geograph.functional.transport import sinkhorn
+from geograph.functional.transport import _emd_numpy, _sinkhorn, transport_bounds
 
 __all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]
 
@@ -122,6 +123,7 @@ def ollivier_ricci(
     scaling_iter: Optional[int] = None,
     tol: Optional[float] = None,
     relaxation: float = 1.7,
+    cert_tol: Optional[float] = 1e-3,
 ) -> Tensor:
     r"""Ollivier-Ricci curvature of every edge, with the W1 of all edges in one batched solve.
 
@@ -176,9 +178,10 @@ def ollivier_ricci(
         >>> round(float(k[0, 0, 1]), 4)
         0.75
     """
-    kappa, _ = _ollivier_ricci(
+    kappa, _, _ = _ollivier_ricci(
         lengths, adj, mask, alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, max_iter=max_iter,
         reg_start=reg_start, scaling_iter=scaling_iter, tol=tol, relaxation=relaxation, state=None,
+        cert_tol=_check_cert_tol(cert_tol),
     )
     return kappa
 
@@ -187,11 +190,28 @@ def _check_options(alpha: float, solver: str, reg: float, max_iter: int) -> floa
     alpha = check_unit_interval(alpha, "alpha")
     if solver not in _SOLVERS:
         raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
-    if not reg > 0:
-        raise ValueError(f"reg must be positive, got {reg!r}")
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    if not (isinstance(reg, (int, float)) and math.isfinite(reg) and reg > 0):
+        raise ValueError(f"reg must be positive and finite, got {reg!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     return alpha
+
+
+def _check_cert_tol(cert_tol: Optional[float]) -> Optional[float]:
+    if cert_tol is None:
+        return None
+    if isinstance(cert_tol, bool) or not isinstance(cert_tol, (int, float)) or not (cert_tol >= 0 and math.isfinite(cert_tol)):
+        raise ValueError(f"cert_tol must be None or a finite number >= 0, got {cert_tol!r}")
+    return float(cert_tol)
+
+
+@dataclass(frozen=True)
+class _SolveInfo:
+    """Diagnostics of one curvature solve (all 0-dim tensors, no host read)."""
+
+    resolved: Tensor  # share of the edges solved exactly (1 for the exact solver)
+    bound: Tensor  # largest certified |kappa - exact kappa| over the edges (0 when exact)
+    work: Tensor  # Sinkhorn iterations x problems (0 for the exact solver)
 
 
 def _ollivier_ricci(
@@ -209,8 +229,10 @@ def _ollivier_ricci(
     tol: Optional[float],
     relaxation: float,
     state: Optional[CurvatureState],
+    cert_tol: Optional[float] = None,
     validated: bool = False,
-) -> tuple[Tensor, Optional[CurvatureState]]:
+    edges: Optional[Tensor] = None,
+) -> tuple[Tensor, Optional[CurvatureState], _SolveInfo]:
     alpha = _check_options(alpha, solver, reg, max_iter)
     if validated:
         w, node_mask = lengths, mask
@@ -218,27 +240,55 @@ def _ollivier_ricci(
     else:
         w, adj, node_mask = _validate(lengths, adj, mask)
     bsz, n, _ = w.shape
-    dist = shortest_paths(w, adj, node_mask)
-    measures = _measures(w, adj, node_mask, alpha, float(exp_power))
-    edges = state.edges if state is not None else torch.triu(adj, diagonal=1).nonzero()
-    kappa = torch.zeros_like(w)
-    if edges.shape[0] == 0:
-        return kappa, state
-    gb, gx, gy = edges.unbind(1)
-    d_xy = dist[gb, gx, gy]
-    close = d_xy < _DIST_EPS
-    prob = _kr_problems(measures[gb, gx] - measures[gb, gy], dist, gb, d_xy)
+    if edges is None:
+        edges = state.edges if state is not None else torch.triu(adj, diagonal=1).nonzero()
+    zero = torch.zeros((), dtype=w.dtype, device=w.device)
     if solver == "exact":
-        ratio, new_state = _exact_ratio(prob), None
+        k_e = _exact_kappa(w, adj, node_mask, edges, alpha, float(exp_power))
+        info = _SolveInfo(resolved=torch.ones((), dtype=w.dtype, device=w.device), bound=zero, work=torch.zeros((), dtype=torch.long, device=w.device))
+        new_state = None
     else:
-        ratio, new_state = _sinkhorn_ratio(
-            prob, edges, n, reg=reg, max_iter=max_iter, reg_start=reg_start, scaling_iter=scaling_iter,
-            tol=tol, relaxation=relaxation, state=state,
+        k_e, new_state, info = _sinkhorn_kappa(
+            w, adj, node_mask, edges, alpha=alpha, exp_power=float(exp_power), reg=reg, max_iter=max_iter,
+            reg_start=reg_start, scaling_iter=scaling_iter, tol=tol, relaxation=relaxation, state=state, cert_tol=cert_tol,
         )
-    k_e = 1.0 - ratio
-    k_e = torch.where(close, torch.zeros_like(k_e), k_e)
-    kappa = kappa.index_put((gb, gx, gy), k_e).index_put((gb, gy, gx), k_e)
-    return kappa, new_state
+    gb, gx, gy = edges.unbind(1)
+    kappa = torch.zeros_like(w).index_put((gb, gx, gy), k_e).index_put((gb, gy, gx), k_e)
+    return kappa, new_state, info
+
+
+def _exact_kappa(w: Tensor, adj: Tensor, node_mask: Tensor, edges: Tensor, alpha: float, exp_power: float,
+                 max_pivots: Optional[int] = None) -> Tensor:
+    """Curvature of every edge by the compiled kernels: APSP, measures, KR compaction, simplex.
+
+    One device-to-host transfer of ``w``, ``adj``, ``mask`` and ``edges`` (the kernels run on
+    the CPU in float64) and one back; nothing per edge in Python. Problems the simplex left
+    stuck at its pivot cap (never seen in practice) are re-solved by POT.
+    """
+    from geograph.functional._emd_numba import apsp_and_measures, curvature_edges, num_chunks
+    from geograph.functional.transport import _MAX_PIVOTS
+
+    w_np = np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy())
+    adj_np = np.ascontiguousarray(adj.detach().cpu().numpy())
+    mask_np = np.ascontiguousarray(node_mask.detach().cpu().numpy())
+    e_np = np.ascontiguousarray(edges.detach().cpu().numpy().astype(np.int64))
+    dist, meas = apsp_and_measures(w_np, adj_np, mask_np, float(alpha), float(exp_power))
+    k_np, status = curvature_edges(dist, meas, e_np, _MAX_PIVOTS if max_pivots is None else max_pivots, num_chunks())
+    for e in np.flatnonzero(status):
+        k_np[e] = _pot_kappa(dist, meas, e_np[e])
+    return torch.from_numpy(k_np).to(device=w.device, dtype=w.dtype)
+
+
+def _pot_kappa(dist: np.ndarray, meas: np.ndarray, edge: np.ndarray) -> float:
+    """One edge's curvature by POT on the full supports (the fallback of :func:`_exact_kappa`)."""
+    from geograph.functional.transport import _pot_emd
+
+    g, x, y = (int(v) for v in edge)
+    d_xy = dist[g, x, y]
+    if d_xy < _DIST_EPS:
+        return 0.0
+    cost = np.where(np.isfinite(dist[g]), dist[g], 0.0)
+    return 1.0 - _pot_emd(meas[g, x], meas[g, y], cost) / d_xy
 
 
 @dataclass
@@ -246,7 +296,8 @@ class _Problems:
     """Every edge's W1 as a normalised transport between the parts of ``m_x - m_y``.
 
     Rows are the smaller side (``flip``: rows are the negative part); valid rows and columns
-    come first (``n_rows``, ``n_cols`` of them); ``cost`` is ``d / d(x, y)``, 0 on padding.
+    come first; ``cost`` is ``d / d(x, y)``, 0 on padding. Padded sizes are the a-priori
+    bounds ``n // 2`` rows and ``n - 1`` columns (no host read).
     """
 
     a: Tensor  # (E, R)
@@ -259,8 +310,6 @@ class _Problems:
     c_ok: Tensor
     flip: Tensor
     has_mass: Tensor
-    n_rows: Tensor
-    n_cols: Tensor
 
 
 def _compact(side: Tensor, size: int) -> tuple[Tensor, Tensor]:
@@ -271,6 +320,7 @@ def _compact(side: Tensor, size: int) -> tuple[Tensor, Tensor]:
 
 def _kr_problems(diff: Tensor, dist: Tensor, gb: Tensor, d_xy: Tensor) -> _Problems:
     dtype = diff.dtype
+    n = diff.shape[1]
     zero = torch.zeros((), dtype=dtype, device=diff.device)
     thr = 8 * torch.finfo(dtype).eps
     pos, neg = diff > thr, diff < -thr
@@ -278,9 +328,9 @@ def _kr_problems(diff: Tensor, dist: Tensor, gb: Tensor, d_xy: Tensor) -> _Probl
     flip = n_pos > n_neg
     rows = torch.where(flip.unsqueeze(1), neg, pos)
     cols = torch.where(flip.unsqueeze(1), pos, neg)
-    n_rows, n_cols = torch.minimum(n_pos, n_neg), torch.maximum(n_pos, n_neg)
-    sizes = torch.stack([n_rows.max(), n_cols.max()]).tolist()  # one host read: the padded sizes
-    r_size, c_size = max(int(sizes[0]), 1), max(int(sizes[1]), 1)
+    # a priori sizes: the two supports are disjoint, so the smaller has at most n // 2 nodes
+    # and, when both are non-empty, the larger at most n - 1
+    r_size, c_size = max(n // 2, 1), max(n - 1, 1)
     r_idx, r_ok = _compact(rows, r_size)
     c_idx, c_ok = _compact(cols, c_size)
     signed = torch.where(flip.unsqueeze(1), -diff, diff)
@@ -294,52 +344,18 @@ def _kr_problems(diff: Tensor, dist: Tensor, gb: Tensor, d_xy: Tensor) -> _Probl
     cost = torch.where(r_ok.unsqueeze(2) & c_ok.unsqueeze(1) & torch.isfinite(cost), cost, zero)
     return _Problems(
         a=a / mass_a.clamp_min(tiny), b=b / mass_b.clamp_min(tiny), cost=cost, t=0.5 * (mass_a + mass_b).squeeze(1),
-        r_idx=r_idx, c_idx=c_idx, r_ok=r_ok, c_ok=c_ok, flip=flip, has_mass=has_mass, n_rows=n_rows, n_cols=n_cols,
+        r_idx=r_idx, c_idx=c_idx, r_ok=r_ok, c_ok=c_ok, flip=flip, has_mass=has_mass,
     )
 
 
-def _emd_solver():
-    """POT's network simplex: the C entry point of ``ot.emd2`` (no per-call backend dispatch)."""
-    try:
-        from ot.lp.emd_wrap import emd_c  # POT >= 0.9
-
-        def solve(a, b, cost):
-            return emd_c(a, b, cost, 100000, 1)[1]
-
-    except ImportError:  # pragma: no cover - older or reorganised POT
-        import ot
-
-        def solve(a, b, cost):
-            return float(ot.emd2(a, b, cost))
-
-    return solve
-
-
-def _exact_ratio(prob: _Problems) -> Tensor:
-    """``W1 / d(x, y)`` per edge by POT's exact network simplex (a Python loop over edges).
-
-    ``a`` and ``b`` were normalised over their full padded rows, so the valid slices already
-    carry mass 1 each (padding is 0). POT's C entry point holds the GIL: threads do not help.
-    """
-    solve = _emd_solver()
-    a = prob.a.detach().cpu().double().numpy()
-    b = prob.b.detach().cpu().double().numpy()
-    cost = prob.cost.detach().cpu().double().numpy()
-    rows = prob.n_rows.tolist()
-    cols = prob.n_cols.tolist()
-    ok = prob.has_mass.tolist()
-    out = [
-        solve(a[e, : rows[e]], b[e, : cols[e]], np.ascontiguousarray(cost[e, : rows[e], : cols[e]])) if ok[e] else 0.0
-        for e in range(a.shape[0])
-    ]
-    return prob.t * torch.tensor(out, dtype=prob.t.dtype, device=prob.t.device)
-
-
-def _sinkhorn_ratio(
-    prob: _Problems,
+def _sinkhorn_kappa(
+    w: Tensor,
+    adj: Tensor,
+    node_mask: Tensor,
     edges: Tensor,
-    n: int,
     *,
+    alpha: float,
+    exp_power: float,
     reg: float,
     max_iter: int,
     reg_start: Optional[float],
@@ -347,22 +363,58 @@ def _sinkhorn_ratio(
     tol: Optional[float],
     relaxation: float,
     state: Optional[CurvatureState],
-) -> tuple[Tensor, CurvatureState]:
-    """``W1 / d(x, y)`` per edge from one batched Sinkhorn call over the compacted supports."""
-    flip, r_idx, c_idx = prob.flip.unsqueeze(1), prob.r_idx, prob.c_idx
-    dtype, device = prob.a.dtype, prob.a.device
+    cert_tol: Optional[float],
+) -> tuple[Tensor, CurvatureState, _SolveInfo]:
+    """Curvature per edge from one batched Sinkhorn call over the KR-compacted supports.
+
+    Each edge's ``W1 / d(x, y) = t * OT`` is certified by :func:`transport_bounds`
+    (``lower <= OT <= upper``); the estimate is the midpoint, so ``|kappa - exact| <= t *
+    (upper - lower) / 2``. Edges whose bound exceeds ``cert_tol`` are re-solved exactly in one
+    call of the compiled solver (one device-to-host transfer of those problems; none when
+    ``cert_tol`` is None).
+    """
+    dtype, device = w.dtype, w.device
+    n = w.shape[1]
     zero = torch.zeros((), dtype=dtype, device=device)
+    dist = shortest_paths(w, adj, node_mask)
+    measures = _measures(w, adj, node_mask, alpha, exp_power)
+    gb, gx, gy = edges.unbind(1)
+    d_xy = dist[gb, gx, gy]
+    close = d_xy < _DIST_EPS
+    prob = _kr_problems(measures[gb, gx] - measures[gb, gy], dist, gb, d_xy)
+    flip, r_idx, c_idx = prob.flip.unsqueeze(1), prob.r_idx, prob.c_idx
     f_init = g_init = None
     if state is not None:
         f_init = torch.where(flip, state.neg, state.pos).gather(1, r_idx)
         g_init = torch.where(flip, state.pos, state.neg).gather(1, c_idx)
-    out = sinkhorn(
+    out = _sinkhorn(
         prob.cost, prob.a, prob.b, reg=reg, max_iter=max_iter, reg_start=1.0 if reg_start is None else reg_start,
-        scaling_iter=scaling_iter, tol=tol, f_init=f_init, g_init=g_init, relaxation=relaxation,
+        scaling_iter=scaling_iter, tol=tol, check_every=10, f_init=f_init, g_init=g_init, relaxation=relaxation,
     )
-    ratio = torch.where(prob.has_mass, prob.t * out.cost, zero)
+    c64 = prob.cost.double()
+    bd = transport_bounds(c64, prob.a.double(), prob.b.double(), out.f.double(), out.plan.double())
+    t64 = prob.t.double()
+    live = prob.has_mass & ~close
+    ratio = t64 * 0.5 * (bd.lower + bd.upper)
+    bound = torch.where(live, t64 * 0.5 * (bd.upper - bd.lower).clamp_min(0), torch.zeros_like(t64))
+    solved = torch.zeros_like(live)
+    if cert_tol is not None:
+        solved = live & (bound > cert_tol)
+        idx = solved.nonzero().squeeze(1)  # the one host sync of this solve: which edges to re-solve
+        if idx.numel():
+            exact = _emd_numpy(c64[idx].cpu().numpy(), prob.a[idx].double().cpu().numpy(), prob.b[idx].double().cpu().numpy())
+            ratio = ratio.index_put((idx,), t64[idx] * torch.from_numpy(exact).to(device))
+            bound = bound.index_put((idx,), torch.zeros((), dtype=torch.float64, device=device))
+    ratio = torch.where(live, ratio, torch.zeros_like(ratio))
+    k_e = torch.where(close, zero, (1.0 - ratio).to(dtype))
     # potentials back to node space, by side of m_x - m_y (indices within a row are distinct)
     e_count = edges.shape[0]
     f_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, r_idx, torch.where(prob.r_ok, out.f, zero))
     g_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, c_idx, torch.where(prob.c_ok, out.g, zero))
-    return ratio, CurvatureState(edges=edges, pos=torch.where(flip, g_node, f_node), neg=torch.where(flip, f_node, g_node))
+    new_state = CurvatureState(edges=edges, pos=torch.where(flip, g_node, f_node), neg=torch.where(flip, f_node, g_node))
+    info = _SolveInfo(
+        resolved=solved.to(dtype).mean() if e_count else zero,
+        bound=bound.amax().to(dtype) if e_count else zero,
+        work=torch.tensor(e_count * max_iter, dtype=torch.long, device=device),
+    )
+    return k_e, new_state, info

@@ -115,7 +115,7 @@ def ricci_flow(
     w, adj, node_mask = _validate(lengths, adj, mask)
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
     opts = dict(alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, tol=None, relaxation=relaxation, validated=True)
-    kappa, state = _ollivier_ricci(w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None, state=None, **opts)
+    kappa, state, info = _ollivier_ricci(w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None, state=None, **opts)
     n_edges = torch.triu(adj, 1).sum((1, 2)).to(w.dtype)  # (B,)
     has_edges = n_edges > 0
     active = has_edges.clone()
@@ -126,7 +126,7 @@ def ricci_flow(
         w_new = torch.where(adj, w - step * kappa * w, zero)
         total = torch.triu(w_new, 1).sum((1, 2))
         w_new = w_new * (n_edges / total.clamp_min(torch.finfo(w.dtype).tiny)).view(-1, 1, 1)
-        k_new, state = _ollivier_ricci(
+        k_new, state, info = _ollivier_ricci(
             w_new, adj, node_mask, max_iter=warm_iter, reg_start=reg, scaling_iter=0, state=state, **opts
         )
         live = active.view(-1, 1, 1)
