@@ -15,10 +15,10 @@ def edge_set(g):
     return {tuple(e) for e in g.edge_index.T.tolist()}
 
 
-def test_knn_matches_bruteforce_and_chunking():
+def test_knn_matches_bruteforce_and_chunking(device):
     rng = np.random.default_rng(0)
     emb = unit(rng, 57, 12)
-    g = CorpusGraph.from_knn(emb, 4, chunk_size=10)
+    g = CorpusGraph.from_knn(emb.to(device), 4, chunk_size=10).cpu()
     sim = emb @ emb.T
     sim.fill_diagonal_(-np.inf)
     nn = sim.topk(4, dim=1).indices

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -35,3 +36,22 @@ def test_exception():
         DenseRetriever(torch.tensor([[float("nan"), 1.0]]))
     with pytest.raises(ValueError, match="empty"):
         DenseRetriever(torch.zeros(0, 3))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 1000])
+def test_ties_lowest_index_first_across_chunks(chunk_size, device, dtype):
+    """Exact ties (passages drawn from +-basis vectors, so every score is a query coordinate,
+    computed exactly): ids equal numpy's stable argsort of the negated scores, any chunking."""
+    g = torch.Generator().manual_seed(1)
+    basis = torch.cat([torch.eye(4), -torch.eye(4)]).to(dtype)
+    corpus = basis[torch.randint(8, (40,), generator=g)]  # each direction ~5 times
+    query = torch.tensor([[1.0, 1.0, 0.0, 0.0], [3.0, -4.0, 0.0, 1.0], [0.0, 0.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]],
+                         dtype=dtype)
+    model = DenseRetriever(corpus, chunk_size=chunk_size).to(device)
+    qn = query.numpy().astype(np.float64)
+    qn = qn / np.linalg.norm(qn, axis=1, keepdims=True)
+    cos = qn @ corpus.numpy().astype(np.float64).T
+    for k in (1, 5, 13, 40):
+        out = model(query.to(device), k)
+        ref = np.argsort(-cos, axis=1, kind="stable")[:, :k]
+        assert out.indices.cpu().numpy().tolist() == ref.tolist()

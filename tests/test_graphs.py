@@ -51,3 +51,8 @@ def test_exception():
         knn_graph(torch.rand(1, 3, 2), 0)
     with pytest.raises(ValueError, match="x must have 3 dimensions"):
         knn_graph(torch.rand(3, 2), 1)
+
+
+def test_no_nodes():
+    assert knn_graph(torch.zeros(2, 0, 3), 4).shape == (2, 0, 0)
+    assert knn_graph(torch.zeros(2, 0, 3), 1, torch.zeros(2, 0, dtype=torch.bool)).dtype == torch.bool

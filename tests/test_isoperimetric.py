@@ -30,7 +30,7 @@ def random_graph(rng, n):
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_matches_networkx_sets(seed):
+def test_matches_networkx_sets(seed, device):
     rng = np.random.default_rng(seed)
     g = random_graph(rng, int(rng.integers(5, 60)))
     n = g.number_of_nodes()
@@ -38,7 +38,7 @@ def test_matches_networkx_sets(seed):
     edges = np.array(list(g.edges), dtype=np.int64).reshape(-1, 2).T
     # duplicates, reversed copies and self loops must not change anything
     noisy = np.concatenate([edges, edges[::-1], np.array([[0, 1], [0, 1]])], 1) if edges.size else edges
-    ours = isoperimetric_ratio(torch.from_numpy(noisy), torch.from_numpy(vol), n, eps=1e-8)
+    ours = isoperimetric_ratio(torch.from_numpy(noisy).to(device), torch.from_numpy(vol).to(device), n, eps=1e-8).cpu()
     np.testing.assert_allclose(ours.numpy(), reference_phi(g, vol, 1e-8), rtol=1e-12, atol=0)
     assert (ours[-3:] == 0).all()  # isolated: empty shell
 

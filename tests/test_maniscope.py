@@ -130,3 +130,10 @@ def test_dynamo():
     model = Maniscope(early_stop=False)
     compiled = torch.compile(model, backend="eager", fullgraph=False)
     torch.testing.assert_close(compiled(q, docs).scores, model(q, docs).scores)
+
+
+def test_no_candidates():
+    """N = 0: empty (B, 0) results, no error."""
+    out = Maniscope()(torch.randn(3, 4), torch.zeros(3, 0, 4), torch.zeros(3, 0, dtype=torch.bool))
+    assert out.scores.shape == out.order.shape == out.keep.shape == out.geodesic.shape == (3, 0)
+    assert out.scores.dtype == torch.float32

@@ -29,7 +29,7 @@ def nx_reference(w, r, alpha):
 
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("directed", [False, True])
-def test_matches_networkx_with_padding(seed, directed):
+def test_matches_networkx_with_padding(seed, directed, device):
     """10 seeds x 2 kinds x 12 graphs = 240 random weighted graphs, padded batches."""
     rng = np.random.default_rng(seed)
     b, n = 12, 15
@@ -39,8 +39,8 @@ def test_matches_networkx_with_padding(seed, directed):
     alpha = [0.85, 0.5, 0.99][seed % 3]
     w_pad = w.copy()
     w_pad[~mask] = 7.0  # padding rows/columns hold garbage
-    ours = personalized_pagerank(torch.from_numpy(w_pad), torch.from_numpy(r), torch.from_numpy(mask),
-                                 alpha=alpha, max_iter=3000)
+    ours = personalized_pagerank(torch.from_numpy(w_pad).to(device), torch.from_numpy(r).to(device),
+                                 torch.from_numpy(mask).to(device), alpha=alpha, max_iter=3000).cpu()
     for i, s in enumerate(sizes):
         ref = nx_reference(w[i, :s, :s], r[i, :s], alpha)
         assert np.abs(ours[i, :s].numpy() - ref).max() <= 1e-6
