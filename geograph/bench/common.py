@@ -18,18 +18,26 @@ def sync(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize()
 
 
-def time_calls(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, device=None) -> dict[str, float]:
-    """Median and spread (min, max) of ``repeat`` timed calls of ``fn`` in seconds, after warm-up."""
+def time_calls(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, min_time: float | None = None,
+               device=None) -> dict[str, float]:
+    """Median and spread (min, max) of timed calls of ``fn`` in seconds, after ``warmup`` untimed calls.
+
+    ``repeat`` timed calls; with ``min_time``, it stops earlier, after at least 3 calls, once
+    the timed calls add up to ``min_time`` seconds (slow references: >= 1 s of work instead
+    of 5 repeats). The number of timed calls made is returned as ``repeat``.
+    """
     for _ in range(warmup):
         fn()
     sync(device)
-    times = []
-    for _ in range(repeat):
+    times: list[float] = []
+    while len(times) < repeat:
         t = time.perf_counter()
         fn()
         sync(device)
         times.append(time.perf_counter() - t)
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "repeat": repeat}
+        if min_time is not None and len(times) >= min(3, repeat) and sum(times) >= min_time:
+            break
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "repeat": len(times)}
 
 
 def write_json(name: str, payload: dict, out_dir: str | Path = "bench-results") -> Path:

@@ -1,0 +1,31 @@
+"""``geograph bench run``: the command line."""
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+from geograph.bench.run.config import DEFAULT_CONFIG, load_config
+from geograph.bench.run.protocol import run
+from geograph.bench.run.tables import print_table, write
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from geograph.bench import run as package
+
+    p = argparse.ArgumentParser(prog="geograph bench run", description=package.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="bench YAML (default: configs/bench/default.yaml)")
+    p.add_argument("--data", nargs="*", default=[], help="more BEIR-format folders with qrels")
+    p.add_argument("--out", help="output folder (default: the config's out)")
+    p.add_argument("--cache", help="embedding cache directory")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config)
+    cfg["datasets"] += [{"path": d, "primary": cfg["metrics"][0]} for d in args.data]
+    if args.out:
+        cfg["out"] = args.out
+    results = run(cfg, progress=not args.no_progress, cache=args.cache)
+    print_table(results)
+    paths = write(results, cfg["out"])
+    print("wrote " + ", ".join(str(v) for v in paths.values()))
+    return 0
