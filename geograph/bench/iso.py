@@ -7,19 +7,19 @@ and tau are tuned by Recall@5 on a split that is not reported (MuSiQue: the firs
 the queries, reporting the second; SciFact: train, reporting test). Reported: Recall@5,
 Recall@10, HitAll@5, the share of edges pruned, and ms/query of ``ISORetriever`` at B = 1 and
 B = ``--batch`` next to a per-query ``networkx.pagerank`` on the same local subgraphs (ratio in
-the same run, with the PageRank parity).
+the same run, with the PageRank parity); every timing warmed up and repeated (median; the
+spread in the JSON).
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import time
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from geograph.bench.common import DEFAULT_DATA, tuning_split, write_json
+from geograph.bench.common import DEFAULT_DATA, time_calls, tuning_split, write_json
 from geograph.corpus import CorpusGraph
 from geograph.data import Encoder
 from geograph.demo import format_table
@@ -74,30 +74,30 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
     import networkx as nx
 
     q = query[:batch]
-    model(q, 5)  # warm-up
-    t = time.perf_counter()
-    model(q, 5)
-    t_batch = (time.perf_counter() - t) / q.shape[0]
-    t = time.perf_counter()
-    for i in range(min(single, q.shape[0])):
-        model(q[i : i + 1], 5)
-    t_one = (time.perf_counter() - t) / min(single, q.shape[0])
+    n1 = min(single, q.shape[0])
+    rep = dict(repeat=5, min_time=1.0)  # warmed up, then 5 repeats (or >= 3 and >= 1 s of work)
+    t_b = time_calls(lambda: model(q, 5), **rep)
+    t_1 = time_calls(lambda: [model(q[i : i + 1], 5) for i in range(n1)], **rep)
     sub = model.local(q)
     w = sub.adj.to(sub.dense.dtype)  # the dtype ISORetriever itself runs in
     r = sub.personalization
-    t = time.perf_counter()
     pi = personalized_pagerank(w, r, sub.mask, alpha=model.alpha, max_iter=model.max_iter)
-    t_ppr = (time.perf_counter() - t) / q.shape[0]
-    t = time.perf_counter()
+    t_p = time_calls(lambda: personalized_pagerank(w, r, sub.mask, alpha=model.alpha, max_iter=model.max_iter), **rep)
     ref = []
-    for b in range(q.shape[0]):
-        n = int(sub.mask[b].sum())
-        g = nx.DiGraph()
-        g.add_nodes_from(range(n))
-        g.add_edges_from(sub.adj[b, :n, :n].nonzero().tolist())
-        pers = {i: float(r[b, i]) for i in range(n)}
-        ref.append((g, pers, nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers)))
-    t_nx = (time.perf_counter() - t) / q.shape[0]
+
+    def networkx_pass():
+        ref.clear()
+        for b in range(q.shape[0]):
+            n = int(sub.mask[b].sum())
+            g = nx.DiGraph()
+            g.add_nodes_from(range(n))
+            g.add_edges_from(sub.adj[b, :n, :n].nonzero().tolist())
+            pers = {i: float(r[b, i]) for i in range(n)}
+            ref.append((g, pers, nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers)))
+
+    t_n = time_calls(networkx_pass, **rep)
+    t_one, t_batch = t_1["median"] / n1, t_b["median"] / q.shape[0]
+    t_ppr, t_nx = t_p["median"] / q.shape[0], t_n["median"] / q.shape[0]
     # parity against a tightly converged networkx (its default tol=1e-6 allows n * 1e-6 in L1)
     ref = [nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers, tol=1e-12, max_iter=10000)
            for g, pers, _ in ref]
@@ -105,7 +105,8 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
     err = max(float(np.abs(pi[b, : len(x)].numpy() - x).max()) for b, x in enumerate(ref))
     return {"iso_B1_ms": t_one * 1e3, f"iso_B{q.shape[0]}_ms": t_batch * 1e3, "ppr_batched_ms": t_ppr * 1e3,
             "networkx_pagerank_ms": t_nx * 1e3, "ppr_speedup": t_nx / t_ppr, "ppr_max_abs_diff_vs_networkx": err,
-            "local_nodes_mean": float(sub.mask.sum(1).double().mean())}
+            "local_nodes_mean": float(sub.mask.sum(1).double().mean()),
+            "timings_s": {"B1": t_1, f"B{q.shape[0]}": t_b, "ppr_batched": t_p, "networkx_pagerank": t_n}}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

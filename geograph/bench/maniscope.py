@@ -61,9 +61,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model(q_b[i : i + 1], docs_b[i : i + 1])
 
     print(f"timing on {b} queries x {docs_b.shape[1]} candidates ...", flush=True)
-    t_ref = time_calls(reference, repeat=max(1, args.repeat // 2))
-    t_one = time_calls(single, repeat=max(1, args.repeat // 2), device=dev)
-    t_bat = time_calls(batched, repeat=args.repeat, device=dev)
+    # each warmed up, then --repeat times (or >= 3 times once 1 s of work is done)
+    t_ref = time_calls(reference, repeat=args.repeat, min_time=1.0)
+    t_one = time_calls(single, repeat=args.repeat, min_time=1.0, device=dev)
+    t_bat = time_calls(batched, repeat=args.repeat, min_time=1.0, device=dev)
     ms = {name: t["median"] / b * 1e3 for name, t in (("reference", t_ref), ("B=1", t_one), (f"B={b}", t_bat))}
 
     # parity on every query of the split, float64
