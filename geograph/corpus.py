@@ -64,7 +64,7 @@ class CorpusGraph(nn.Module):
     # -- properties ---------------------------------------------------------------------
     @property
     def num_nodes(self) -> int:
-        return int(self.embeddings.shape[0])
+        return int(self.rowptr.shape[0]) - 1  # (a shape: no read of the embeddings in a traced forward)
 
     @property
     def num_edges(self) -> int:
@@ -78,7 +78,7 @@ class CorpusGraph(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embeddings.device
+        return self.rowptr.device
 
     def degree(self) -> Tensor:
         """``(V,)`` long node degrees."""

@@ -94,7 +94,7 @@ def test_graphs_keep_index_dtypes_and_state_dict():
     assert set(g.state_dict()) == {"embeddings", "edge_index", "rowptr"}
     t = G3Graph.build(corpus(), max_degree=5).to(torch.float64)
     assert t.transition.dtype == torch.float64 and t.crow.dtype == torch.long and t.col.dtype == torch.long
-    assert set(t.state_dict()) >= {"embeddings", "density", "crow", "col", "values"}
+    assert set(t.state_dict()) >= {"embeddings", "density", "crow", "col", "val"}
 
 
 def test_state_dict_round_trip_carries_the_graph():
@@ -179,9 +179,9 @@ def test_half_precision(half):
         torch.testing.assert_close(out.scores.float(), ref.scores, atol=atol, rtol=0)
     # G3: a graph built from half embeddings (in float32 inside) equals the float32 graph up to rounding
     g16, g32 = G3Graph.build(x.to(half), max_degree=8), G3Graph.build(x, max_degree=8)
-    assert g16.values.dtype == half and g16.density.dtype == half
+    assert g16.val.dtype == half and g16.density.dtype == half
     assert torch.equal(g16.crow, g32.crow)
-    torch.testing.assert_close(g16.values.float(), g32.values, atol=atol, rtol=0)
+    torch.testing.assert_close(g16.val.float(), g32.val, atol=atol, rtol=0)
     out16 = G3Retriever(g16)(q.to(half), 5)
     out32 = G3Retriever(g32)(q, 5)
     assert out16.scores.dtype == half

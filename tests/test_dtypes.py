@@ -69,8 +69,8 @@ def test_iso(device):
 def test_g3(device):
     x, q = data(4)
     graphs = {dt: G3Graph.build(x.to(dt), max_degree=12) for dt in (torch.float64, torch.float32)}
-    assert graphs[torch.float64].values.dtype == torch.float64 and graphs[torch.float64].density.dtype == torch.float64
-    assert graphs[torch.float32].values.dtype == torch.float32
+    assert graphs[torch.float64].val.dtype == torch.float64 and graphs[torch.float64].density.dtype == torch.float64
+    assert graphs[torch.float32].val.dtype == torch.float32
     torch.testing.assert_close(graphs[torch.float32].transition.to_dense().double(),
                                graphs[torch.float64].transition.to_dense(), atol=ATOL32, rtol=0)
     a = G3Retriever(graphs[torch.float64]).to(device)(q.to(device), 5)

@@ -27,7 +27,7 @@ class G3Graph(nn.Module):
     """Passage embeddings and G3RAG's sparse transition matrix ``T`` (see :func:`~geograph.functional.gain_transition`).
 
     Embeddings are L2-normalised when the graph is built (stored as given). A
-    :class:`torch.nn.Module`: ``T`` is held as three CSR buffers (``crow``, ``col``, ``values``)
+    :class:`torch.nn.Module`: ``T`` is held as three CSR buffers (``crow``, ``col``, ``val``)
     next to ``embeddings`` and ``density``, so ``.to(device)``, ``.to(dtype)`` (floating
     buffers only; the index buffers stay long) and ``state_dict()`` carry the whole graph;
     :attr:`transition` rebuilds the sparse view from them on each access.
@@ -51,7 +51,7 @@ class G3Graph(nn.Module):
     density: Tensor
     crow: Tensor
     col: Tensor
-    values: Tensor
+    val: Tensor
 
     def __init__(self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float,
                  max_degree: Optional[int]) -> None:
@@ -68,9 +68,10 @@ class G3Graph(nn.Module):
                                  "move one of them with .to() first")
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("density", density)
-        self.register_buffer("crow", transition.crow_indices().long())
-        self.register_buffer("col", transition.col_indices().long())
-        self.register_buffer("values", transition.values())
+        # copies, not views into the sparse tensor (dynamo cannot trace a view of a sparse base)
+        self.register_buffer("crow", transition.crow_indices().to(torch.long, copy=True))
+        self.register_buffer("col", transition.col_indices().to(torch.long, copy=True))
+        self.register_buffer("val", transition.values().clone())
         self.band = check_band(band)
         self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
@@ -103,16 +104,16 @@ class G3Graph(nn.Module):
 
     @property
     def transition(self) -> Tensor:
-        """``T`` as a sparse CSR ``(N, N)`` tensor, a view of the ``crow``/``col``/``values`` buffers."""
-        return csr(self.crow, self.col, self.values, self.num_nodes)
+        """``T`` as a sparse CSR ``(N, N)`` tensor, a view of the ``crow``/``col``/``val`` buffers."""
+        return csr(self.crow, self.col, self.val, self.num_nodes)
 
     @property
     def num_nodes(self) -> int:
-        return int(self.embeddings.shape[0])
+        return int(self.crow.shape[0]) - 1  # (a shape: no read of the embeddings in a traced forward)
 
     @property
     def device(self) -> torch.device:
-        return self.embeddings.device
+        return self.crow.device
 
     def degree(self) -> Tensor:
         """Out-degree of every passage in ``T``."""
@@ -122,10 +123,10 @@ class G3Graph(nn.Module):
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         torch.save({"embeddings": self.embeddings.cpu(), "density": self.density.cpu(),
-                    "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.values.cpu()},
+                    "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.val.cpu()},
                    path / "g3graph.pt")
         meta = {"format": _FORMAT, "band": self.band, "beta": self.beta, "max_degree": self.max_degree,
-                "num_nodes": self.num_nodes, "nnz": int(self.values.numel())}
+                "num_nodes": self.num_nodes, "nnz": int(self.val.numel())}
         (path / "g3graph.json").write_text(json.dumps(meta, indent=2))
         return path
 
@@ -144,7 +145,7 @@ class G3Graph(nn.Module):
         return cls(blob["embeddings"], t, blob["density"], band=band, beta=meta["beta"], max_degree=meta["max_degree"])
 
     def extra_repr(self) -> str:
-        return (f"nodes={self.num_nodes}, nnz={int(self.values.numel())}, band={self.band}, "
+        return (f"nodes={self.num_nodes}, nnz={int(self.val.numel())}, band={self.band}, "
                 f"beta={self.beta}, max_degree={self.max_degree}")
 
 
@@ -175,8 +176,9 @@ class G3Retriever(nn.Module):
 
     Device and dtype: the graph is a submodule (``.to()`` moves it); a query on another device
     raises a ``ValueError`` naming both; the query is scored in the corpus's dtype and the
-    returned scores have the query's floating dtype. Under ``torch.compile`` it runs with the
-    same output (tested).
+    returned scores have the query's floating dtype. ``torch.compile(model, fullgraph=True)``
+    gives the same output (tested; a custom ``seed_scorer`` may add graph breaks);
+    ``torch.export`` does not work yet (its unflattening fails on the graph submodule's buffers).
 
     Args:
         graph_or_embeddings: a :class:`G3Graph`, or ``(N, D)`` embeddings to build one from with
@@ -226,8 +228,8 @@ class G3Retriever(nn.Module):
             raise ValueError(f"k ({k}) must be at least seeds ({self.seeds}): the seeds come first")
         if k > n:
             raise ValueError(f"k ({k}) exceeds the corpus size {n}")
-        if query.shape[1] != self.graph.embeddings.shape[1]:
-            raise ValueError(f"query must have shape (B, D={self.graph.embeddings.shape[1]}), got {tuple(query.shape)}")
+        if query.shape[1] != self.dense.embeddings.shape[1]:
+            raise ValueError(f"query must have shape (B, D={self.dense.embeddings.shape[1]}), got {tuple(query.shape)}")
         b = query.shape[0]
         # one (B, N) cosine matrix serves the candidates and the top-up
         cos_all = normalize(query.to(self.dense.embeddings.dtype)) @ self.dense.embeddings.T
@@ -272,16 +274,17 @@ class G3Retriever(nn.Module):
         """``y = p T`` for ``p`` uniform on ``seeds (B, s)``: a gather of the seeds' CSR rows, ``(B, N)``."""
         g = self.graph
         b, s = seeds.shape
-        y = torch.zeros(b, g.num_nodes, dtype=g.values.dtype, device=seeds.device)
         width = g.row_width
         if width == 0:
-            return y
+            return torch.zeros(b, g.num_nodes, dtype=self.dense.embeddings.dtype, device=seeds.device)
         start = g.crow[seeds]
         deg = g.crow[seeds + 1] - start
         offs = torch.arange(width, device=seeds.device)
         ok = offs < deg.unsqueeze(-1)
         at = torch.where(ok, start.unsqueeze(-1) + offs, torch.zeros_like(offs))
-        val = torch.where(ok, g.values[at] * (1.0 / s), torch.zeros((), dtype=y.dtype, device=y.device))
+        val = g.val[at]
+        val = torch.where(ok, val * (1.0 / s), torch.zeros_like(val))
+        y = torch.zeros(b, g.num_nodes, dtype=val.dtype, device=val.device)
         return y.scatter_add_(1, g.col[at].flatten(1), val.flatten(1))
 
     def extra_repr(self) -> str:

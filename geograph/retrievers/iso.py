@@ -72,7 +72,9 @@ class ISORetriever(nn.Module):
     ``ValueError`` naming both. Dense scores are computed in the corpus's dtype; the returned
     scores have the query's floating dtype.
 
-    Compilation: runs under ``torch.compile`` with graph breaks and the same output (tested).
+    Compilation: ``torch.compile(model, fullgraph=True)`` gives the same output (tested): no
+    graph break, no data-dependent shape. ``torch.export`` does not work yet (its unflattening
+    fails on the graph submodule's buffers).
 
     Args:
         graph: the :class:`~geograph.CorpusGraph` (its embeddings are the dense index).
@@ -204,8 +206,8 @@ class ISORetriever(nn.Module):
         check_tensor(query, "query", 2, finite=False)
         check_finite_where(query, None, "query")
         g = self.graph
-        if query.shape[1] != g.embeddings.shape[1]:
-            raise ValueError(f"query must have shape (B, D={g.embeddings.shape[1]}), got {tuple(query.shape)}")
+        if query.shape[1] != self.dense.embeddings.shape[1]:
+            raise ValueError(f"query must have shape (B, D={self.dense.embeddings.shape[1]}), got {tuple(query.shape)}")
         v = g.num_nodes
         top = self.dense(query, min(max(self.L, self.m), v))
         seeds = top.indices[:, : self.m]
