@@ -91,7 +91,11 @@ class G3Graph(nn.Module):
         passages), so an unbounded T is ``O(N^2)``. A row with more band edges than that
         loses its weakest ones and is renormalised over the rest (see
         :func:`~geograph.functional.gain_transition`); ``max_degree=None`` is the authors'
-        full T (parity, small corpora; it warns above 10,000 passages).
+        full T (parity, small corpora; it warns above 10,000 passages). Measured with MiniLM
+        embeddings, band (0.1, 0.7), 10 candidates, 2 cosine seeds, Recall@5: MuSiQue queries
+        50-99 (1,890 passages, full-T mean degree 324): 0.523 (128) vs 0.537 (None) at beta 0.4,
+        0.507 vs 0.537 at beta 0.7; SciFact test (300 queries, 5,183 passages, full-T mean
+        degree 2,930): 0.680 for both (64 gives 0.517 / 0.510 and 0.680).
 
         ``block`` rows per similarity block; default ``2^26 // N`` (about 256 MB per block in
         float32, whatever N). float16 / bfloat16 embeddings are built in float32 and stored
