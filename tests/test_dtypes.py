@@ -171,3 +171,19 @@ def test_nonfinite_hyperparameters_rejected(bad):
         G3Retriever(x, candidates=bad)
     with pytest.raises(ValueError, match="^eps must"):
         isoperimetric_ratio(torch.tensor([[0], [1]]), torch.ones(2), 2, eps=bad)
+
+
+# -- one tie rule: equal weights at G3's max_degree cut keep the lowest column, like numpy's stable sort
+
+def test_g3_degree_cut_ties_keep_the_lowest_index():
+    from geograph.bench.reference import g3_dense_reference
+
+    # +-1 / 0 entries with norm 1 or 2: every cosine (0, +-0.5, 1), density and weight is computed
+    # exactly, so duplicated passages tie exactly; every passage appears ~9 times
+    h = 0.5
+    base = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1],
+                     [h, h, h, h], [h, h, -h, -h], [h, -h, h, -h]], dtype=np.float64)
+    x = base[np.random.default_rng(8).integers(0, 7, 60)]
+    ref, _ = g3_dense_reference(x, (0.1, 0.7), 0.4, 4)
+    ours = gain_transition(torch.from_numpy(x), band=(0.1, 0.7), beta=0.4, max_degree=4, block=7)
+    np.testing.assert_allclose(ours.to_dense().numpy(), ref, atol=1e-12, rtol=0)

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph.functional.similarity import normalize
+from geograph.outputs import topk_stable
 
 __all__ = ["gain_density", "gain_transition", "check_band", "csr"]
 
@@ -121,8 +122,8 @@ def gain_transition(
     transition matrix cannot hold). ``max_degree=k`` keeps each row's ``k`` largest weights
     before normalising: memory ``O(N k)`` instead of the band's (up to ``O(N^2)``), and a row
     with more than ``k`` band edges then differs from the full ``T`` (its weakest edges are
-    dropped and the rest renormalised; ties at the cut broken by ``torch.topk``). A row with
-    no edge stays all zero (a dangling passage). Built in row blocks of ``block`` passages:
+    dropped and the rest renormalised; at a tie on the cut the lower column index is kept).
+    A row with no edge stays all zero (a dangling passage). Built in row blocks of ``block`` passages:
     peak memory about three ``block x N`` blocks plus the kept edges. ``max_degree=None``
     warns above ``FULL_T_WARN_NODES`` (10,000) passages: real embeddings put over half of all
     pairs in the default band. float16 / bfloat16 embeddings are built in float32 and ``T``
@@ -178,7 +179,7 @@ def gain_transition(
         w.mul_(root).mul_(penalty)
         del root, ok
         if max_degree is not None and max_degree < n:
-            val, col = w.topk(max_degree, dim=1)
+            val, col = topk_stable(w, max_degree)  # ties at the cut: the lower column index is kept
             keep = val > 0
             row = (r + start).unsqueeze(1).expand_as(col)
             rows_out.append(row[keep])
