@@ -4,7 +4,7 @@
 :class:`train.module.PoincareModule` for the losses and :class:`train.data.GraphDataModule` for
 the triplets. Needs the ``train`` extra (lightning, jsonargparse).
 """
-from train.data import GraphDataModule, TripletDataset
+from train.data import GraphDataModule, TripletDataset, TripletSampler, build_graph, triplet_loader
 from train.module import ExportProjection, PoincareModule, radial_target
 
-__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "ExportProjection", "radial_target"]
+__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "TripletSampler", "triplet_loader", "build_graph", "ExportProjection", "radial_target"]

@@ -50,8 +50,11 @@ class PoincareModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.projection = PoincareProjection(in_dim, out_dim, hidden=hidden, c=c)
-        self.register_buffer("embeddings", torch.empty(0, in_dim), persistent=False)
-        self.register_buffer("degree", torch.empty(0, dtype=torch.long), persistent=False)
+        # The corpus is data, not state: plain attributes (not buffers), so that DDP does not
+        # broadcast a (V, D) tensor on every step and checkpoints hold only f_theta.
+        self.embeddings = torch.empty(0, in_dim)
+        self.degree = torch.empty(0, dtype=torch.long)
+        self.max_degree = 0
 
     def attach(self, graph) -> None:
         """Take the node embeddings and degrees of ``graph`` (done by :meth:`setup` from the data module)."""
@@ -67,7 +70,8 @@ class PoincareModule(L.LightningModule):
     def losses(self, triplets: Tensor) -> dict[str, Tensor]:
         if self.embeddings.numel() == 0:
             raise RuntimeError("no graph attached: call attach(graph) or train through GraphDataModule")
-        u, v, w = triplets.long().unbind(1)
+        if self.embeddings.device != triplets.device:  # once, after the trainer moved the model
+            self.embeddings, self.degree = self.embeddings.to(triplets.device), self.degree.to(triplets.device)
         nodes, inverse = torch.unique(triplets.long().reshape(-1), return_inverse=True)
         z = self.projection(self.embeddings[nodes])
         zu, zv, zw = (z[inverse.view(-1, 3)[:, i]] for i in range(3))
@@ -87,23 +91,40 @@ class PoincareModule(L.LightningModule):
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         out = self.losses(batch)
-        self.log_dict({f"val/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0])
+        self.log_dict({f"val/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0],
+                      sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
 
 class ExportProjection(L.Callback):
-    """At the end of ``fit``, write the best checkpoint's f_theta to ``path`` (``PoincareProjection.save``).
+    """At the end of ``fit``, write the best checkpoint's f_theta (``PoincareProjection.save``).
 
-    The file loads with ``geograph.PoincareProjection.load(path)`` into ``ISORetriever``.
-    Without a checkpoint callback (or before any checkpoint) the final weights are written.
+    The file goes to ``path``, by default ``projection.pt`` in the run's own log directory
+    (``trainer.log_dir``, e.g. ``runs/iso_poincare/lightning_logs/version_3``), and never
+    replaces an existing file: when the name is taken, ``projection-1.pt``, ``projection-2.pt``
+    ... is used instead. The path is printed and kept in :attr:`exported`. It loads with
+    ``geograph.PoincareProjection.load(path)`` into ``ISORetriever``. Without a checkpoint
+    callback (or before any checkpoint) the final weights are written.
     """
 
-    def __init__(self, path: str = "projection.pt") -> None:
+    def __init__(self, path: Optional[str] = None) -> None:
         self.path = path
+        self.exported: Optional[Path] = None
+
+    @staticmethod
+    def free_name(path: Path) -> Path:
+        """``path``, or the first of ``<stem>-1<suffix>``, ``<stem>-2<suffix>`` ... that does not exist."""
+        n = 0
+        candidate = path
+        while candidate.exists():
+            n += 1
+            candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+        return candidate
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: PoincareModule) -> None:
+        log_dir = trainer.log_dir  # a collective under DDP: every process asks
         if not trainer.is_global_zero:
             return
         state = None
@@ -113,4 +134,8 @@ class ExportProjection(L.Callback):
             blob = torch.load(ckpt, map_location="cpu", weights_only=False)
             state = {k[len("projection."):]: val for k, val in blob["state_dict"].items() if k.startswith("projection.")}
         projection.load_state_dict(state if state is not None else pl_module.projection.state_dict())
-        projection.save(self.path)
+        path = self.free_name(Path(self.path) if self.path else Path(log_dir or trainer.default_root_dir) / "projection.pt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        projection.save(path)
+        self.exported = path
+        print(f"f_theta exported to {path} (geograph.PoincareProjection.load)", flush=True)
