@@ -12,13 +12,11 @@ HERE = Path(__file__).parent
 
 SETUP = """import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt         # figures show inline under Jupyter
 import torch
 from geograph.data import Encoder, load_demo
 
-data = load_demo()                      # 36 passages, 12 queries, shipped with the package
+data = load_demo()                      # 111 passages, 42 queries (12 single-topic, 30 two-hop), shipped
 enc = Encoder()                         # all-MiniLM-L6-v2, offline, cached on disk
 corpus = enc.encode(data.passages())
 query = enc.encode(data.queries)
@@ -40,15 +38,26 @@ man = Maniscope(k=5, alpha=0.3)(query, docs)
 runs["Maniscope"] = dense.indices.gather(1, man.order)
 rf = RicciFiltration()(query, docs)
 runs["Ricci-Filtration (kept, by cosine)"] = dense.indices.gather(1, rf.order)
-iso = ISORetriever(CorpusGraph.from_knn(corpus, 5), m=3, L=10, max_nodes=30)
-runs["ISO-RAG (k-NN graph)"] = iso(query, k=10).indices
+graph = CorpusGraph.from_mentions(corpus, data.titles, data.texts)   # passage -> passage whose title it mentions
+runs["ISO-RAG (mention graph)"] = ISORetriever(graph)(query, k=10).indices
 runs["G3RAG"] = G3Retriever(corpus)(query, k=5).indices
 scores = {"Ricci-Filtration (kept, by cosine)": rf.scores.gather(1, rf.order)}
 table = {name: evaluate(run_ids(data, idx, scores.get(name)), data.qrels_list(), ["nDCG@10", "Recall@5"])
          for name, idx in runs.items()}
 for name, row in table.items():
     print(f"{name:<38}" + "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
-print("Ricci-Filtration keeps", rf.keep.sum(1).tolist(), "of 20 candidates per query")"""),
+print("Ricci-Filtration keeps", rf.keep.sum(1).tolist(), "of 20 candidates per query")
+
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.barh(list(table), [row["nDCG@10"] for row in table.values()])
+ax.set_xlabel("nDCG@10 on the demo corpus"); ax.invert_yaxis()
+plt.show()"""),
+        new_markdown_cell("Returned values are corpus *indices*: `data.doc_ids[i]` is the passage id and "
+                          "`data.texts[i]` its text (`data.titles[i]` its title)."),
+        new_code_cell("""qi = data.query_ids.index("m01")             # a two-hop bridge question
+print(data.queries[qi])
+for i in runs["ISO-RAG (mention graph)"][qi, :5].tolist():
+    print(f"  {data.doc_ids[i]:>8}  {data.titles[i]}: {data.texts[i][:80]}")"""),
     ],
     "ricci_filtration.ipynb": [
         new_markdown_cell("# Ricci-Filtration: flowed query-edge lengths\n\nThe Ricci flow stretches the query "
@@ -63,7 +72,7 @@ ax.scatter(cos[out.keep], out.query_edge_length[out.keep], s=10, label="kept")
 ax.scatter(cos[~out.keep], out.query_edge_length[~out.keep], s=10, label="dropped")
 ax.axhline(1.0, color="k", lw=0.5)
 ax.set_xlabel("cosine to the query"); ax.set_ylabel("flowed query-edge length"); ax.legend()
-fig.savefig("ricci_lengths.png", dpi=80)
+plt.show()
 print("kept per query:", out.keep.sum(1).tolist())
 print("curvature range of query edges:", float(out.query_edge_curvature.min()), float(out.query_edge_curvature.max()))"""),
     ],
@@ -81,7 +90,7 @@ fig, ax = plt.subplots(figsize=(5, 3.5))
 ax.scatter(deg, untrained.phi, s=12, label="identity signal")
 ax.scatter(deg, projected.phi, s=12, label="random f_theta")
 ax.set_xlabel("degree"); ax.set_ylabel("phi"); ax.legend()
-fig.savefig("iso_phi.png", dpi=80)
+plt.show()
 print(graph, "pruned share:", round(untrained.pruned_share, 3), round(projected.pruned_share, 3))
 print(untrained(query[:3], k=5).indices)"""),
     ],
@@ -96,7 +105,7 @@ finite = torch.isfinite(out.geodesic)
 fig, ax = plt.subplots(figsize=(5, 3.5))
 ax.scatter(dense.scores[finite], out.geodesic[finite], s=10)
 ax.set_xlabel("cosine to the query"); ax.set_ylabel("geodesic distance from the anchor")
-fig.savefig("maniscope_geodesic.png", dpi=80)
+plt.show()
 print("unreachable candidates:", int((~finite).sum()))"""),
     ],
     "g3rag.ipynb": [
@@ -108,7 +117,7 @@ graph = G3Graph.build(corpus, band=(0.1, 0.7), beta=0.4)
 fig, ax = plt.subplots(figsize=(5, 3.5))
 ax.scatter(graph.density, graph.degree(), s=12)
 ax.set_xlabel("normalised density rho"); ax.set_ylabel("out-degree in the band")
-fig.savefig("g3_density.png", dpi=80)
+plt.show()
 out = G3Retriever(graph)(query, k=5)
 print(graph)
 for q, row in zip(data.queries[:3], out.indices.tolist()):
