@@ -1,9 +1,10 @@
 """torch.compile (inductor, the CPU backend) and torch.export of the public modules vs eager.
 
 Compiling is slow on a 2-core CPU (inductor: 10-60 s per module), so shapes are tiny and
-each module compiles once. Maniscope and DenseRetriever compile with ``fullgraph=True``
-(no graph break, hence no host synchronisation in the forward) and export; the others run
-compiled with graph breaks where their docstrings say why.
+each module compiles once. Maniscope, DenseRetriever, ISORetriever and G3Retriever compile
+with ``fullgraph=True`` (no graph break, hence no host synchronisation in the forward);
+Maniscope and DenseRetriever also export; RicciFiltration runs compiled with graph breaks
+where its docstring says why.
 """
 import pytest
 import torch
