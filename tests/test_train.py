@@ -281,3 +281,24 @@ def test_ddp_two_processes_train_export_and_load(tmp_path, demo_cache):
     graph = CorpusGraph.load(next((demo_cache / "graphs").iterdir()))
     iso = ISORetriever(graph, projection=proj)
     assert torch.isfinite(iso(graph.embeddings[:2], 5).scores).all()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--data.corpus=null", "--data.knn=null", "--data.graph_dir=graphs/nowhere"],
+     "data.graph_dir: graphs/nowhere is not a saved CorpusGraph"),
+    (["--data.corpus=nowhere"], "data.corpus: nowhere: no such folder"),
+    (["--data.split=dev"], "data.split:"),
+    (["--data.knn=500"], "data.knn: knn must be an integer in [1, 111)"),
+    (["--data.knn=null"], "give exactly one graph recipe"),
+    (["--data.graph_dir=g"], "give either data.graph_dir"),
+])
+def test_cli_data_mistakes_are_one_line(tmp_path, monkeypatch, capsys, args, text):
+    monkeypatch.chdir(tmp_path)
+    from geograph.data import Encoder
+
+    monkeypatch.setattr(Encoder, "encode", lambda self, texts: pytest.fail("embedded before validating"))
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["fit", "--config", CONFIG, *args])
+    assert exc.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and text in err[0], err

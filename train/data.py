@@ -203,11 +203,13 @@ def build_graph(corpus: str, *, knn: Optional[int] = None, mentions: bool = Fals
     from geograph.data import Encoder, cache_dir, load_beir
 
     if (knn is None) == (not mentions):
-        raise ValueError("give exactly one graph recipe: knn=K or mentions=True")
+        raise ValueError("give exactly one graph recipe: knn=K or mentions=true")
     dataset = load_beir(_resolve_corpus(corpus), split)
     n = len(dataset.doc_ids)
     if knn is not None and not (isinstance(knn, int) and 1 <= knn < n):
-        raise ValueError(f"knn must be an integer in [1, {n}) for {n} passages, got {knn!r}")
+        err = ValueError(f"knn must be an integer in [1, {n}) for {n} passages, got {knn!r}")
+        err.argument = "knn"
+        raise err
     encoder = Encoder(cache=cache)
     recipe = f"knn{knn}" if knn is not None else "mentions"
     digest = hashlib.sha256("\0".join([encoder.model_name, recipe, *dataset.passages()]).encode()).hexdigest()[:16]
@@ -231,6 +233,10 @@ def build_graph(corpus: str, *, knn: Optional[int] = None, mentions: bool = Fals
     if verbose:
         print(f"{graph} built from {dataset.name} and cached in {path}", flush=True)
     return graph
+
+
+class DataConfigError(ValueError):
+    """A data module setting that cannot work (missing folder, wrong recipe): one line for the CLI."""
 
 
 class GraphDataModule(L.LightningDataModule):
@@ -266,13 +272,23 @@ class GraphDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         if (graph_dir is None) == (corpus is None):
-            raise ValueError("give either graph_dir (a saved CorpusGraph) or corpus (a BEIR folder) with knn or mentions")
+            raise DataConfigError("give either data.graph_dir (a saved CorpusGraph) or data.corpus (a BEIR folder) "
+                                  "with data.knn or data.mentions")
         if graph_dir is not None:
             if knn is not None or mentions:
-                raise ValueError("knn and mentions are recipes for corpus; graph_dir is already built")
-            self.graph = CorpusGraph.load(graph_dir)
+                raise DataConfigError("data.knn and data.mentions are recipes for data.corpus; data.graph_dir is "
+                                      "already built (set them to null)")
+            try:
+                self.graph = CorpusGraph.load(graph_dir)
+            except (ValueError, OSError) as e:
+                raise DataConfigError(f"data.graph_dir: {e}") from None
         else:
-            self.graph = build_graph(corpus, knn=knn, mentions=mentions, split=split, cache=cache)
+            try:
+                self.graph = build_graph(corpus, knn=knn, mentions=mentions, split=split, cache=cache)
+            except (ValueError, OSError) as e:
+                arg = getattr(e, "argument", None)
+                name = {"split": "data.split", "path": "data.corpus", "knn": "data.knn"}.get(arg, "data")
+                raise DataConfigError(f"{name}: {e}") from None
         self.dim = int(self.graph.embeddings.shape[1])
 
     def setup(self, stage: Optional[str] = None) -> None:
