@@ -11,7 +11,7 @@ commands:
   demo         every method side by side on the shipped corpus (or --data DIR), then a quality table
   bench        benchmarks against the slow references: geograph bench {run,gpu,maniscope,ricci,iso,g3} [options]
   build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG
-  serve        HTTP rerank/retrieve server on LitServe: geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR
+  serve        HTTP rerank/retrieve server on LitServe: geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR [--config serve.yaml]
 
 run 'geograph <command> --help' for the options of a command."""
 

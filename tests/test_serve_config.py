@@ -143,3 +143,64 @@ def test_retrieve_schema_rejects(limits, body, method, fragment):
         RetrieveRequest(**body)
     assert fragment in str(e.value)
     assert RetrieveRequest(query="x", k=2).k == 2
+
+
+def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_path):
+    """The worker's result handling: one ``.cpu()`` per batch and no host read of a tensor in the
+    server's code (the modules' own input checks are not counted), answers equal per-request calls."""
+    from geograph import Maniscope
+    from geograph.data import Encoder, load_demo
+    from geograph.retrievers import DenseRetriever
+    from geograph.serve.api import RerankAPI, RetrieveAPI
+    from geograph.serve.config import load_config
+    from geograph.serve.models import k_bounds
+
+    cfg = load_config(["--method", "maniscope", "--corpus", DEMO, "--param", "early_stop=false"])
+    data = load_demo()
+    emb = Encoder(progress=False).encode(data.passages())
+    set_limits(method="maniscope", dim=emb.shape[1], num_docs=len(emb), default_candidates=20, max_k=1000,
+               ids=frozenset(data.doc_ids), max_candidates=1000)
+    try:
+        g = torch.Generator().manual_seed(0)
+        qs = torch.nn.functional.normalize(emb[:6] + 0.3 * torch.randn(6, emb.shape[1], generator=g), dim=1)
+        rer = [RerankRequest(query_embedding=q.tolist(), candidate_ids=[data.doc_ids[j] for j in range(i, 3 * i + 4)])
+               for i, q in enumerate(qs)]
+        ret = [RetrieveRequest(query_embedding=q.tolist(), k=1 + i, candidates=2 + 3 * i) for i, q in enumerate(qs)]
+        apis = {"rerank": RerankAPI(cfg.model_dump()), "retrieve": RetrieveAPI(cfg.model_dump())}
+        for api in apis.values():
+            api.setup("cpu")
+        counts = {"cpu": 0, "host": 0}
+        real_cpu = torch.Tensor.cpu
+
+        def cpu(self, *a, **k):
+            counts["cpu"] += 1
+            return real_cpu(self, *a, **k)
+
+        def host(name):
+            real = getattr(torch.Tensor, name)
+
+            def f(self, *a, **k):
+                if "geograph/serve/" in sys._getframe(1).f_code.co_filename.replace(os.sep, "/"):
+                    counts["host"] += 1  # the server's own code (the modules' input checks are theirs)
+                return real(self, *a, **k)
+            return f
+
+        monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+            monkeypatch.setattr(torch.Tensor, name, host(name))
+        got_rer = apis["rerank"].predict(rer)
+        got_ret = apis["retrieve"].predict(ret)
+        assert counts == {"cpu": 2, "host": 0}, counts
+        monkeypatch.undo()
+        model = Maniscope(early_stop=False)
+        for i, (req, got) in enumerate(zip(rer, got_rer)):
+            out = model(qs[i : i + 1], emb[list(range(i, 3 * i + 4))][None])
+            assert got["order"] == out.order[0].tolist() and got["batch_size"] == 6
+            np.testing.assert_allclose(got["scores"], out.scores[0][out.order[0]].tolist(), atol=1e-6)
+        for i, (req, got) in enumerate(zip(ret, got_ret)):
+            top = DenseRetriever(emb)(qs[i : i + 1], req.candidates).indices[0]
+            out = model(qs[i : i + 1], emb[top][None])
+            assert got["ids"] == [data.doc_ids[j] for j in top[out.order[0]].tolist()][: req.k]
+        assert k_bounds("maniscope", model, len(emb)) == (1, None, "")
+    finally:
+        set_limits()

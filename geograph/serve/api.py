@@ -51,6 +51,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.encoder = TextEncoder(s["encoder"], query_prefix=s["query_prefix"], passage_prefix=s["passage_prefix"],
                                    cache=s["cache"], memory=s["text_cache_size"])
         self.corpus = self.encoder.corpus(self.dataset.passages()).to(self.device)
+        self.encoder.warm()  # the worker reports ready only once it can encode a request text
         self.model = build_model(self.method, self.corpus, s["params"], graph=s["graph"], projection=s["projection"])
         self.dense = DenseRetriever(self.corpus) if self.method in RERANKERS else None
         self.ids = list(self.dataset.doc_ids)
@@ -91,7 +92,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         if self.method not in RERANKERS:
             k = max(r.k for r in reqs)
             out = self.model(q, k)
-            packed = torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu()  # one transfer
+            packed = torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu().numpy()  # one transfer
             return [{"ids": [self.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
                      "scores": packed[1, i, : r.k].tolist(), "dropped": [], "batch_size": b}
                     for i, r in enumerate(reqs)]
@@ -145,7 +146,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         counts = torch.tensor(sizes, device=self.device)
         rows = torch.repeat_interleave(torch.arange(b, device=self.device), counts)
         starts = torch.cumsum(counts, 0) - counts
-        cols_ = torch.arange(int(counts.sum()), device=self.device) - starts[rows]
+        cols_ = torch.arange(sum(sizes), device=self.device) - starts[rows]
         docs = torch.zeros(b, n, q.shape[1], dtype=q.dtype, device=self.device)
         docs[rows, cols_] = torch.cat(blocks)
         mask = torch.arange(n, device=self.device) < counts.unsqueeze(1)

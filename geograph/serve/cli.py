@@ -1,10 +1,15 @@
 """The ``geograph serve`` command: parse the configuration, serve, exit with a status.
 
+After a clean stop the command leaves with ``os._exit``: every process it started is gone by
+then, and the interpreter's native teardown (torch and tokenizer thread pools) otherwise adds
+about six seconds before a process manager sees the exit.
+
 Configuration and startup errors print one line (``geograph serve: <key>: <problem>``) to
 stderr and exit with status 2 (configuration) or 1 (startup), without a traceback.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -24,7 +29,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"geograph serve: {e}", file=sys.stderr)
         return 2
     try:
-        return run(cfg)
+        code = run(cfg)
     except StartupError as e:
         print(f"geograph serve: {e}", file=sys.stderr)
         return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -57,6 +57,10 @@ class TextEncoder:
         """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache."""
         return self.corpus_encoder.encode([self.passage_prefix + p for p in passages])
 
+    def warm(self) -> None:
+        """Load the model and run one forward, so the first request does not pay for it."""
+        self._shared().model.encode(["warm up"], batch_size=1)
+
     def _shared(self):
         if self.request_encoder._model is None:  # one model in memory for both
             self.request_encoder._model = self.corpus_encoder.model

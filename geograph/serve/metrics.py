@@ -101,11 +101,12 @@ class RequestMetricsMiddleware:
 
     It wraps LitServe's own middlewares (added last, it runs first), so 413s of the payload
     limit are counted too. ``apis`` are the server's LitAPIs: their logger queue is set by
-    LitServe before the API servers start.
+    LitServe before the API servers start. ``stopping`` is a shared flag the main process sets
+    on SIGTERM/SIGINT: a request that fails while the server stops gets 503, not 500.
     """
 
-    def __init__(self, app, apis) -> None:
-        self.app, self.apis = app, list(apis)
+    def __init__(self, app, apis, stopping=None) -> None:
+        self.app, self.apis, self.stopping = app, list(apis), stopping
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -115,6 +116,8 @@ class RequestMetricsMiddleware:
 
         async def send_(message):
             if message["type"] == "http.response.start":
+                if message["status"] == 500 and self.stopping is not None and self.stopping.value:
+                    message = {**message, "status": 503}
                 status[0] = message["status"]
             await send(message)
 

@@ -11,6 +11,7 @@ manager process outlives the command.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -19,6 +20,9 @@ from typing import Optional
 
 from geograph.serve.config import ServeConfig
 from geograph.serve.models import RERANKERS, build_model, k_bounds
+
+
+log = logging.getLogger("geograph.serve")
 
 
 class StartupError(RuntimeError):
@@ -66,7 +70,8 @@ def build_server(cfg: ServeConfig):
     server = ls.LitServer(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=cfg.workers_per_device,
                           timeout=cfg.timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
                           loggers=[PrometheusLogger()],
-                          middlewares=[JSONOnlyMiddleware, (RequestMetricsMiddleware, {"apis": apis})])
+                          middlewares=[JSONOnlyMiddleware,
+                                       (RequestMetricsMiddleware, {"apis": apis, "stopping": _stopping_flag()})])
     server.app.add_exception_handler(RequestValidationError, _validation_error)
     add_metrics_route(server.app)
     server.uvicorn_graceful_timeout = cfg.shutdown_timeout
@@ -82,8 +87,56 @@ def _validation_error(request, exc):
     return JSONResponse(status_code=422, content={"detail": errors})
 
 
+_STATE: dict = {}
+
+
+def _stopping_flag():
+    """A flag shared with the API servers (forked later): set when the server starts to stop."""
+    import multiprocessing as mp
+
+    if "stopping" not in _STATE:
+        _STATE["stopping"] = mp.get_context("fork").Value("b", 0, lock=False)
+    return _STATE["stopping"]
+
+
 def _interrupt(signum, frame):
+    """SIGTERM/SIGINT in the main process: drain the API servers, then LitServe's shutdown."""
+    if "stopping" in _STATE:
+        _STATE["stopping"].value = 1
+    if not _STATE.get("draining") and "port" in _STATE:
+        _STATE["draining"] = True
+        manager = getattr(getattr(_STATE.get("server"), "transport_config", None), "manager", None)
+        process = getattr(manager, "_process", None)
+        drain_api_servers(_STATE["port"], _STATE["timeout"], exclude={getattr(process, "pid", None)})
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def drain_api_servers(port: int, timeout: float, exclude=frozenset()) -> None:
+    """SIGTERM the API server processes (the children listening on ``port``) and wait for them.
+
+    ``exclude``: pids to leave alone (LitServe's queue manager inherits the listening socket).
+
+    uvicorn then stops accepting connections and lets in-flight requests finish (for at most
+    ``timeout`` seconds) while the inference workers are still up to answer them; LitServe's
+    own shutdown, which runs next, closes the queues first.
+    """
+    import psutil
+
+    servers = []
+    for p in psutil.Process().children():
+        if p.pid in exclude:
+            continue
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in p.net_connections("tcp")):
+                servers.append(p)
+        except psutil.Error:
+            pass
+    for p in servers:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(servers, timeout=timeout + 1)
 
 
 def _default_signals() -> None:  # in forked API servers: uvicorn installs its own handlers
@@ -95,11 +148,18 @@ def stop_children(timeout: float) -> list[int]:
     """SIGTERM every live descendant of this process, SIGKILL what remains after ``timeout`` s; their pids."""
     import psutil
 
+    from multiprocessing import resource_tracker
+
     me = psutil.Process()
     try:
         procs = me.children(recursive=True)
     except psutil.Error:
         return []
+    # multiprocessing's resource tracker ignores SIGTERM by design and exits by itself when this
+    # process does (its pipe closes); signalling it would only cost the timeout
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    procs = [p for p in procs if p.pid != tracker]
+    log.info("stopping %d remaining processes: %s", len(procs), [p.pid for p in procs])
     for p in procs:
         try:
             p.terminate()
@@ -112,6 +172,7 @@ def stop_children(timeout: float) -> list[int]:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=timeout)
+    log.info("stopped; %d needed SIGKILL", len(alive))
     return [p.pid for p in procs]
 
 
@@ -125,8 +186,11 @@ def run(cfg: ServeConfig) -> int:
     main_pid = os.getpid()
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     os.register_at_fork(after_in_child=_default_signals)
+    _STATE.pop("draining", None)
+    _STATE.pop("port", None)
     try:
         server = build_server(cfg)
+        _STATE.update(port=cfg.port, timeout=cfg.shutdown_timeout, server=server)
         server.run(host=cfg.host, port=cfg.port, num_api_servers=cfg.api_servers, generate_client_file=False,
                    log_level=cfg.log_level, pretty_logs=False)
     except KeyboardInterrupt:
