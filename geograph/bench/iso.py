@@ -41,13 +41,13 @@ def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0):
     import lightning as L
 
     from train import PoincareModule
-    from train.data import TripletDataset, hard_negatives
+    from train.data import TripletDataset, hard_negatives, triplet_loader
 
     torch.manual_seed(seed)
     model = PoincareModule(in_dim=int(graph.embeddings.shape[1]), out_dim=32, hidden=256, lr=3e-3)
     model.attach(graph)
     data = TripletDataset(graph, hard=hard_negatives(graph, 8), seed=seed)
-    loader = torch.utils.data.DataLoader(data, batch_size=1024, shuffle=True)
+    loader = triplet_loader(data, batch_size=1024, seed=seed)  # new negatives every epoch
     trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, train_dataloaders=loader)
