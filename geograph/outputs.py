@@ -66,9 +66,11 @@ def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` largest entries along the last dimension; equal scores: lowest index first.
 
     The tie rule of every geograph ranking (``numpy.argsort(-x, kind="stable")[:k]``), which
-    :func:`torch.topk` does not promise. Cost: two ``topk`` passes and a cumulative sum over
-    the last dimension, no full sort and no host synchronisation. ``-inf`` entries are
-    ordinary values (they tie with each other). No NaN (callers validate).
+    :func:`torch.topk` does not promise. One ``topk``, then the entries equal to the ``k``-th
+    value are re-chosen as the lowest-index ones (a second ``topk``, of minus the position over
+    the tied entries) and the ``k`` winners are ordered by (value, index): about three passes
+    over the scores, no full sort, no host synchronisation. ``-inf`` entries are ordinary
+    values (they tie with each other). No NaN (callers validate).
 
     Args:
         scores: ``(..., N)`` floating.
@@ -81,18 +83,23 @@ def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
         >>> topk_stable(torch.tensor([[0.5, 0.9, 0.5, 0.9, 0.1]]), 3)
         (tensor([[0.9000, 0.9000, 0.5000]]), tensor([[1, 3, 0]]))
     """
-    n = scores.shape[-1]
     if k == 0:
         return scores[..., :0], torch.zeros(scores.shape[:-1] + (0,), dtype=torch.long, device=scores.device)
-    thr = scores.topk(k, dim=-1).values[..., -1:]
-    above = scores > thr
-    tied = scores == thr
-    take = above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
-    pos = torch.arange(n, device=scores.device).expand(scores.shape)
-    idx = pos.masked_fill(~take, n).topk(k, dim=-1, largest=False).values  # ascending positions
-    vals = scores.gather(-1, idx)
+    vals, idx = scores.topk(k, dim=-1)  # sorted: the entries above the k-th value come first
+    thr = vals[..., -1:]
+    above = (vals > thr).sum(-1, keepdim=True)
+    n = scores.shape[-1]
+    # the k lowest positions holding the k-th value: a topk of -position over the tied entries
+    # (positions are exact in float32 below 2^24)
+    key_dtype = torch.float32 if n <= 1 << 24 else torch.float64
+    neg_pos = torch.arange(0, -n, -1, dtype=key_dtype, device=scores.device)
+    first_tied = torch.where(scores == thr, neg_pos, float("-inf")).topk(k, dim=-1).values.neg().long()
+    slot = torch.arange(k, device=scores.device)
+    chosen = torch.where(slot < above, idx, first_tied.gather(-1, (slot - above).clamp_min(0)))
+    chosen = torch.sort(chosen, dim=-1).values  # by index, then stably by value
+    vals = scores.gather(-1, chosen)
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
-    return vals.gather(-1, order), idx.gather(-1, order)
+    return vals.gather(-1, order), chosen.gather(-1, order)
 
 
 def topk_by_key(scores: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
