@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import sys
 from typing import Optional, Sequence
 
@@ -44,6 +46,43 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|ref):`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+
+
+def plain_text(text: str) -> str:
+    """Help text without reStructuredText markup: roles, literals, emphasis and directives.
+
+    Example:
+        >>> plain_text("``geograph bench``: see :func:`~geograph.bench.common.tuning_split` and **this**.")
+        'geograph bench: see tuning_split and this.'
+    """
+    def role(m: re.Match) -> str:
+        target = m.group(1).strip()
+        return target.rsplit(".", 1)[-1] if m.group(0).find("`~") >= 0 else target
+
+    text = _ROLE.sub(role, text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"(?<![\w`])`([^`\n]+)`_?(?![\w`])", r"\1", text)
+    text = re.sub(r"\*\*([^*\n]+)\*\*", r"\1", text)
+    text = re.sub(r"^(\s*)\.\. \w+::\s*", r"\1", text, flags=re.M)
+    return text
+
+
+@contextlib.contextmanager
+def _plain_help():
+    """While a subcommand parses its arguments, print its help (from its module docstring) as plain text."""
+    original = argparse.ArgumentParser.format_help
+
+    def format_help(self) -> str:
+        return plain_text(original(self))
+
+    argparse.ArgumentParser.format_help = format_help
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.format_help = original
+
+
 def bench_usage() -> str:
     from geograph.bench.__main__ import BENCHES
 
@@ -73,7 +112,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         from geograph.bench.__main__ import main as bench_main
 
-        return bench_main(rest)
+        with _plain_help():  # the benchmarks' help comes from their module docstrings
+            return bench_main(rest)
     if command == "build-graph":
         from geograph.build_graph import main as build_main
 

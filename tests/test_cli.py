@@ -1,3 +1,4 @@
+import argparse
 import json
 import re
 from pathlib import Path
@@ -39,6 +40,21 @@ def test_help_is_plain_text(command, capsys):
     assert "--data" in out
     for markup in ("``", ":class:", ":func:", ":meth:", ".. "):
         assert markup not in out, markup
+
+
+def test_bench_help_texts_are_plain_text(capsys):
+    from geograph.bench.__main__ import BENCHES
+
+    for name in BENCHES:
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", name, "--help"])
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: geograph bench " + name), out[:200]
+        for markup in ("``", ":class:", ":func:", ":meth:", "**", ".. math::"):
+            assert markup not in out, (name, markup)
+    assert argparse.ArgumentParser.format_help.__name__ == "format_help"
+    assert argparse.ArgumentParser.format_help.__module__ == "argparse"  # restored afterwards
 
 
 def _beir(root: Path, passages, queries=(("q1", "a question"),), qrels=(("q1", "d0"),)) -> str:
