@@ -104,3 +104,76 @@ def test_live_graphriccicurvature_flow_parity():
         curv, lengths = ricci_reference(edges_of(adj[b]), 21, iterations=20)
         assert max(abs(float(out.lengths[b, u, v]) - w) for (u, v), w in lengths.items()) <= 1e-6
         assert max(abs(float(out.curvature[b, u, v]) - k) for (u, v), k in curv.items()) <= 1e-6
+
+
+class _HostReads:
+    """Counts host reads (item, tolist, bool/int/float of a tensor) while active."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.NAMES:
+            orig = getattr(torch.Tensor, name)
+
+            def counted(t, *args, _orig=orig, **kw):
+                self.count += 1
+                return _orig(t, *args, **kw)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+def test_sinkhorn_flow_has_no_host_read_per_step_or_iteration(monkeypatch):
+    adj = real_adjacency(3)
+    ones = torch.ones(adj.shape)
+    counts = {}
+    for steps, warm in [(1, 5), (4, 5), (4, 40)]:
+        reads = _HostReads(monkeypatch)
+        ricci_flow(adj, ones, solver="sinkhorn", iterations=steps, max_iter=20, warm_iter=warm, cert_tol=None,
+                   early_exit=False)
+        counts[(steps, warm)] = reads.count
+        monkeypatch.undo()
+    assert len(set(counts.values())) == 1, counts  # independent of flow steps and Sinkhorn iterations
+
+
+def test_flow_dtype_follows_input_and_step_is_validated():
+    ds, adj = fixture_batch()
+    for solver in ("exact", "sinkhorn"):
+        for dtype in (torch.float32, torch.float64):
+            out = ricci_flow(adj[:1], torch.ones(1, 21, 21, dtype=dtype), solver=solver, iterations=2, max_iter=50, warm_iter=20)
+            assert out.lengths.dtype == dtype and out.curvature.dtype == dtype
+    for step in (0.0, -0.5, 1.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="step"):
+            ricci_flow(adj, step=step)
+    with pytest.raises(ValueError, match="cert_tol"):
+        ricci_flow(adj, cert_tol=float("nan"))
+    with pytest.raises(ValueError, match="delta"):
+        ricci_flow(adj, delta=float("nan"))
+
+
+def test_compiled_flow_equals_the_torch_loop():
+    """The one-call numba flow vs the torch loop over steps with per-step compiled curvature."""
+    from geograph.functional.flow import _torch_flow
+    from geograph.functional.curvature import _validate
+
+    rng = np.random.default_rng(5)
+    adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])
+    w, adj_v, mask = _validate(torch.ones(adj.shape, dtype=torch.float64), adj, None)
+    fast = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="exact")
+    loop = _torch_flow(w, adj_v, mask, iterations=20, step=1.0, delta=1e-4, alpha=0.5, exp_power=2.0, solver="exact",
+                       reg=0.01, max_iter=10, warm_iter=10, relaxation=1.0, cert_tol=None, early_exit=True, check_every=1)
+    torch.testing.assert_close(fast.lengths, loop.lengths, atol=1e-10, rtol=0)  # summation order differs
+    torch.testing.assert_close(fast.curvature, loop.curvature, atol=1e-10, rtol=0)
+    assert torch.equal(fast.iterations, loop.iterations)
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_certified_sinkhorn_curvature_within_its_bound(steps):
+    """The curvature returned at the last step is within the reported bound of the exact one."""
+    adj = real_adjacency(6)
+    out = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="sinkhorn", iterations=steps,
+                     early_exit=False)
+    exact = ollivier_ricci(out.lengths, adj, solver="exact")
+    err = (exact - out.curvature)[adj].abs().max()
+    assert err <= float(out.bound.max()) + 1e-9 and float(out.bound.max()) <= 1e-3 + 1e-12
+    assert out.resolved.shape == (steps + 1,) and (out.work > 0).all()

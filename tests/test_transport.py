@@ -86,3 +86,107 @@ def test_exception():
         sinkhorn(c, -torch.rand(2, 3), torch.rand(2, 4), reg=0.1)
     with pytest.raises(ValueError, match="cost .* NaN"):
         sinkhorn(torch.full((1, 2, 2), float("nan")), torch.rand(1, 2), torch.rand(1, 2), reg=0.1)
+
+
+# ---- exact solver (compiled transportation simplex) vs POT -----------------------------
+
+from geograph.functional.transport import _emd_numpy, emd, transport_bounds  # noqa: E402
+
+
+def exact_problems(seed, count=200, n=10, m=20):
+    """Ties (integer costs), zero-mass rows/cols, single rows/cols, duplicated rows, padding."""
+    rng = np.random.default_rng(seed)
+    c = rng.integers(0, 4, (count, n, m)).astype(np.float64)
+    c[count // 2 :] = rng.random((count - count // 2, n, m))
+    c[::7, 1] = c[::7, 0]  # duplicated rows: degenerate
+    a, b = rng.random((count, n)), rng.random((count, m))
+    a[rng.random(a.shape) < 0.3] = 0
+    b[rng.random(b.shape) < 0.3] = 0
+    a[::5, 1:] = 0  # single row
+    b[::6, 1:] = 0  # single column
+    a[:, 0] += 1e-3
+    b[:, 0] += 1e-3
+    a[::11] = np.round(a[::11], 1) + 0.1  # equal masses: degenerate bases
+    return c, a / a.sum(1, keepdims=True), b / b.sum(1, keepdims=True)
+
+
+def pot_emd(c, a, b):
+    sa, sb = a > 0, b > 0
+    return float(ot.emd2(a[sa], b[sb], np.ascontiguousarray(c[np.ix_(sa, sb)]), numItermax=10**7))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_emd_matches_pot(seed):
+    c, a, b = exact_problems(seed)
+    ours = emd(torch.from_numpy(c), torch.from_numpy(a), torch.from_numpy(b))
+    ref = np.array([pot_emd(c[i], a[i], b[i]) for i in range(len(c))])
+    assert np.abs(ours.numpy() - ref).max() <= 1e-9
+
+
+def test_emd_blands_rule_and_shapes():
+    """Bland's rule from the first pivot (the anti-cycling path) is exact too; 1 x m, n x 1."""
+    c, a, b = exact_problems(3, count=60, n=7, m=9)
+    ref = np.array([pot_emd(c[i], a[i], b[i]) for i in range(len(c))])
+    assert np.abs(_emd_numpy(c, a, b, max_pivots=0) - ref).max() <= 1e-9
+    one = emd(torch.tensor([[[1.0, 2.0, 3.0]]]), torch.tensor([[1.0]]), torch.tensor([[0.2, 0.3, 0.5]]))
+    assert one.dtype == torch.float32 and abs(float(one[0]) - 2.3) < 1e-6
+    col = emd(torch.tensor([[[1.0], [3.0]]], dtype=torch.float64), torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+              torch.tensor([[1.0]], dtype=torch.float64))
+    assert float(col[0]) == 2.0
+
+
+def test_emd_zero_mass_and_bad_input():
+    c = torch.rand(3, 4, 5, dtype=torch.float64)
+    a = torch.tensor([[0.0] * 4, [0.5, 0.5, 0, 0], [0.25] * 4], dtype=torch.float64)
+    b = torch.tensor([[0.2] * 5, [0.0] * 5, [0.2] * 5], dtype=torch.float64)
+    out = emd(c, a, b)
+    assert out[0] == 0 and out[1] == 0
+    assert abs(float(out[2]) - pot_emd(c[2].numpy(), a[2].numpy(), b[2].numpy())) <= 1e-12
+    with pytest.raises(ValueError, match="b must be non-negative"):
+        emd(c, a, -b)
+    with pytest.raises(ValueError, match="a must have shape"):
+        emd(c, a[:, :3], b)
+    with pytest.raises(ValueError, match="cost .* NaN"):
+        emd(torch.full((1, 2, 2), float("nan")), torch.ones(1, 2) / 2, torch.ones(1, 2) / 2)
+
+
+def test_emd_on_real_graph_measures():
+    """Full lazy measures of real query graphs, cost = scipy shortest paths: W1 vs POT."""
+    sp = pytest.importorskip("scipy.sparse.csgraph")
+    from ricci_helpers import real_adjacency
+
+    adj = real_adjacency(6).numpy()
+    costs, aa, bb = [], [], []
+    for g in range(adj.shape[0]):
+        dist = sp.shortest_path(adj[g].astype(float), unweighted=True)
+        m = np.where(adj[g], 0.5 / adj[g].sum(1, keepdims=True), 0.0) + 0.5 * np.eye(adj.shape[1])
+        for x, y in zip(*np.nonzero(np.triu(adj[g], 1))):
+            costs.append(dist)
+            aa.append(m[x])
+            bb.append(m[y])
+    c, a, b = map(np.stack, (costs, aa, bb))
+    ours = emd(torch.from_numpy(c), torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    ref = np.array([ot.emd2(a[i], b[i], c[i]) for i in range(len(c))])
+    assert len(c) > 500 and np.abs(ours - ref).max() <= 1e-9
+
+
+def test_transport_bounds_bracket_exact_and_catch_a_bad_plan():
+    c, a, b = problems(8, count=40)
+    ct, at, bt = map(torch.from_numpy, (c, a, b))
+    ref = np.array([pot_emd(c[i], a[i], b[i]) for i in range(len(c))])
+    sk = sinkhorn(ct, at, bt, reg=0.01, max_iter=2000)
+    bd = transport_bounds(ct, at, bt, sk.f, sk.plan)
+    assert (bd.lower.numpy() <= ref + 1e-12).all() and (bd.upper.numpy() >= ref - 1e-12).all()
+    assert (bd.upper - bd.lower).max() <= 0.05  # near optimal solution: tight
+    # the rounded plan is feasible
+    torch.testing.assert_close(bd.plan.sum(2), at, atol=1e-12, rtol=0)
+    torch.testing.assert_close(bd.plan.sum(1), bt, atol=1e-12, rtol=0)
+    # a corrupted solution still gives valid bounds, and its gap flags it
+    bad_f = sk.f + torch.from_numpy(np.random.default_rng(0).normal(0, 0.3, sk.f.shape))
+    bad_plan = sk.plan.flip(1)
+    bad = transport_bounds(ct, at, bt, bad_f, bad_plan)
+    assert (bad.lower.numpy() <= ref + 1e-12).all() and (bad.upper.numpy() >= ref - 1e-12).all()
+    gap = (bad.upper - bad.lower).numpy()
+    mid = 0.5 * (bad.upper + bad.lower).numpy()
+    assert (np.abs(mid - ref) <= gap / 2 + 1e-12).all()  # the certified error bound holds
+    assert (gap > 0.05).mean() >= 0.6  # and flags most corrupted problems for a re-solve

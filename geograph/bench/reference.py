@@ -95,6 +95,26 @@ def ricci_reference(
     return curv, lengths
 
 
+def ricci_graph_reference(query: np.ndarray, docs: np.ndarray, *, percentile: float = 50.0) -> list[tuple[int, int]]:
+    """The Ricci-Filtration query graph of one query, built in numpy (independent of ``query_graph``).
+
+    Node 0 = query, nodes 1..N = candidates; ``r_ij = 1 - cos``; ``tau = numpy.percentile`` of
+    ``r_ij`` over the pairs ``i < j``; an edge iff ``r_ij >= tau``, plus every query edge.
+
+    Args:
+        query: ``(D,)``; docs: ``(N, D)``; percentile: in ``[0, 100]``.
+
+    Returns:
+        the undirected edges ``(u, v)``, ``u < v``.
+    """
+    z = np.concatenate([np.asarray(query, np.float64)[None], np.asarray(docs, np.float64)])
+    z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+    r = 1.0 - z @ z.T
+    iu, ju = np.triu_indices(len(z), 1)
+    tau = np.percentile(r[iu, ju], percentile)
+    return [(int(i), int(j)) for i, j in zip(iu, ju) if i == 0 or r[i, j] >= tau]
+
+
 def g3_dense_reference(x: np.ndarray, band=(0.1, 0.7), beta: float = 0.4, max_degree=None):
     """G3RAG's transition matrix as the authors' code builds it: dense ``N x N`` numpy.
 

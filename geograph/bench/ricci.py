@@ -1,131 +1,173 @@
 """``geograph bench ricci``: batched Ricci-Filtration vs GraphRicciCurvature 0.6.1 per query.
 
-On SciFact test query graphs (query + dense top-20 MiniLM candidates, 21 nodes) it times
+On SciFact test and MuSiQue query graphs (query + dense top-20 MiniLM candidates, 21 nodes):
 
-* (a) GraphRicciCurvature 0.6.1 per query: ``OllivierRicci(G, alpha=0.5, exp_power=2,
-  method="OTD", proc=1)``, curvature + ``compute_ricci_flow(iterations=20)``;
-* (b) :class:`geograph.RicciFiltration` with ``solver="exact"`` at B = 1 and B = ``--batch``;
-* (c) ``solver="sinkhorn"`` at B = 1 and B = ``--batch`` (on ``--sinkhorn-queries`` graphs:
-  on a CPU it is slow, see the README);
+* (a) GraphRicciCurvature 0.6.1 per query, on a graph built independently in numpy
+  (:func:`~geograph.bench.reference.ricci_graph_reference`: ``numpy.percentile`` threshold,
+  forced query edges): ``OllivierRicci(G, alpha=0.5, exp_power=2, method="OTD", proc=1)``,
+  curvature + ``compute_ricci_flow(iterations=20)``. Its kept set and flowed lengths come from
+  every query; its time from ``--ref-queries`` of them (warmed up, ``--repeat`` repeats);
+* (b) :class:`geograph.RicciFiltration` ``solver="exact"`` (the CPU default) at B = 1 and
+  B = ``--batch``;
+* (c) ``solver="sinkhorn"`` (certified, the accelerator's path) at B = ``--batch`` on
+  ``--sinkhorn-queries`` graphs, with the share of edges it re-solved exactly per flow step
+  and its Sinkhorn work (iterations x problems) per step.
 
-and reports ms/query with the ratio to (a) from the same run, the flowed query-edge length
-error and the kept-set agreement with (a), and the quality (nDCG@10, Recall@10, mean kept
-count) of dense top-20 vs the kept set ordered by cosine over every test query.
+Every timing is warmed up and repeated (median and min-max over ``--repeat`` runs, in the
+table and the JSON), with the thread counts (torch and numba). It reports ms/query with the
+ratio to (a), the flowed query-edge length error and the kept-set agreement with (a), and for
+SciFact the quality (nDCG@10, Recall@10) of dense top-20 vs the kept set ordered by cosine.
 Needs the ``ref`` extra (GraphRicciCurvature) for (a).
 """
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from geograph.bench.common import dense_candidate_set, sync, write_json
-from geograph.bench.reference import ricci_reference
+from geograph.bench.common import dense_candidate_set, resolve_data, time_calls, write_json
+from geograph.bench.reference import ricci_graph_reference, ricci_reference
 from geograph.demo import format_table
 from geograph.metrics import evaluate
 from geograph.pipeline import rerank_all, run_ids
-from geograph.rerankers import RicciFiltration, query_graph
+from geograph.rerankers import RicciFiltration
 
 
-def _timed(fn, device):
-    t = time.perf_counter()
-    out = fn()
-    sync(device)
-    return out, time.perf_counter() - t
+def _reference(q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """GraphRicciCurvature's flowed query-edge lengths ``(N,)`` of one query."""
+    n = docs.shape[0] + 1
+    _, lengths = ricci_reference(ricci_graph_reference(q, docs), n, iterations=20)
+    return np.array([lengths[(0, j)] for j in range(1, n)])
 
 
-def _batched(model, q, docs, batch, device):
-    outs = []
-    for s in range(0, q.shape[0], batch):
-        outs.append(model(q[s : s + batch].to(device), docs[s : s + batch].to(device)))
-    return torch.cat([o.keep.cpu() for o in outs]), torch.cat([o.query_edge_length.double().cpu() for o in outs])
+def _run(model, q, docs, batch, device):
+    outs = [model(q[s : s + batch].to(device), docs[s : s + batch].to(device)) for s in range(0, q.shape[0], batch)]
+    return outs
+
+
+def _timing(stats: dict, queries: int) -> dict:
+    """Per-query milliseconds from :func:`time_calls` seconds over ``queries`` queries."""
+    return {k: stats[k] / queries * 1e3 for k in ("median", "min", "max")} | {"repeat": stats["repeat"], "queries": queries}
+
+
+def bench_dataset(name: str, args, dev: torch.device) -> dict:
+    data = args.data if (name == "scifact" and args.data) else str(resolve_data(None, name))
+    dataset, cands = dense_candidate_set(data, args.split if name == "scifact" else "test", args.cache, args.candidates)
+    nq = min(args.queries, cands.query.shape[0])
+    q64 = cands.query[:nq].double()
+    docs64 = cands.docs(slice(0, nq)).double()
+
+    # (a) the reference: kept sets over every query, time over --ref-queries (warmed, repeated)
+    q_np, d_np = q64.numpy(), docs64.numpy()
+    ref_len = np.stack([_reference(q_np[i], d_np[i]) for i in tqdm(range(nq), desc=f"GraphRicciCurvature {name}")])
+    ref_keep = torch.from_numpy(ref_len <= 1.0)
+    n_ref = min(args.ref_queries, nq)
+    t_ref = _timing(time_calls(lambda: [_reference(q_np[i], d_np[i]) for i in range(n_ref)], repeat=args.repeat), n_ref)
+    rows: dict[str, dict] = {"(a) GraphRicciCurvature 0.6.1": t_ref}
+
+    def record(label, model, q, docs, batch, count):
+        outs = _run(model, q[:count], docs[:count], batch, dev)
+        keep = torch.cat([o.keep.cpu() for o in outs])
+        length = torch.cat([o.query_edge_length.double().cpu() for o in outs])
+        t = time_calls(lambda: _run(model, q[:count], docs[:count], batch, dev), repeat=args.repeat, device=dev)
+        row = _timing(t, count)
+        row.update(kept_agreement=(keep == ref_keep[:count]).double().mean().item(),
+                   graphs_identical=(keep == ref_keep[:count]).all(1).double().mean().item(),
+                   max_length_error=(length - torch.from_numpy(ref_len[:count])).abs().max().item())
+        rows[label] = row
+        return row
+
+    exact = RicciFiltration(solver="exact")
+    record(f"(b) exact B={args.batch}", exact, q64, docs64, args.batch, nq)
+    record("(b) exact B=1", exact, q64, docs64, 1, min(args.single, nq))
+    ns = min(args.sinkhorn_queries, nq)
+    if ns:
+        sk = RicciFiltration(solver="sinkhorn")
+        q32, d32 = q64[:ns].float(), docs64[:ns].float()
+        row = record(f"(c) sinkhorn B={args.batch}", sk, q32, d32, args.batch, ns)
+        # certificate statistics of the same flows (functional call, same defaults)
+        from geograph.functional import ricci_flow
+        from geograph.rerankers import query_graph
+
+        resolved, work = [], []
+        for s in range(0, ns, args.batch):
+            adj, node_mask, _ = query_graph(q32[s : s + args.batch].to(dev), d32[s : s + args.batch].to(dev))
+            fl = ricci_flow(adj, torch.ones(adj.shape, device=dev), node_mask, solver="sinkhorn")
+            resolved.append(fl.resolved.double().cpu())
+            work.append(fl.work.double().cpu())
+        row.update(resolved_share_per_step=[float(torch.stack([r[i] for r in resolved if len(r) > i]).mean())
+                                            for i in range(max(len(r) for r in resolved))],
+                   sinkhorn_work_per_step=float(torch.cat(work).mean()))
+
+    out = {"dataset": dataset.name, "queries": nq, "nodes": docs64.shape[1] + 1, "paths": rows}
+    if name == "scifact":
+        rf_i, rf_s = rerank_all(cands, lambda q, d: exact(q.double(), d.double()), batch_size=args.batch,
+                                desc="Ricci-Filtration")
+        metrics = ("nDCG@10", "Recall@10")
+        kept = torch.isfinite(rf_s).sum(1).double()
+        out["quality"] = {
+            f"dense top-{args.candidates}": evaluate(run_ids(dataset, cands.indices), dataset.qrels_list(), metrics),
+            "Ricci-Filtration kept, by cosine": evaluate(run_ids(dataset, rf_i, rf_s), dataset.qrels_list(), metrics),
+        }
+        out["mean_kept"] = kept.mean().item()
+    return out
+
+
+def _print(name: str, res: dict, threads: dict) -> None:
+    rows = res["paths"]
+    ref = rows["(a) GraphRicciCurvature 0.6.1"]["median"]
+    print(f"\nRicci-Filtration speed on {res['dataset']} ({res['queries']} query graphs, {res['nodes']} nodes, "
+          f"torch threads {threads['torch']}, numba threads {threads['numba']}):")
+    print(f"{'path':<34}{'queries':>8}{'ms/query (min-max)':>26}{'vs (a) (min-max)':>22}{'kept agree':>12}{'max |dw|':>10}")
+    for label, r in rows.items():
+        spread = f"{r['median']:9.2f} ({r['min']:.2f}-{r['max']:.2f})"
+        ratio = f"{ref / r['median']:7.1f}x ({ref / r['max']:.0f}-{ref / r['min']:.0f})"
+        extra = f"{r['kept_agreement'] * 100:11.2f}%{r['max_length_error']:10.1e}" if "kept_agreement" in r else ""
+        print(f"{label:<34}{r['queries']:8d}{spread:>26}{ratio:>22}{extra}")
+        if "resolved_share_per_step" in r:
+            share = r["resolved_share_per_step"]
+            print(f"{'':<34}re-solved exactly per step: mean {np.mean(share) * 100:.1f}%, max {max(share) * 100:.1f}%; "
+                  f"Sinkhorn work {r['sinkhorn_work_per_step']:.3g} iterations x problems per step")
+    if "quality" in res:
+        print(f"\nQuality on {res['dataset']} (mean kept {res['mean_kept']:.2f}):")
+        print(format_table(res["quality"], ("nDCG@10", "Recall@10")))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="geograph bench ricci", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="BEIR folder (default: ../shared/data/scifact)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--data", help="SciFact BEIR folder (default: ../shared/data/scifact)")
+    p.add_argument("--datasets", nargs="+", default=["scifact", "musique"])
+    p.add_argument("--split", default="test", help="SciFact split (MuSiQue: test)")
     p.add_argument("--cache", help="embedding cache directory")
     p.add_argument("--candidates", type=int, default=20)
-    p.add_argument("--queries", type=int, default=256, help="query graphs timed for (a) and (b)")
-    p.add_argument("--sinkhorn-queries", type=int, default=64, help="query graphs timed for (c)")
-    p.add_argument("--single", type=int, default=16, help="queries timed one at a time (B = 1; a quarter for (c))")
+    p.add_argument("--queries", type=int, default=256, help="query graphs per data set for (a) kept sets and (b)")
+    p.add_argument("--ref-queries", type=int, default=8, help="queries of (a) timed per repeat")
+    p.add_argument("--sinkhorn-queries", type=int, default=64, help="query graphs for (c)")
+    p.add_argument("--single", type=int, default=16, help="queries timed one at a time (B = 1)")
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
+    if args.repeat < 5:
+        p.error("--repeat must be >= 5")
+    import numba
 
-    dataset, cands = dense_candidate_set(args.data, args.split, args.cache, args.candidates)
-    query = cands.query
     dev = torch.device(args.device)
-    nq = min(args.queries, query.shape[0])
-    q64 = query[:nq].double()
-    docs64 = cands.docs(slice(0, nq)).double()
-    n_nodes = docs64.shape[1] + 1
-    adj, _, _ = query_graph(q64, docs64)
-
-    # (a) the reference, one query at a time
-    ref_len = torch.zeros(nq, n_nodes - 1, dtype=torch.float64)
-    t0 = time.perf_counter()
-    for i in tqdm(range(nq), desc="GraphRicciCurvature", unit="query"):
-        edges = [tuple(e) for e in torch.triu(adj[i], 1).nonzero().tolist()]
-        _, lengths = ricci_reference(edges, n_nodes, iterations=20)
-        ref_len[i] = torch.tensor([lengths[(0, j)] for j in range(1, n_nodes)])
-    t_ref = (time.perf_counter() - t0) / nq
-    ref_keep = ref_len <= 1.0
-
-    rows: dict[str, dict] = {"(a) GraphRicciCurvature 0.6.1": {"ms": t_ref * 1e3, "queries": nq}}
-    single = min(args.single, nq)
-    for solver, count in (("exact", nq), ("sinkhorn", min(args.sinkhorn_queries, nq))):
-        model = RicciFiltration(solver=solver)
-        dtype = torch.float64 if solver == "exact" else torch.float32
-        q_s, d_s = q64[:count].to(dtype), docs64[:count].to(dtype)
-        _batched(model, q_s[:1], d_s[:1], 1, dev)  # warm-up
-        n_one = single if solver == "exact" else max(1, single // 4)
-        (_, _), t1 = _timed(lambda: _batched(model, q_s[:n_one], d_s[:n_one], 1, dev), dev)
-        (keep, length), tb = _timed(lambda: _batched(model, q_s, d_s, args.batch, dev), dev)
-        tag = "(b)" if solver == "exact" else "(c)"
-        for name, secs, n in ((f"{tag} {solver} B=1", t1, n_one), (f"{tag} {solver} B={args.batch}", tb, count)):
-            rows[name] = {"ms": secs / n * 1e3, "queries": n}
-        agree = (keep == ref_keep[:count]).double().mean().item()
-        graphs_same = (keep == ref_keep[:count]).all(1).double().mean().item()
-        err = (length - ref_len[:count]).abs().max().item()
-        rows[f"{tag} {solver} B={args.batch}"].update(kept_agreement=agree, graphs_identical=graphs_same,
-                                                        max_length_error=err)
-
-    # quality over every query of the split: exact RicciFiltration, kept set ordered by cosine
-    model = RicciFiltration(solver="exact")
-    rf_i, rf_s = rerank_all(cands, lambda q, d: model(q.double(), d.double()), batch_size=args.batch,
-                            desc="Ricci-Filtration")
-    qrels = dataset.qrels_list()
-    metrics = ("nDCG@10", "Recall@10")
-    kept = torch.isfinite(rf_s).sum(1).double()
-    quality = {
-        f"dense top-{args.candidates}": evaluate(run_ids(dataset, cands.indices), qrels, metrics),
-        "Ricci-Filtration kept, by cosine": evaluate(run_ids(dataset, rf_i, rf_s), qrels, metrics),
-    }
-
-    print(f"\nRicci-Filtration speed on {dataset.name} {args.split} ({n_nodes}-node query graphs, "
-          f"{torch.get_num_threads()} threads, device={dev}):")
-    print(f"{'path':<38}{'queries':>8}{'ms/query':>11}{'vs (a)':>9}{'kept agree':>12}{'max |dw|':>10}")
-    for name, r in rows.items():
-        extra = ""
-        if "kept_agreement" in r:
-            extra = f"{r['kept_agreement'] * 100:11.2f}%{r['max_length_error']:10.1e}"
-        print(f"{name:<38}{r['queries']:8d}{r['ms']:11.2f}{t_ref * 1e3 / r['ms']:8.1f}x{extra}")
-    print(f"\nQuality on {dataset.name} {args.split} ({len(qrels)} queries); mean kept "
-          f"{kept.mean():.2f} of {args.candidates} (min {int(kept.min())}, max {int(kept.max())}):")
-    print(format_table(quality, metrics))
-    path = write_json("ricci", {
-        "dataset": dataset.name, "split": args.split, "nodes": n_nodes, "device": str(dev),
-        "threads": torch.get_num_threads(), "batch": args.batch,
-        "paths": {k: {**v, "speedup_vs_reference": t_ref * 1e3 / v["ms"]} for k, v in rows.items()},
-        "quality": quality, "mean_kept": kept.mean().item(),
-    }, args.out)
+    threads = {"torch": torch.get_num_threads(), "numba": numba.get_num_threads()}
+    results = {}
+    for name in args.datasets:
+        results[name] = bench_dataset(name, args, dev)
+        _print(name, results[name], threads)
+    for res in results.values():
+        ref = res["paths"]["(a) GraphRicciCurvature 0.6.1"]["median"]
+        for r in res["paths"].values():
+            r["speedup_vs_reference"] = {"median": ref / r["median"], "min": ref / r["max"], "max": ref / r["min"]}
+    path = write_json("ricci", {"device": str(dev), "threads": threads, "batch": args.batch, "repeat": args.repeat,
+                                "datasets": results}, args.out)
     print(f"\nwrote {path}")
     return 0

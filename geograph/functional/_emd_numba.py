@@ -96,7 +96,6 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
     seen = fw[2 * nn + kb : 3 * nn + kb]
     keys = fw[3 * nn + kb : 3 * nn + kb + ncell]
 
-    # --- start: matrix-minimum rule -------------------------------------------------
     cmax = 0.0
     for i in range(nr):
         for j in range(nc):
@@ -104,6 +103,7 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
             keys[i * nc + j] = c
             if abs(c) > cmax:
                 cmax = abs(c)
+    # --- start: matrix-minimum rule ------------------------------------------------
     srt = np.argsort(keys[:ncell], kind="quicksort")
     for q in range(ncell):
         order[q] = srt[q]
@@ -147,7 +147,8 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
 
     # --- pivots ----------------------------------------------------------------------
     status = STATUS_PIVOT_CAP
-    for _ in range(max_pivots):
+    for it in range(max_pivots + 50 * ncell + 1000):
+        bland = it >= max_pivots
         _build_tree(nr, nn, kb, bi, bj, deg, start, adj)
         # potentials by BFS from row 0: u_i + v_j = C_ij on every basic cell
         for x in range(nn):
@@ -170,7 +171,8 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
                     pot[y] = cost[r, c - nr] - pot[x]
                     queue[tail] = y
                     tail += 1
-        # pricing (Dantzig)
+        # pricing: Dantzig (most negative reduced cost); after max_pivots pivots Bland's rule
+        # (first negative cell, smallest-index leaving cell), which cannot cycle
         best = -tol
         ie = -1
         je = -1
@@ -182,6 +184,10 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
                     best = red
                     ie = i
                     je = j
+                    if bland:
+                        break
+            if bland and ie >= 0:
+                break
         if ie < 0:
             status = STATUS_OK
             break
@@ -214,7 +220,7 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
         minus = True
         while x != ie:
             kk = par[x]
-            if minus and flow[kk] < theta:
+            if minus and (flow[kk] < theta or (bland and flow[kk] == theta and bi[kk] * nc + bj[kk] < bi[leave] * nc + bj[leave])):
                 theta = flow[kk]
                 leave = kk
             r = bi[kk]
@@ -290,119 +296,196 @@ def emd_batch(a, b, cost, max_pivots, nchunk):
     return out, status
 
 
-@njit(cache=True, parallel=True)
-def apsp_and_measures(w, adj, node_mask, alpha, exp_power):
-    """Floyd-Warshall distances and lazy measures of every graph (see ``curvature._measures``)."""
-    nb, n, _ = w.shape
-    dist = np.empty((nb, n, n))
-    meas = np.zeros((nb, n, n))
-    for g in prange(nb):
+@njit(cache=True, nogil=True)
+def _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas):
+    """Floyd-Warshall distances and lazy measures of one graph (see ``curvature._measures``)."""
+    n = w.shape[0]
+    for i in range(n):
+        for j in range(n):
+            dist[i, j] = w[i, j] if adj[i, j] else np.inf
+            meas[i, j] = 0.0
+        if node_mask[i]:
+            dist[i, i] = 0.0
+    for k in range(n):
         for i in range(n):
+            dik = dist[i, k]
+            if dik == np.inf:
+                continue
             for j in range(n):
-                if adj[g, i, j]:
-                    dist[g, i, j] = w[g, i, j]
+                v = dik + dist[k, j]
+                if v < dist[i, j]:
+                    dist[i, j] = v
+    for x in range(n):
+        if not node_mask[x]:
+            continue
+        total = 0.0
+        deg = 0
+        for v in range(n):
+            if adj[x, v]:
+                deg += 1
+                total += np.exp(-(w[x, v] ** exp_power))
+        if deg == 0:
+            meas[x, x] = 1.0
+            continue
+        for v in range(n):
+            if adj[x, v]:
+                if total > _WEIGHT_SUM_EPS:
+                    meas[x, v] = (1.0 - alpha) * (np.exp(-(w[x, v] ** exp_power)) / total)
                 else:
-                    dist[g, i, j] = np.inf
-            if node_mask[g, i]:
-                dist[g, i, i] = 0.0
-        for k in range(n):
-            for i in range(n):
-                dik = dist[g, i, k]
-                if dik == np.inf:
-                    continue
-                for j in range(n):
-                    v = dik + dist[g, k, j]
-                    if v < dist[g, i, j]:
-                        dist[g, i, j] = v
-        for x in range(n):
-            if not node_mask[g, x]:
-                continue
-            total = 0.0
-            deg = 0
-            for v in range(n):
-                if adj[g, x, v]:
-                    deg += 1
-                    total += np.exp(-(w[g, x, v] ** exp_power))
-            if deg == 0:
-                meas[g, x, x] = 1.0
-                continue
-            for v in range(n):
-                if adj[g, x, v]:
-                    if total > _WEIGHT_SUM_EPS:
-                        meas[g, x, v] = (1.0 - alpha) * (np.exp(-(w[g, x, v] ** exp_power)) / total)
-                    else:
-                        meas[g, x, v] = (1.0 - alpha) * (1.0 / deg)
-            meas[g, x, x] = alpha
-    return dist, meas
+                    meas[x, v] = (1.0 - alpha) * (1.0 / deg)
+        meas[x, x] = alpha
+
+
+@njit(cache=True, nogil=True)
+def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, max_pivots):
+    """Curvature of edge ``(x, y)`` of one graph: ``1 - W1(m_x, m_y) / d(x, y)`` (KR-compacted)."""
+    n = dist.shape[0]
+    dxy = dist[x, y]
+    if dxy < _DIST_EPS:
+        return 0.0, STATUS_OK
+    thr = 8 * np.finfo(np.float64).eps
+    nr = 0
+    nc = 0
+    mp = 0.0
+    mn = 0.0
+    for v in range(n):
+        diff = meas[x, v] - meas[y, v]
+        if diff > thr:
+            ri[nr] = v
+            s[nr] = diff
+            mp += diff
+            nr += 1
+        elif diff < -thr:
+            ci[nc] = v
+            d[nc] = -diff
+            mn -= diff
+            nc += 1
+    if nr == 0 or nc == 0:
+        return 1.0, STATUS_OK
+    for i in range(nr):
+        s[i] /= mp
+    for j in range(nc):
+        d[j] /= mn
+    inv = 1.0 / max(dxy, _DIST_EPS)
+    for i in range(nr):
+        for j in range(nc):
+            c = dist[ri[i], ci[j]]
+            sub[i, j] = c * inv if c < np.inf else 0.0
+    w1, status = _simplex(s, d, sub, nr, nc, iw, fw, max_pivots)
+    return 1.0 - 0.5 * (mp + mn) * w1, status
 
 
 @njit(cache=True, parallel=True)
-def curvature_edges(dist, meas, edges, max_pivots, nchunk):
-    """Ollivier-Ricci curvature of every edge ``(g, x, y)`` from distances and measures.
+def curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchunk):
+    """Ollivier-Ricci curvature of every edge ``(g, x, y)`` of a batch of graphs.
 
     Kantorovich-Rubinstein: ``W1(m_x, m_y)`` is the transport of the positive part of
     ``m_x - m_y`` onto its negative part; ``kappa = 1 - W1 / d(x, y)``, 0 where
-    ``d(x, y) < 1e-7``. Returns ``(E,)`` curvatures, ``(E,)`` statuses.
+    ``d(x, y) < 1e-7``. Returns ``(E,)`` curvatures and ``(E,)`` statuses.
     """
-    nb, n, _ = dist.shape
+    nb, n, _ = w.shape
     ne = edges.shape[0]
+    dist = np.empty((nb, n, n))
+    meas = np.empty((nb, n, n))
+    for g in prange(nb):
+        _apsp_measures(w[g], adj[g], node_mask[g], alpha, exp_power, dist[g], meas[g])
     kappa = np.zeros(ne)
     status = np.zeros(ne, dtype=np.int64)
-    if ne == 0:
-        return kappa, status
     nchunk = max(1, min(ne, nchunk))
-    ni = n * n + 16 * n + 8
-    nf = n * n + 8 * n + 8
-    thr = 8 * np.finfo(np.float64).eps
     for ch in prange(nchunk):
-        iw = np.empty(ni, dtype=np.int64)
-        fw = np.empty(nf)
+        iw = np.empty(n * n + 16 * n + 8, dtype=np.int64)
+        fw = np.empty(n * n + 8 * n + 8)
         s = np.empty(n)
         d = np.empty(n)
         ri = np.empty(n, dtype=np.int64)
         ci = np.empty(n, dtype=np.int64)
         sub = np.empty((n, n))
-        lo = ch * ne // nchunk
-        hi = (ch + 1) * ne // nchunk
-        for e in range(lo, hi):
+        for e in range(ch * ne // nchunk, (ch + 1) * ne // nchunk):
             g = edges[e, 0]
-            x = edges[e, 1]
-            y = edges[e, 2]
-            dxy = dist[g, x, y]
-            if dxy < _DIST_EPS:
-                kappa[e] = 0.0
-                continue
-            nr = 0
-            nc = 0
-            mp = 0.0
-            mn = 0.0
-            for v in range(n):
-                diff = meas[g, x, v] - meas[g, y, v]
-                if diff > thr:
-                    ri[nr] = v
-                    s[nr] = diff
-                    mp += diff
-                    nr += 1
-                elif diff < -thr:
-                    ci[nc] = v
-                    d[nc] = -diff
-                    mn -= diff
-                    nc += 1
-            if nr == 0 or nc == 0:
-                kappa[e] = 1.0
-                continue
-            for i in range(nr):
-                s[i] /= mp
-            for j in range(nc):
-                d[j] /= mn
-            inv = 1.0 / max(dxy, _DIST_EPS)
-            for i in range(nr):
-                for j in range(nc):
-                    c = dist[g, ri[i], ci[j]]
-                    sub[i, j] = c * inv if c < np.inf else 0.0
-            w1, status[e] = _simplex(s, d, sub, nr, nc, iw, fw, max_pivots)
-            kappa[e] = 1.0 - 0.5 * (mp + mn) * w1
+            kappa[e], status[e] = _edge_kappa(dist[g], meas[g], edges[e, 1], edges[e, 2], iw, fw, s, d, ri, ci, sub, max_pivots)
     return kappa, status
+
+
+@njit(cache=True, parallel=True)
+def flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots):
+    """The whole normalized Ricci flow of every graph (see ``flow.ricci_flow``), graphs in parallel.
+
+    Per graph: ``kappa(w)``; then up to ``iterations`` times ``w <- w - step * kappa * w``,
+    ``w <- w * |E| / sum(w)``, ``kappa <- kappa(w)``, stopping after the step whose curvature
+    spread is below ``delta``. Returns lengths ``(B, n, n)``, curvature ``(B, n, n)``, steps
+    ``(B,)``, converged ``(B,)`` and stuck ``(B,)`` (problems left at the pivot cap).
+    """
+    nb, n, _ = w0.shape
+    lengths = np.zeros((nb, n, n))
+    kappa = np.zeros((nb, n, n))
+    steps = np.zeros(nb, dtype=np.int64)
+    converged = np.zeros(nb, dtype=np.bool_)
+    stuck = np.zeros(nb, dtype=np.int64)
+    for g in prange(nb):
+        iw = np.empty(n * n + 16 * n + 8, dtype=np.int64)
+        fw = np.empty(n * n + 8 * n + 8)
+        s = np.empty(n)
+        d = np.empty(n)
+        ri = np.empty(n, dtype=np.int64)
+        ci = np.empty(n, dtype=np.int64)
+        sub = np.empty((n, n))
+        dist = np.empty((n, n))
+        meas = np.empty((n, n))
+        ex = np.empty(n * n, dtype=np.int64)
+        ey = np.empty(n * n, dtype=np.int64)
+        w = np.zeros((n, n))
+        ke = np.zeros(n * n)
+        ne = 0
+        for i in range(n):
+            for j in range(i + 1, n):
+                if adj[g, i, j] and node_mask[g, i] and node_mask[g, j]:
+                    ex[ne] = i
+                    ey[ne] = j
+                    w[i, j] = w0[g, i, j]
+                    w[j, i] = w0[g, i, j]
+                    ne += 1
+        a_g = adj[g]
+        m_g = node_mask[g]
+        for e in range(ne):
+            ke[e], st = _edge_kappa_graph(w, a_g, m_g, alpha, exp_power, dist, meas, e, ex, ey, iw, fw, s, d, ri, ci, sub, max_pivots)
+            stuck[g] += st
+        for it in range(iterations if ne > 0 else 0):
+            total = 0.0
+            for e in range(ne):
+                v = w[ex[e], ey[e]] - step * ke[e] * w[ex[e], ey[e]]
+                w[ex[e], ey[e]] = v
+                total += v
+            scale = ne / max(total, np.finfo(np.float64).tiny)
+            for e in range(ne):
+                v = w[ex[e], ey[e]] * scale
+                w[ex[e], ey[e]] = v
+                w[ey[e], ex[e]] = v
+            for e in range(ne):
+                ke[e], st = _edge_kappa_graph(w, a_g, m_g, alpha, exp_power, dist, meas, e, ex, ey, iw, fw, s, d, ri, ci, sub, max_pivots)
+                stuck[g] += st
+            steps[g] += 1
+            lo = np.inf
+            hi = -np.inf
+            for e in range(ne):
+                lo = min(lo, ke[e])
+                hi = max(hi, ke[e])
+            if hi - lo < delta:
+                converged[g] = True
+                break
+        for e in range(ne):
+            lengths[g, ex[e], ey[e]] = w[ex[e], ey[e]]
+            lengths[g, ey[e], ex[e]] = w[ex[e], ey[e]]
+            kappa[g, ex[e], ey[e]] = ke[e]
+            kappa[g, ey[e], ex[e]] = ke[e]
+    return lengths, kappa, steps, converged, stuck
+
+
+@njit(cache=True, nogil=True)
+def _edge_kappa_graph(w, adj, node_mask, alpha, exp_power, dist, meas, e, ex, ey, iw, fw, s, d, ri, ci, sub, max_pivots):
+    """``_edge_kappa`` of edge ``e``; recomputes the distances and measures at ``e == 0``."""
+    if e == 0:
+        _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas)
+    return _edge_kappa(dist, meas, ex[e], ey[e], iw, fw, s, d, ri, ci, sub, max_pivots)
 
 
 def num_chunks() -> int:

@@ -12,9 +12,10 @@ from geograph._checks import check_tensor, tracing
 
 __all__ = ["sinkhorn", "SinkhornOutput", "emd", "transport_bounds", "TransportBounds"]
 
-# pivots per exact problem before it counts as stuck (then POT re-solves it; never seen on
-# real or random problems of this library's sizes, tested by forcing a tiny cap)
-_MAX_PIVOTS = 100_000
+# Dantzig pivots per exact problem before the simplex switches to Bland's rule (which cannot
+# cycle); a problem still open after a further 50 * cells + 1000 pivots counts as stuck and POT
+# re-solves it (never seen on real or random problems; tested by forcing tiny caps)
+_MAX_PIVOTS = 1000
 
 
 @dataclass(frozen=True)
