@@ -23,6 +23,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collected no test: that is a failure, not a pass.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	HF_HUB_OFFLINE=1 $(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

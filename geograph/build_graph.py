@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from geograph.cli import UsageError, make_parser
+from geograph.console import UsageError, make_parser
 
 DESCRIPTION = """\
 Embed the passages of a BEIR-format folder with all-MiniLM-L6-v2 (cached on disk) and save a

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import sys
 from typing import Optional, Sequence
+
+from geograph.console import UsageError, make_parser, plain_text  # noqa: F401  (re-exported for callers of geograph.cli)
 
 USAGE = """usage: geograph <command> [options]
 
@@ -25,47 +26,6 @@ BENCH_HELP = {
     "iso": "ISO-RAG against dense on MuSiQue and SciFact, and against per-query networkx PageRank",
     "g3": "blockwise G3 graph build against the dense numpy construction, and G3RAG against dense",
 }
-
-
-class UsageError(Exception):
-    """A mistake in a command's arguments: reported as one line on stderr with exit code 2."""
-
-    def exit(self, prog: str) -> int:
-        print(f"{prog}: error: {self}", file=sys.stderr)
-        return 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of argparse's usage block
-        print(f"{self.prog}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
-        sys.exit(2)
-
-
-def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """An argument parser whose mistakes print one line and exit 2, and whose help is plain text."""
-    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-
-_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|ref):`~?([^`<]*?)(?:\s*<[^>]*>)?`")
-
-
-def plain_text(text: str) -> str:
-    """Help text without reStructuredText markup: roles, literals, emphasis and directives.
-
-    Example:
-        >>> plain_text("``geograph bench``: see :func:`~geograph.bench.common.tuning_split` and **this**.")
-        'geograph bench: see tuning_split and this.'
-    """
-    def role(m: re.Match) -> str:
-        target = m.group(1).strip()
-        return target.rsplit(".", 1)[-1] if m.group(0).find("`~") >= 0 else target
-
-    text = _ROLE.sub(role, text)
-    text = re.sub(r"``([^`]+)``", r"\1", text)
-    text = re.sub(r"(?<![\w`])`([^`\n]+)`_?(?![\w`])", r"\1", text)
-    text = re.sub(r"\*\*([^*\n]+)\*\*", r"\1", text)
-    text = re.sub(r"^(\s*)\.\. \w+::\s*", r"\1", text, flags=re.M)
-    return text
 
 
 @contextlib.contextmanager

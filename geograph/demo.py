@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from geograph.cli import UsageError, make_parser
+from geograph.console import UsageError, format_table, make_parser
 from geograph.data import BEIRError, Dataset, Encoder, load_beir, load_demo
 from geograph.metrics import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
@@ -96,7 +96,7 @@ def _pair(out) -> tuple[Tensor, Tensor]:
 
 
 def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor):
-    from geograph import CorpusGraph
+    from geograph.corpus import CorpusGraph
 
     if args.graph in ("auto", "mentions"):
         graph = CorpusGraph.from_mentions(corpus, dataset.titles, dataset.texts)
@@ -109,7 +109,8 @@ def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor):
 
 def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, query: Tensor) -> dict[str, MethodRun]:
     """Every method over all queries (one batched call each, timed)."""
-    from geograph import DenseRetriever, G3Retriever, ISORetriever, Maniscope, RicciFiltration
+    from geograph.retrievers import DenseRetriever, G3Retriever, ISORetriever
+    from geograph.rerankers import Maniscope, RicciFiltration
 
     q, v, m = query.shape[0], corpus.shape[0], args.candidates
     runs: dict[str, MethodRun] = {}
@@ -237,16 +238,6 @@ def show_query(dataset: Dataset, runs: dict[str, MethodRun], qi: int, top: int =
     return "\n".join(lines)
 
 
-def format_table(rows: dict[str, dict[str, float]], columns: Sequence[str], formats: dict[str, str]) -> str:
-    """A plain-text table, one row per method."""
-    width = max(len(r) for r in rows) + 2
-    head = "method".ljust(width) + "".join(c.rjust(12) for c in columns)
-    lines = [head, "-" * len(head)]
-    for name, vals in rows.items():
-        lines.append(name.ljust(width) + "".join(format(vals[c], formats.get(c, "12.3f")).rjust(12) for c in columns))
-    return "\n".join(lines)
-
-
 def quality(dataset: Dataset, runs: dict[str, MethodRun]) -> dict[str, dict[str, Tensor]]:
     """Per-query metrics of every method, ``{method: {metric: (Q,)}}``."""
     qrels = dataset.qrels_list()
@@ -294,7 +285,7 @@ def report(dataset: Dataset, runs: dict[str, MethodRun], split: str) -> str:
 
 
 def load(args: argparse.Namespace) -> Dataset:
-    """The data set, or a :class:`~geograph.cli.UsageError` naming ``--data`` or ``--split``."""
+    """The data set, or a :class:`~geograph.console.UsageError` naming ``--data`` or ``--split``."""
     if not args.data:
         if args.split != "test":
             raise UsageError(f"--split: the shipped demo corpus has only the split 'test', got {args.split!r}")

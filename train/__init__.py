@@ -6,5 +6,6 @@ the triplets. Needs the ``train`` extra (lightning, jsonargparse).
 """
 from train.data import GraphDataModule, TripletDataset, TripletSampler, build_graph, triplet_loader
 from train.module import ExportProjection, PoincareModule, radial_target
+from train.fit import train_projection
 
-__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "TripletSampler", "triplet_loader", "build_graph", "ExportProjection", "radial_target"]
+__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "TripletSampler", "triplet_loader", "build_graph", "ExportProjection", "radial_target", "train_projection"]

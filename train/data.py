@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from geograph import CorpusGraph
+from geograph.corpus import CorpusGraph
 from geograph.functional.similarity import normalize
 
 

@@ -24,7 +24,7 @@ import torch
 
 from geograph.bench.common import DEFAULT_DATA, tuning_split, write_json
 from geograph.data import Encoder
-from geograph.demo import format_table
+from geograph.console import format_table
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids as _run
 
@@ -46,7 +46,7 @@ def _rss_mb() -> float:
 
 
 def _child(kind: str, n: int, max_degree: int, queue) -> None:
-    from geograph import G3Graph
+    from geograph.retrievers import G3Graph
     from geograph.bench.reference import g3_dense_reference
 
     x = synthetic(n)
@@ -76,7 +76,7 @@ def measure(kind: str, n: int, max_degree: int) -> dict:
 
 
 def quality(name: str, root: str, encoder: Encoder) -> dict:
-    from geograph import G3Graph, G3Retriever
+    from geograph.retrievers import G3Graph, G3Retriever
     from geograph.retrievers import DenseRetriever
 
     sp = tuning_split(name, root, encoder)

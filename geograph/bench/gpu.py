@@ -42,8 +42,8 @@ def _diff(a, b) -> float:
 
 def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2000) -> dict[str, float]:
     """Max |device - cpu| of every functional kernel on the same inputs."""
-    from geograph import CorpusGraph
-    from geograph import functional as F
+    from geograph.corpus import CorpusGraph
+    import geograph.functional as F
     from geograph.rerankers import query_graph
 
     torch.manual_seed(0)
@@ -88,7 +88,9 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
 def module_parity_and_timing(dev: torch.device, sizes: Sequence[int], *, corpus: int, repeat: int,
                              parity_queries: int = 16) -> dict:
     """Each module on CPU vs ``dev`` (ids / kept sets) and ms/query on ``dev`` at each B."""
-    from geograph import CorpusGraph, DenseRetriever, G3Graph, G3Retriever, ISORetriever, Maniscope, RicciFiltration
+    from geograph.corpus import CorpusGraph
+    from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever, ISORetriever
+    from geograph.rerankers import Maniscope, RicciFiltration
 
     big = max(sizes)
     x = clustered(corpus, 384, seed=3)

@@ -22,7 +22,7 @@ import torch
 from geograph.bench.common import DEFAULT_DATA, time_calls, tuning_split, write_json
 from geograph.corpus import CorpusGraph
 from geograph.data import Encoder
-from geograph.demo import format_table
+from geograph.console import format_table
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids as _run
@@ -34,24 +34,6 @@ GRID = {"beta": (0.0, 0.2, 0.4, 0.6), "m": (3, 5), "L": (20, 50), "tau": (5.0, 1
 
 def _retrieve(model, query, k=10, batch=64):
     return torch.cat([model(query[s : s + batch], k).indices for s in range(0, query.shape[0], batch)])
-
-
-def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0):
-    """f_theta fitted on ``graph`` alone (see ``train/``); returns the projection in eval mode."""
-    import lightning as L
-
-    from train import PoincareModule
-    from train.data import TripletDataset, hard_negatives, triplet_loader
-
-    torch.manual_seed(seed)
-    model = PoincareModule(in_dim=int(graph.embeddings.shape[1]), out_dim=32, hidden=256, lr=3e-3)
-    model.attach(graph)
-    data = TripletDataset(graph, hard=hard_negatives(graph, 8), seed=seed)
-    loader = triplet_loader(data, batch_size=1024, seed=seed)  # new negatives every epoch
-    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(model, train_dataloaders=loader)
-    return model.projection.eval()
 
 
 def tune(graph, projection, query, dataset, grid=GRID, metrics=("Recall@5", "Recall@10"), k=10):
@@ -134,6 +116,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dense = DenseRetriever(corpus)(report_q, 10).indices
         table = {"dense": evaluate(_run(report_set, dense), report_set.qrels_list(), METRICS)}
         rows = {}
+        from train.fit import train_projection  # the train extra (lightning)
+
         for gname, graph in graphs.items():
             for pname in ("untrained", "trained"):
                 print(f"[{name}] {gname} ({graph.num_edges} edges), {pname} projection: tuning ...", flush=True)

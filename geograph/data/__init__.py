@@ -1,7 +1,7 @@
 """Data: BEIR-format loaders, the shipped demo corpus and the embedding cache."""
 from pathlib import Path
 
-from geograph.data.beir import BEIRError, Dataset, check_beir, load_beir
+from geograph.data.beir import BEIRError, Dataset, check_beir, load_beir, load_corpus
 from geograph.data.cache import DEFAULT_MODEL_NAME, EmbeddingCache, Encoder, cache_dir, default_model_path
 
 #: The small demo corpus shipped with the package (BEIR layout, split ``test``).
@@ -23,5 +23,5 @@ def load_demo() -> Dataset:
     return load_beir(DEMO_PATH, split="test")
 
 
-__all__ = ["Dataset", "load_beir", "check_beir", "BEIRError", "load_demo", "DEMO_PATH", "EmbeddingCache", "Encoder",
+__all__ = ["Dataset", "load_beir", "load_corpus", "check_beir", "BEIRError", "load_demo", "DEMO_PATH", "EmbeddingCache", "Encoder",
            "cache_dir", "default_model_path", "DEFAULT_MODEL_NAME"]

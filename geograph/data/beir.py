@@ -129,6 +129,38 @@ def check_beir(path: Union[str, Path], split: str = "test") -> Path:
     return root
 
 
+def load_corpus(path: Union[str, Path]) -> Dataset:
+    """The passages of a BEIR-format folder (its ``corpus.jsonl``), without queries or judgements.
+
+    Args:
+        path: folder with ``corpus.jsonl``.
+
+    Returns:
+        a :class:`Dataset` named after the folder with ``doc_ids``, ``titles`` and ``texts``
+        (a missing or null title or text is ``""``) and no queries.
+
+    Raises:
+        BEIRError: for a missing or empty ``corpus.jsonl``, a malformed line or a record
+            without ``_id``.
+
+    Example:
+        >>> from geograph.data import DEMO_PATH
+        >>> len(load_corpus(DEMO_PATH).doc_ids)
+        111
+    """
+    root = Path(path)
+    if not (root / "corpus.jsonl").is_file():
+        raise BEIRFileError(f"{root} is not a BEIR folder: no corpus.jsonl")
+    corpus = _read_jsonl(root / "corpus.jsonl")
+    if not corpus:
+        raise BEIRError(f"{root}/corpus.jsonl is empty: no passages")
+    if any("_id" not in d for d in corpus):
+        raise BEIRError(f"{root}/corpus.jsonl: every record needs an '_id'")
+    return Dataset(name=root.name, doc_ids=[str(d["_id"]) for d in corpus],
+                   titles=[d.get("title", "") or "" for d in corpus], texts=[d.get("text", "") or "" for d in corpus],
+                   query_ids=[], queries=[], qrels={})
+
+
 def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
     """Load a BEIR-format folder.
 
@@ -148,12 +180,8 @@ def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
             malformed file.
     """
     root = check_beir(path, split)
-    corpus = _read_jsonl(root / "corpus.jsonl")
-    if not corpus:
-        raise BEIRError(f"{root}/corpus.jsonl is empty: no passages")
-    if any("_id" not in d for d in corpus):
-        raise BEIRError(f"{root}/corpus.jsonl: every record needs an '_id'")
-    doc_ids = [str(d["_id"]) for d in corpus]
+    passages = load_corpus(root)
+    doc_ids = passages.doc_ids
     known = set(doc_ids)
     qrels: dict[str, dict[str, int]] = {}
     with (root / "qrels" / f"{split}.tsv").open(encoding="utf-8") as f:
@@ -180,8 +208,8 @@ def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
     return Dataset(
         name=root.name,
         doc_ids=doc_ids,
-        titles=[d.get("title", "") or "" for d in corpus],
-        texts=[d.get("text", "") or "" for d in corpus],
+        titles=passages.titles,
+        texts=passages.texts,
         query_ids=query_ids,
         queries=queries,
         qrels={q: qrels[q] for q in query_ids},

@@ -19,17 +19,14 @@ def read_corpus(corpus_dir: str | Path):
     Raises:
         ValueError: ``corpus_dir`` has no ``corpus.jsonl``.
     """
-    from geograph.data import load_beir
-    from geograph.data.beir import Dataset, _read_jsonl
+    from geograph.data import load_beir, load_corpus
 
     corpus_dir = Path(corpus_dir)
     if not (corpus_dir / "corpus.jsonl").is_file():
         raise ValueError(f"corpus: {corpus_dir} is not a BEIR-format folder (no corpus.jsonl)")
     if (corpus_dir / "qrels" / "test.tsv").is_file():
         return load_beir(corpus_dir, "test")
-    rows = _read_jsonl(corpus_dir / "corpus.jsonl")
-    return Dataset(corpus_dir.name, [str(r["_id"]) for r in rows], [r.get("title", "") for r in rows],
-                   [r.get("text", "") for r in rows], [], [], {})
+    return load_corpus(corpus_dir)
 
 
 class TextEncoder:

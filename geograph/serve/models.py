@@ -71,16 +71,18 @@ def build_model(method: str, corpus, params: Optional[dict] = None, *, graph: Op
     params = dict(params or {})
     check_params(method, params, graph=graph, projection=projection)
     if method == "maniscope":
-        from geograph import Maniscope
+        from geograph.rerankers import Maniscope
 
         return Maniscope(**params)
     if method == "ricci":
-        from geograph import RicciFiltration
+        from geograph.rerankers import RicciFiltration
 
         return RicciFiltration(**params)
     v, d = corpus.shape
     if method == "iso":
-        from geograph import CorpusGraph, ISORetriever, PoincareProjection
+        from geograph.corpus import CorpusGraph
+        from geograph.retrievers import ISORetriever
+        from geograph.encoders import PoincareProjection
 
         if graph is not None:
             g = _load(CorpusGraph.load, graph, "graph")
@@ -96,7 +98,7 @@ def build_model(method: str, corpus, params: Optional[dict] = None, *, graph: Op
             raise ValueError(f"projection: {projection} takes {proj.in_dim}-dimensional inputs, the corpus has {d}")
         model = ISORetriever(g, projection=proj, **params)
         return model.to(corpus.device)
-    from geograph import G3Graph, G3Retriever
+    from geograph.retrievers import G3Graph, G3Retriever
 
     if graph is not None:
         g = _load(G3Graph.load, graph, "graph")

@@ -115,7 +115,7 @@ class ManiscopeMethod(Method):
     reference_name = "sklearn + scipy Dijkstra"
 
     def ranker(self, ctx, params, cfg):
-        from geograph import Maniscope
+        from geograph.rerankers import Maniscope
 
         return reranker(Maniscope(**params), ctx.corpus)
 
@@ -135,7 +135,7 @@ class RicciMethod(Method):
     reference_name = "GraphRicciCurvature 0.6.1"
 
     def ranker(self, ctx, params, cfg):
-        from geograph import RicciFiltration
+        from geograph.rerankers import RicciFiltration
 
         return reranker(RicciFiltration(**params), ctx.corpus)
 
@@ -170,7 +170,7 @@ class ISOMethod(Method):
     trained = False
 
     def _graph(self, ctx, cfg):
-        from geograph import CorpusGraph
+        from geograph.corpus import CorpusGraph
 
         key = ("knn", cfg.get("knn", 10))
         if key not in ctx.cache:
@@ -182,13 +182,13 @@ class ISOMethod(Method):
             return None
         key = ("f_theta", cfg.get("knn", 10), cfg.get("epochs", 5))
         if key not in ctx.cache:
-            from geograph.bench.iso import train_projection
+            from train.fit import train_projection
 
             ctx.cache[key] = train_projection(self._graph(ctx, cfg), epochs=cfg.get("epochs", 5))
         return ctx.cache[key]
 
     def model(self, ctx, params, cfg):
-        from geograph import ISORetriever
+        from geograph.retrievers import ISORetriever
 
         params = dict(params)
         beta = params.pop("beta", 0.4)
@@ -244,7 +244,7 @@ class G3Method(Method):
     reference_name = "dense numpy T"
 
     def _graph(self, ctx, params, cfg):
-        from geograph import G3Graph
+        from geograph.retrievers import G3Graph
 
         band = params.get("band", (0.1, 0.7))
         band = tuple(band) if band is not None else None
@@ -255,7 +255,7 @@ class G3Method(Method):
         return ctx.cache[key]
 
     def ranker(self, ctx, params, cfg):
-        from geograph import G3Retriever
+        from geograph.retrievers import G3Retriever
 
         model = G3Retriever(self._graph(ctx, params, cfg), candidates=cfg.get("candidates", 10),
                             seeds=params.get("seeds", cfg.get("seeds", 2)))

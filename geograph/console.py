@@ -1,0 +1,72 @@
+"""Terminal text shared by the commands (demo, bench, build-graph, serve, cli): one-line usage
+errors, argument parsers whose help is plain text, and plain-text tables.
+
+It imports nothing from geograph, so every application can use it without importing another.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Optional, Sequence
+
+
+class UsageError(Exception):
+    """A mistake in a command's arguments: reported as one line on stderr with exit code 2."""
+
+    def exit(self, prog: str) -> int:
+        print(f"{prog}: error: {self}", file=sys.stderr)
+        return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of argparse's usage block
+        print(f"{self.prog}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        sys.exit(2)
+
+
+def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An argument parser whose mistakes print one line and exit 2, and whose help is plain text."""
+    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|ref):`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+
+
+def plain_text(text: str) -> str:
+    """Help text without reStructuredText markup: roles, literals, emphasis and directives.
+
+    Example:
+        >>> plain_text("``geograph bench``: see :func:`~geograph.bench.common.tuning_split` and **this**.")
+        'geograph bench: see tuning_split and this.'
+    """
+    def role(m: re.Match) -> str:
+        target = m.group(1).strip()
+        return target.rsplit(".", 1)[-1] if m.group(0).find("`~") >= 0 else target
+
+    text = _ROLE.sub(role, text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"(?<![\w`])`([^`\n]+)`_?(?![\w`])", r"\1", text)
+    text = re.sub(r"\*\*([^*\n]+)\*\*", r"\1", text)
+    text = re.sub(r"^(\s*)\.\. \w+::\s*", r"\1", text, flags=re.M)
+    return text
+
+
+def format_table(rows: dict[str, dict[str, float]], columns: Sequence[str],
+                 formats: Optional[dict[str, str]] = None) -> str:
+    """A plain-text table, one row per method: the name, then each column right-aligned in 12
+    characters (``formats[column]``, default ``"12.3f"``).
+
+    Example:
+        >>> print(format_table({"dense": {"nDCG@10": 0.5}}, ["nDCG@10"]))
+        method      nDCG@10
+        -------------------
+        dense         0.500
+    """
+    formats = formats or {}
+    width = max(len(r) for r in rows) + 2
+    head = "method".ljust(width) + "".join(c.rjust(12) for c in columns)
+    lines = [head, "-" * len(head)]
+    for name, vals in rows.items():
+        lines.append(name.ljust(width) + "".join(format(vals[c], formats.get(c, "12.3f")).rjust(12) for c in columns))
+    return "\n".join(lines)
