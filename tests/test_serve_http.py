@@ -385,7 +385,7 @@ def test_maniscope_sigint_stops_every_process(maniscope):
     assert seconds < 20
 
 
-@pytest.mark.parametrize("method, n, max_pool", [("ricci", 100, 12), ("iso", 150, 30), ("g3", 150, 30)])
+@pytest.mark.parametrize("method, n, max_pool", [("ricci", 60, 10), ("iso", 120, 30), ("g3", 120, 30)])
 def test_property_every_method_and_sigterm(env, text_encoder, method, n, max_pool):
     server = Server(env, method, "--max-batch-size", "16", "--batch-timeout", "0.02")
     try:
@@ -419,7 +419,7 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
                     "--batch-timeout", "0.02")
     try:
         assert len(server.tree()) >= 7  # main, manager, logger, 2 API servers, 2 x 2 workers
-        check_property(server, Requests(env, text_encoder, "maniscope", seed=4), 150, 30, "scale-out")
+        check_property(server, Requests(env, text_encoder, "maniscope", seed=4), 120, 30, "scale-out")
         # in-flight requests when SIGTERM arrives: each gets an answer or an error, none hangs
         reqs = Requests(env, text_encoder, "maniscope", seed=5).make(64, 30)
         results = []
@@ -430,7 +430,7 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
         t.join(timeout=60)
         assert not t.is_alive() and len(results) == 64
         for (_, _, want), (status, body) in zip(reqs, results):
-            assert status in (200, 503, None), status  # None: the connection was refused or closed
+            assert status in (200, 503, None), (status, body, server.output())  # None: refused or closed
             if status == 200:
                 same(body, want, "in flight")
         print(f"\nscale-out SIGTERM with requests in flight: tree gone in {seconds:.1f} s; "

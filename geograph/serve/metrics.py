@@ -112,10 +112,11 @@ class RequestMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start, status = time.perf_counter(), [500]
+        start, status, started = time.perf_counter(), [500], [False]
 
         async def send_(message):
             if message["type"] == "http.response.start":
+                started[0] = True
                 if message["status"] == 500 and self.stopping is not None and self.stopping.value:
                     message = {**message, "status": 503}
                 status[0] = message["status"]
@@ -123,6 +124,16 @@ class RequestMetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_)
+        except BaseException:
+            # uvicorn cancels requests still running when its graceful-shutdown time is up and
+            # would answer 500: while stopping, answer 503 (the request may be retried elsewhere)
+            if self.stopping is not None and self.stopping.value and status[0] == 500 and not started[0]:
+                status[0] = 503
+                body = b'{"detail":"the server is shutting down"}'
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+            raise
         finally:
             api = self.apis[0]
             if getattr(api, "_logger_queue", None) is not None:
