@@ -3,8 +3,7 @@ import pytest
 import torch
 
 from geograph import CrossEncoderScorer, RerankOutput, RicciFiltration
-from geograph.rerankers import query_graph
-from geograph.rerankers.ricci import _percentile
+from geograph.functional.graphs import masked_percentile, query_graph
 from ricci_helpers import load_fixture, scifact_graphs, seed_embeddings
 
 
@@ -33,7 +32,7 @@ def test_percentile_matches_numpy(q):
     valid = torch.from_numpy(rng.random((6, 9, 9)) < 0.6)
     valid[0] = False
     valid[0, 2, 3] = True  # a single value
-    ours = _percentile(values, valid, q)
+    ours = masked_percentile(values, valid, q)
     for b in range(6):
         assert float(ours[b]) == np.percentile(values[b][valid[b]].numpy(), q)
 
@@ -100,7 +99,7 @@ def test_duplicate_candidates_are_finite():
 def test_bad_input():
     model = RicciFiltration()
     q, docs = torch.randn(2, 8), torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match="query must have shape"):
+    with pytest.raises(ValueError, match="docs must have shape"):
         model(q[:1], docs)
     with pytest.raises(ValueError, match="at least one candidate"):
         model(q, docs[:, :0])
@@ -163,10 +162,10 @@ def test_outputs_keep_the_input_dtype(dtype):
 
 def test_certified_sinkhorn_keeps_the_exact_set_on_real_graphs():
     """DESIGN's entropic bound: >= 99.5% of candidates kept/dropped as by the exact flow."""
-    q, docs = scifact_graphs(6, 20)  # the benchmark runs 256 SciFact + MuSiQue graphs
+    q, docs = scifact_graphs(24, 20)  # the whole shipped fixture (the benchmark: 256 SciFact + MuSiQue)
     exact = RicciFiltration(solver="exact")(q, docs)
     approx = RicciFiltration(solver="sinkhorn")(q.float(), docs.float())
-    assert (exact.keep == approx.keep).double().mean() >= 0.995
+    assert (exact.keep == approx.keep).double().mean() >= 0.995  # measured: 478 / 480
 
 
 def test_hyperparameters_and_dtypes_are_validated():
