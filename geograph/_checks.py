@@ -10,6 +10,7 @@ before the call (``geograph serve`` does, in the request schema).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -89,3 +90,40 @@ def check_same_device(x: Tensor, name: str, device: torch.device, owner: str = "
         raise ValueError(
             f"{name} is on {x.device} but {owner} is on {device}: move one of them with .to() first"
         )
+
+
+def check_candidates(query: Tensor, docs: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+    """Validate a padded candidate batch ``query (B, D)``, ``docs (B, N, D)``, ``mask (B, N)``:
+    ranks, matching ``B`` and ``D``, one dtype, one device, finite query and finite real
+    candidates. Returns ``mask`` as bool (``None`` stays ``None``)."""
+    check_tensor(query, "query", 2)
+    check_tensor(docs, "docs", 3, finite=False)
+    if docs.shape[0] != query.shape[0] or docs.shape[2] != query.shape[1]:
+        raise ValueError(
+            f"docs must have shape (B={query.shape[0]}, N, D={query.shape[1]}) to match "
+            f"query {tuple(query.shape)}, got {tuple(docs.shape)}"
+        )
+    if docs.dtype != query.dtype:
+        raise ValueError(f"docs must have the dtype of query ({query.dtype}), got {docs.dtype}")
+    check_same_device(docs, "docs", query.device, "query")
+    check_same_device(mask, "mask", query.device, "query")
+    mask = check_mask(mask, docs.shape[:2], "mask")
+    check_finite_where(docs, mask, "docs")
+    return mask
+
+
+def check_percentile(percentile: float) -> float:
+    """``percentile`` as a float in ``[0, 100]``, or raise."""
+    percentile = check_finite_float(percentile, "percentile")
+    if not 0.0 <= percentile <= 100.0:
+        raise ValueError(f"percentile must lie in [0, 100], got {percentile!r}")
+    return float(percentile)
+
+
+def check_cert_tol(cert_tol: Optional[float]) -> Optional[float]:
+    """``None``, or ``cert_tol`` as a finite float ``>= 0``, or raise."""
+    if cert_tol is None:
+        return None
+    if isinstance(cert_tol, bool) or not isinstance(cert_tol, (int, float)) or not (cert_tol >= 0 and math.isfinite(cert_tol)):
+        raise ValueError(f"cert_tol must be None or a finite number >= 0, got {cert_tol!r}")
+    return float(cert_tol)

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
-from geograph.functional.isoperimetric import clean_edge_index
-from geograph.functional.similarity import normalize
+from geograph.functional.graphs import clean_edge_index, csr_rowptr
+from geograph.functional.similarity import chunked_topk, normalize
+from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
 
@@ -56,10 +57,9 @@ class CorpusGraph(nn.Module):
             edge_index = edge_index.to(embeddings.device)
         clean = clean_edge_index(edge_index, embeddings.shape[0])
         self.name = name
-        counts = torch.bincount(clean[0], minlength=embeddings.shape[0])
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("edge_index", clean)
-        self.register_buffer("rowptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+        self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -112,17 +112,10 @@ class CorpusGraph(nn.Module):
         if faiss:
             idx = _faiss_knn(z, k + 1)
         else:
-            parts = []
-            for start in range(0, v, chunk_size):
-                sim = z[start : start + chunk_size] @ z.T
-                rows = torch.arange(start, min(start + chunk_size, v), device=z.device)
-                sim[torch.arange(rows.numel(), device=z.device), rows] = float("-inf")
-                parts.append(sim.topk(k, dim=1).indices)
-            idx = torch.cat(parts)
+            idx = chunked_topk(z, z, k, chunk_size=chunk_size, exclude_self=True)[1]
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
             self_hit = idx == torch.arange(v, device=idx.device).unsqueeze(1)
-            order = torch.sort(self_hit.to(torch.int8), dim=1, stable=True).indices[:, :k]
-            idx = idx.gather(1, order)
+            idx = idx.gather(1, true_first(~self_hit, k))
         src = torch.arange(v, device=idx.device).repeat_interleave(k)
         return cls(embeddings, torch.stack([src, idx.reshape(-1)]), name=f"knn{k}")
 

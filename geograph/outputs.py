@@ -120,3 +120,15 @@ def topk_by_key(scores: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
     order = torch.sort(scores.gather(-1, by_id), dim=-1, descending=True, stable=True).indices[..., :k]
     pos = by_id.gather(-1, order)
     return scores.gather(-1, pos), pos
+
+
+def true_first(mask: Tensor, size: int) -> Tensor:
+    """Positions ``(..., size)`` along the last dimension: the True entries of ``mask`` first,
+    then the False ones, each in index order (a stable sort of ``~mask``; compacts a bool
+    selection to the front without a data-dependent shape).
+
+    Example:
+        >>> true_first(torch.tensor([[False, True, False, True]]), 3)
+        tensor([[1, 3, 0]])
+    """
+    return torch.sort((~mask).to(torch.int8), dim=-1, stable=True).indices[..., :size]

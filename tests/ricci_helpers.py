@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from geograph.rerankers import query_graph
+from geograph.functional.graphs import query_graph
 
 REF = Path(__file__).parent / "data" / "graphriccicurvature"  # copied from ../shared/reference
 SCIFACT = Path(__file__).parent / "data" / "scifact_candidates.npz"

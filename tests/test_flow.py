@@ -53,11 +53,11 @@ def test_frozen_graph_in_a_batch_is_unchanged():
     assert int(out.iterations[1]) == int(alone.iterations[0])
 
 
-def test_no_early_exit_gives_same_result():
+def test_no_early_stop_gives_same_result():
     ds, adj = fixture_batch()
     ones = torch.ones(adj.shape, dtype=torch.float64)
     a = ricci_flow(adj, ones, solver="exact", iterations=4)
-    b = ricci_flow(adj, ones, solver="exact", iterations=4, early_exit=False)
+    b = ricci_flow(adj, ones, solver="exact", iterations=4, early_stop=False)
     torch.testing.assert_close(a.lengths, b.lengths)
 
 
@@ -130,7 +130,7 @@ def test_sinkhorn_flow_has_no_host_read_per_step_or_iteration(monkeypatch):
     for steps, warm in [(1, 5), (4, 5), (4, 40)]:
         reads = _HostReads(monkeypatch)
         ricci_flow(adj, ones, solver="sinkhorn", iterations=steps, max_iter=20, warm_iter=warm, cert_tol=None,
-                   early_exit=False)
+                   early_stop=False)
         counts[(steps, warm)] = reads.count
         monkeypatch.undo()
     assert len(set(counts.values())) == 1, counts  # independent of flow steps and Sinkhorn iterations
@@ -154,14 +154,14 @@ def test_flow_dtype_follows_input_and_step_is_validated():
 def test_compiled_flow_equals_the_torch_loop():
     """The one-call numba flow vs the torch loop over steps with per-step compiled curvature."""
     from geograph.functional.flow import _torch_flow
-    from geograph.functional.curvature import _validate
+    from geograph.functional.curvature import validate_graph
 
     rng = np.random.default_rng(5)
     adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])
-    w, adj_v, mask = _validate(torch.ones(adj.shape, dtype=torch.float64), adj, None)
+    w, adj_v, mask = validate_graph(torch.ones(adj.shape, dtype=torch.float64), adj, None)
     fast = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="exact")
     loop = _torch_flow(w, adj_v, mask, iterations=20, step=1.0, delta=1e-4, alpha=0.5, exp_power=2.0, solver="exact",
-                       reg=0.01, max_iter=10, warm_iter=10, relaxation=1.0, cert_tol=None, early_exit=True, check_every=1)
+                       reg=0.01, max_iter=10, warm_iter=10, relaxation=1.0, cert_tol=None, early_stop=True, check_every=1)
     torch.testing.assert_close(fast.lengths, loop.lengths, atol=1e-10, rtol=0)  # summation order differs
     torch.testing.assert_close(fast.curvature, loop.curvature, atol=1e-10, rtol=0)
     assert torch.equal(fast.iterations, loop.iterations)
@@ -172,7 +172,7 @@ def test_certified_sinkhorn_curvature_within_its_bound(steps):
     """The curvature returned at the last step is within the reported bound of the exact one."""
     adj = real_adjacency(6)
     out = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="sinkhorn", iterations=steps,
-                     early_exit=False)
+                     early_stop=False)
     exact = ollivier_ricci(out.lengths, adj, solver="exact")
     err = (exact - out.curvature)[adj].abs().max()
     assert err <= float(out.bound.max()) + 1e-9 and float(out.bound.max()) <= 1e-3 + 1e-12

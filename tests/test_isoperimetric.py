@@ -46,10 +46,10 @@ def test_matches_networkx_sets(seed, device):
 def test_compatible_edges_rule():
     ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
     phi = torch.tensor([1.0, 0.5, 0.1, 0.0, 0.0])
-    assert compatible_edges(ei, phi, 0.4).tolist() == [True, False, False, True]
-    assert compatible_edges(ei, phi, 0.0).all()
+    assert compatible_edges(ei, phi, beta=0.4).tolist() == [True, False, False, True]
+    assert compatible_edges(ei, phi, beta=0.0).all()
     with pytest.raises(ValueError, match="beta"):
-        compatible_edges(ei, phi, 1.5)
+        compatible_edges(ei, phi, beta=1.5)
 
 
 def test_bad_input():

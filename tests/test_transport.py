@@ -90,7 +90,7 @@ def test_exception():
 
 # ---- exact solver (compiled transportation simplex) vs POT -----------------------------
 
-from geograph.functional.transport import _emd_numpy, emd, transport_bounds  # noqa: E402
+from geograph.functional.transport import emd_numpy, emd, transport_bounds  # noqa: E402
 
 
 def exact_problems(seed, count=200, n=10, m=20):
@@ -127,7 +127,7 @@ def test_emd_blands_rule_and_shapes():
     """Bland's rule from the first pivot (the anti-cycling path) is exact too; 1 x m, n x 1."""
     c, a, b = exact_problems(3, count=60, n=7, m=9)
     ref = np.array([pot_emd(c[i], a[i], b[i]) for i in range(len(c))])
-    assert np.abs(_emd_numpy(c, a, b, max_pivots=0) - ref).max() <= 1e-9
+    assert np.abs(emd_numpy(c, a, b, max_pivots=0) - ref).max() <= 1e-9
     one = emd(torch.tensor([[[1.0, 2.0, 3.0]]]), torch.tensor([[1.0]]), torch.tensor([[0.2, 0.3, 0.5]]))
     assert one.dtype == torch.float32 and abs(float(one[0]) - 2.3) < 1e-6
     col = emd(torch.tensor([[[1.0], [3.0]]], dtype=torch.float64), torch.tensor([[0.5, 0.5]], dtype=torch.float64),

@@ -20,7 +20,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from geograph.corpus import CorpusGraph
-from geograph.functional.similarity import normalize
+from geograph.functional.similarity import chunked_topk, normalize
+from geograph.outputs import true_first
 
 
 def hard_negatives(graph: CorpusGraph, count: int, *, chunk_size: int = 4096) -> Tensor:
@@ -36,9 +37,9 @@ def hard_negatives(graph: CorpusGraph, count: int, *, chunk_size: int = 4096) ->
     out = []
     for start in range(0, v, chunk_size):
         rows = torch.arange(start, min(start + chunk_size, v))
-        idx = (z[rows] @ z.T).topk(width, dim=1).indices
+        idx = chunked_topk(z[rows], z, width, chunk_size=chunk_size)[1]
         bad = (idx == rows.unsqueeze(1)) | torch.isin(rows.unsqueeze(1) * v + idx, keys)
-        order = torch.sort(bad.to(torch.int8), dim=1, stable=True).indices[:, :count]
+        order = true_first(~bad, count)
         pick = idx.gather(1, order)
         out.append(torch.where(bad.gather(1, order), torch.full_like(pick, -1), pick))
     return torch.cat(out) if out else torch.zeros(0, count, dtype=torch.long)

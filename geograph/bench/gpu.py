@@ -44,7 +44,7 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
     """Max |device - cpu| of every functional kernel on the same inputs."""
     from geograph.corpus import CorpusGraph
     import geograph.functional as F
-    from geograph.rerankers import query_graph
+    from geograph.functional.graphs import query_graph
 
     torch.manual_seed(0)
     docs = clustered(b * n, 64).view(b, n, 64).double()

@@ -90,7 +90,7 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
         row = record(f"(c) sinkhorn B={args.batch}", sk, q32, d32, args.batch, ns)
         # certificate statistics of the same flows (functional call, same defaults)
         from geograph.functional import ricci_flow
-        from geograph.rerankers import query_graph
+        from geograph.functional.graphs import query_graph
 
         resolved, work = [], []
         for s in range(0, ns, args.batch):

@@ -4,7 +4,7 @@ from geograph.functional.flow import RicciFlowOutput, ricci_flow
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.gain import gain_density, gain_transition
-from geograph.functional.graphs import knn_from_similarity, knn_graph
+from geograph.functional.graphs import knn_from_similarity, knn_graph, masked_percentile, query_graph
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
@@ -16,6 +16,8 @@ __all__ = [
     "normalize",
     "knn_graph",
     "knn_from_similarity",
+    "query_graph",
+    "masked_percentile",
     "shortest_paths",
     "single_source_shortest_paths",
     "maniscope_scores",

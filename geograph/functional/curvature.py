@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geograph._checks import check_mask, check_tensor, check_unit_interval
-from geograph.functional.paths import _floyd_warshall, shortest_paths
-from geograph.functional.transport import _emd_numpy, _sinkhorn, transport_bounds
+from geograph._checks import check_cert_tol, check_mask, check_tensor, check_unit_interval
+from geograph.functional.paths import floyd_warshall_unchecked, shortest_paths
+from geograph.functional.transport import emd_numpy, sinkhorn_unchecked, transport_bounds
+from geograph.outputs import true_first
 
 __all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]
 
@@ -40,7 +41,18 @@ class CurvatureState:
     neg: Tensor
 
 
-def _validate(lengths: Tensor, adj: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def validate_graph(lengths: Tensor, adj: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Validate a padded weighted graph batch (shared by the curvature and the flow).
+
+    Args:
+        lengths: ``(B, n, n)`` edge lengths, finite, non-negative and symmetric on ``adj``.
+        adj: ``(B, n, n)`` bool, symmetric.
+        mask: ``(B, n)`` bool node mask or ``None``.
+
+    Returns:
+        ``(w, adj, node_mask)``: lengths zeroed off the edges, ``adj`` without padded nodes and
+        self-loops, and the node mask (all True for ``None``).
+    """
     check_tensor(lengths, "lengths", 3, finite=False)
     b, n, n2 = lengths.shape
     if n != n2:
@@ -91,7 +103,7 @@ def lazy_measures(
         tensor([0.5000, 0.2500, 0.2500])
     """
     alpha = check_unit_interval(alpha, "alpha")
-    w, adj, node_mask = _validate(lengths, adj, mask)
+    w, adj, node_mask = validate_graph(lengths, adj, mask)
     return _measures(w, adj, node_mask, alpha, float(exp_power))
 
 
@@ -188,15 +200,16 @@ def ollivier_ricci(
         >>> round(float(k[0, 0, 1]), 4)
         0.75
     """
-    kappa, _, _ = _ollivier_ricci(
+    kappa, _, _ = ollivier_ricci_solve(
         lengths, adj, mask, alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, max_iter=max_iter,
         reg_start=reg_start, scaling_iter=scaling_iter, tol=tol, relaxation=relaxation, state=None,
-        cert_tol=_check_cert_tol(cert_tol),
+        cert_tol=check_cert_tol(cert_tol),
     )
     return kappa
 
 
-def _check_options(alpha: float, solver: str, reg: float, max_iter: int) -> float:
+def check_solver_options(alpha: float, solver: str, reg: float, max_iter: int) -> float:
+    """Validate the curvature solver's options; returns ``alpha`` as a float."""
     alpha = check_unit_interval(alpha, "alpha")
     if solver not in _SOLVERS:
         raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
@@ -207,23 +220,15 @@ def _check_options(alpha: float, solver: str, reg: float, max_iter: int) -> floa
     return alpha
 
 
-def _resolve_solver(solver: str, device: torch.device) -> str:
+def resolve_solver(solver: str, device: torch.device) -> str:
     """``"auto"``: the exact compiled solver on the CPU, certified Sinkhorn on an accelerator."""
     if solver != "auto":
         return solver
     return "exact" if torch.device(device).type == "cpu" else "sinkhorn"
 
 
-def _check_cert_tol(cert_tol: Optional[float]) -> Optional[float]:
-    if cert_tol is None:
-        return None
-    if isinstance(cert_tol, bool) or not isinstance(cert_tol, (int, float)) or not (cert_tol >= 0 and math.isfinite(cert_tol)):
-        raise ValueError(f"cert_tol must be None or a finite number >= 0, got {cert_tol!r}")
-    return float(cert_tol)
-
-
 @dataclass(frozen=True)
-class _SolveInfo:
+class SolveInfo:
     """Diagnostics of one curvature solve (all 0-dim tensors, no host read)."""
 
     resolved: Tensor  # share of the edges solved exactly (1 for the exact solver)
@@ -231,7 +236,7 @@ class _SolveInfo:
     work: Tensor  # Sinkhorn iterations x problems (0 for the exact solver)
 
 
-def _ollivier_ricci(
+def ollivier_ricci_solve(
     lengths: Tensor,
     adj: Tensor,
     mask: Optional[Tensor],
@@ -249,21 +254,31 @@ def _ollivier_ricci(
     cert_tol: Optional[float] = None,
     validated: bool = False,
     edges: Optional[Tensor] = None,
-) -> tuple[Tensor, Optional[CurvatureState], _SolveInfo]:
-    alpha = _check_options(alpha, solver, reg, max_iter)
+) -> tuple[Tensor, Optional[CurvatureState], SolveInfo]:
+    """Ollivier-Ricci curvature of every edge, with the solver's state and diagnostics.
+
+    The engine behind :func:`ollivier_ricci` and :func:`~geograph.functional.ricci_flow`:
+    the flow passes ``validated=True`` (inputs from :func:`validate_graph`), the Sinkhorn
+    ``state`` of the previous step (warm start) and a fixed ``edges`` list.
+
+    Returns:
+        ``(kappa, state, info)``: ``(B, n, n)`` curvature (0 off the edges), the Sinkhorn
+        state (``None`` for the exact solver) and a :class:`SolveInfo`.
+    """
+    alpha = check_solver_options(alpha, solver, reg, max_iter)
     if validated:
         w, node_mask = lengths, mask
         assert node_mask is not None
     else:
-        w, adj, node_mask = _validate(lengths, adj, mask)
-    solver = _resolve_solver(solver, w.device)
+        w, adj, node_mask = validate_graph(lengths, adj, mask)
+    solver = resolve_solver(solver, w.device)
     bsz, n, _ = w.shape
     if edges is None:
         edges = state.edges if state is not None else torch.triu(adj, diagonal=1).nonzero()
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
     if solver == "exact":
         k_e = _exact_kappa(w, adj, node_mask, edges, alpha, float(exp_power))
-        info = _SolveInfo(resolved=torch.ones((), dtype=w.dtype, device=w.device), bound=zero, work=torch.zeros((), dtype=torch.long, device=w.device))
+        info = SolveInfo(resolved=torch.ones((), dtype=w.dtype, device=w.device), bound=zero, work=torch.zeros((), dtype=torch.long, device=w.device))
         new_state = None
     else:
         k_e, new_state, info = _sinkhorn_kappa(
@@ -302,14 +317,14 @@ def _exact_kappa(w: Tensor, adj: Tensor, node_mask: Tensor, edges: Tensor, alpha
 
 def _pot_kappa(dist: np.ndarray, meas: np.ndarray, edge: np.ndarray) -> float:
     """One edge's curvature by POT on the full supports (the fallback of :func:`_exact_kappa`)."""
-    from geograph.functional.transport import _pot_emd
+    from geograph.functional.transport import pot_emd
 
     g, x, y = (int(v) for v in edge.tolist())
     d_xy = dist[g, x, y]
     if d_xy < _DIST_EPS:
         return 0.0
     cost = np.where(np.isfinite(dist[g]), dist[g], 0.0)
-    return 1.0 - _pot_emd(meas[g, x], meas[g, y], cost) / d_xy
+    return 1.0 - pot_emd(meas[g, x], meas[g, y], cost) / d_xy
 
 
 @dataclass
@@ -335,7 +350,7 @@ class _Problems:
 
 def _compact(side: Tensor, size: int) -> tuple[Tensor, Tensor]:
     """Indices ``(E, size)`` of the True entries of ``side`` first (stable), and their validity."""
-    idx = torch.sort((~side).to(torch.int8), dim=1, stable=True).indices[:, :size]
+    idx = true_first(side, size)
     return idx, side.gather(1, idx)
 
 
@@ -385,7 +400,7 @@ def _sinkhorn_kappa(
     relaxation: float,
     state: Optional[CurvatureState],
     cert_tol: Optional[float],
-) -> tuple[Tensor, CurvatureState, _SolveInfo]:
+) -> tuple[Tensor, CurvatureState, SolveInfo]:
     """Curvature per edge from one batched Sinkhorn call over the KR-compacted supports.
 
     Each edge's ``W1 / d(x, y) = t * OT`` is certified by :func:`transport_bounds`
@@ -398,7 +413,7 @@ def _sinkhorn_kappa(
     n = w.shape[1]
     zero = torch.zeros((), dtype=dtype, device=device)
     # validated once by the caller: the unchecked Floyd-Warshall reads nothing on the host
-    dist = _floyd_warshall(torch.where(adj, w, torch.full((), float("inf"), dtype=dtype, device=device)), node_mask)
+    dist = floyd_warshall_unchecked(torch.where(adj, w, torch.full((), float("inf"), dtype=dtype, device=device)), node_mask)
     measures = _measures(w, adj, node_mask, alpha, exp_power)
     gb, gx, gy = edges.unbind(1)
     d_xy = dist[gb, gx, gy]
@@ -409,7 +424,7 @@ def _sinkhorn_kappa(
     if state is not None:
         f_init = torch.where(flip, state.neg, state.pos).gather(1, r_idx)
         g_init = torch.where(flip, state.pos, state.neg).gather(1, c_idx)
-    out = _sinkhorn(
+    out = sinkhorn_unchecked(
         prob.cost, prob.a, prob.b, reg=reg, max_iter=max_iter, reg_start=1.0 if reg_start is None else reg_start,
         scaling_iter=scaling_iter, tol=tol, check_every=10, f_init=f_init, g_init=g_init, relaxation=relaxation,
     )
@@ -424,7 +439,7 @@ def _sinkhorn_kappa(
         solved = live & (bound > cert_tol)
         idx = solved.nonzero().squeeze(1)  # the one host sync of this solve: which edges to re-solve
         if idx.numel():
-            exact = _emd_numpy(c64[idx].cpu().numpy(), prob.a[idx].double().cpu().numpy(), prob.b[idx].double().cpu().numpy())
+            exact = emd_numpy(c64[idx].cpu().numpy(), prob.a[idx].double().cpu().numpy(), prob.b[idx].double().cpu().numpy())
             ratio = ratio.index_put((idx,), t64[idx] * torch.from_numpy(exact).to(device))
             bound = bound.index_put((idx,), torch.zeros((), dtype=torch.float64, device=device))
     ratio = torch.where(live, ratio, torch.zeros_like(ratio))
@@ -434,7 +449,7 @@ def _sinkhorn_kappa(
     f_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, r_idx, torch.where(prob.r_ok, out.f, zero))
     g_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, c_idx, torch.where(prob.c_ok, out.g, zero))
     new_state = CurvatureState(edges=edges, pos=torch.where(flip, g_node, f_node), neg=torch.where(flip, f_node, g_node))
-    info = _SolveInfo(
+    info = SolveInfo(
         resolved=solved.to(dtype).mean() if e_count else zero,
         bound=bound.amax().to(dtype) if e_count else zero,
         work=torch.tensor(e_count * max_iter, dtype=torch.long, device=device),

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from geograph._checks import check_positive_int, tracing
-from geograph.functional.curvature import _check_cert_tol, _check_options, _ollivier_ricci, _resolve_solver, _validate
+from geograph._checks import check_cert_tol, check_positive_int, tracing
+from geograph.functional.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
 
 __all__ = ["ricci_flow", "RicciFlowOutput"]
 
@@ -70,7 +70,7 @@ def ricci_flow(
     warm_iter: int = 300,
     relaxation: float = 1.7,
     cert_tol: Optional[float] = 1e-3,
-    early_exit: bool = True,
+    early_stop: bool = True,
     check_every: int = 1,
 ) -> RicciFlowOutput:
     r"""Normalized discrete Ricci flow, one batched curvature solve per step.
@@ -122,7 +122,7 @@ def ricci_flow(
         relaxation: Sinkhorn over-relaxation.
         cert_tol: Sinkhorn only: largest certified curvature error left unre-solved per edge;
             ``None`` = no exact re-solve (a purely entropic, sync-free loop).
-        early_exit: stop the loop once every graph has stopped (Sinkhorn path: one host read
+        early_stop: stop the loop once every graph has stopped (Sinkhorn path: one host read
             per check); ``False`` runs all ``iterations`` steps (frozen graphs stay frozen).
         check_every: flow steps between early-exit checks (Sinkhorn path).
 
@@ -141,11 +141,11 @@ def ricci_flow(
         1.0
     """
     iterations = check_positive_int(iterations, "iterations")
-    _check_options(alpha, "exact" if solver == "auto" else solver, reg, max_iter)
+    check_solver_options(alpha, "exact" if solver == "auto" else solver, reg, max_iter)
     check_positive_int(warm_iter, "warm_iter")
     check_positive_int(check_every, "check_every")
     step = check_step(step)
-    cert_tol = _check_cert_tol(cert_tol)
+    cert_tol = check_cert_tol(cert_tol)
     for name, value in (("delta", delta), ("exp_power", exp_power), ("relaxation", relaxation)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -155,8 +155,8 @@ def ricci_flow(
         if not isinstance(adj, Tensor) or adj.dim() != 3:
             raise ValueError(f"adj must be a (B, n, n) bool tensor, got {getattr(adj, 'shape', type(adj))}")
         lengths = torch.ones(adj.shape, device=adj.device)
-    w, adj, node_mask = _validate(lengths, adj, mask)
-    solver = _resolve_solver(solver, w.device)
+    w, adj, node_mask = validate_graph(lengths, adj, mask)
+    solver = resolve_solver(solver, w.device)
     if solver == "exact":
         out = _exact_flow(w, adj, node_mask, iterations=iterations, step=step, delta=float(delta), alpha=float(alpha),
                           exp_power=float(exp_power))
@@ -164,31 +164,31 @@ def ricci_flow(
             return out
     return _torch_flow(
         w, adj, node_mask, iterations=iterations, step=step, delta=delta, alpha=alpha, exp_power=exp_power, solver=solver,
-        reg=reg, max_iter=max_iter, warm_iter=warm_iter, relaxation=relaxation, cert_tol=cert_tol, early_exit=early_exit,
+        reg=reg, max_iter=max_iter, warm_iter=warm_iter, relaxation=relaxation, cert_tol=cert_tol, early_stop=early_stop,
         check_every=check_every,
     )
 
 
 def _torch_flow(w, adj, node_mask, *, iterations, step, delta, alpha, exp_power, solver, reg, max_iter, warm_iter,
-                relaxation, cert_tol, early_exit, check_every) -> RicciFlowOutput:
+                relaxation, cert_tol, early_stop, check_every) -> RicciFlowOutput:
     """The flow as a torch loop over the steps, one batched curvature solve per step."""
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
     opts = dict(alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, tol=None, relaxation=relaxation,
                 validated=True, cert_tol=cert_tol)
     edges = torch.triu(adj, 1).nonzero()  # once per call
-    kappa, state, info = _ollivier_ricci(w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None,
+    kappa, state, info = ollivier_ricci_solve(w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None,
                                          state=None, edges=edges, **opts)
     infos = [info]
     n_edges = torch.triu(adj, 1).sum((1, 2)).to(w.dtype)  # (B,)
     active = n_edges > 0
     steps = torch.zeros(w.shape[0], dtype=torch.long, device=w.device)
     converged = torch.zeros_like(active)
-    big = torch.full((), float("inf"), dtype=w.dtype, device=w.device)
+    inf = torch.full((), float("inf"), dtype=w.dtype, device=w.device)
     for it in range(iterations):
         w_new = torch.where(adj, w - step * kappa * w, zero)
         total = w_new.sum((1, 2)) * 0.5
         w_new = w_new * (n_edges / total.clamp_min(torch.finfo(w.dtype).tiny)).view(-1, 1, 1)
-        k_new, state, info = _ollivier_ricci(
+        k_new, state, info = ollivier_ricci_solve(
             w_new, adj, node_mask, max_iter=warm_iter, reg_start=reg, scaling_iter=0, state=state, edges=edges, **opts
         )
         infos.append(info)
@@ -196,11 +196,11 @@ def _torch_flow(w, adj, node_mask, *, iterations, step, delta, alpha, exp_power,
         w = torch.where(live, w_new, w)
         kappa = torch.where(live, k_new, kappa)
         steps = steps + active.long()
-        spread = torch.where(adj, kappa, -big).amax((1, 2)) - torch.where(adj, kappa, big).amin((1, 2))
+        spread = torch.where(adj, kappa, -inf).amax((1, 2)) - torch.where(adj, kappa, inf).amin((1, 2))
         done = active & (spread < delta)
         converged = converged | done
         active = active & ~done
-        if early_exit and not tracing() and (it + 1) % check_every == 0 and not bool(active.any()):
+        if early_stop and not tracing() and (it + 1) % check_every == 0 and not bool(active.any()):
             break
     return RicciFlowOutput(
         lengths=w, curvature=kappa, iterations=steps, converged=converged,

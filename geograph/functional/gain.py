@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
+from geograph.functional.graphs import csr_rowptr
 from geograph.functional.similarity import normalize
 from geograph.outputs import topk_stable
 
@@ -196,6 +197,4 @@ def gain_transition(
     rows, cols, vals = rows[order], cols[order], vals[order]
     row_sum = torch.zeros(n, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals)
     vals = vals / row_sum[rows]
-    crow = torch.zeros(n + 1, dtype=torch.long, device=z.device)
-    crow[1:] = torch.bincount(rows, minlength=n).cumsum(0)
-    return csr(crow, cols, vals.to(embeddings.dtype), n)
+    return csr(csr_rowptr(rows, n), cols, vals.to(embeddings.dtype), n)

@@ -1,12 +1,14 @@
-"""Batched k-nearest-neighbour graphs."""
+"""Graph utilities: batched k-nearest-neighbour graphs, the Ricci-Filtration query graph, and
+edge-list helpers (cleaning an ``edge_index``, CSR row pointers)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 from torch import Tensor
+from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
-from geograph._checks import check_mask, check_positive_int, check_tensor
+from geograph._checks import check_candidates, check_mask, check_percentile, check_positive_int, check_tensor
 from geograph.functional.similarity import cosine_similarity
 from geograph.outputs import topk_stable
 
@@ -81,3 +83,119 @@ def knn_lists(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> tuple[Tenso
     if mask is not None:
         invalid = invalid | ~(mask.unsqueeze(2) & mask.unsqueeze(1))
     return topk_stable(sim.masked_fill(invalid, float("-inf")), min(k, n - 1))
+
+
+def query_graph(query: Tensor, docs: Tensor, mask: Optional[Tensor] = None, *, percentile: float = 50.0):
+    r"""The Ricci-Filtration graph of each query: node 0 = query, nodes 1..N = candidates.
+
+    ``r_ij = 1 - cos(z_i, z_j)``; ``tau`` is the ``percentile``-th percentile of ``r_ij`` over
+    the valid pairs ``i < j`` (query included; linear interpolation as ``numpy.percentile``);
+    an edge joins ``i`` and ``j`` iff ``r_ij >= tau``, and every query edge ``(0, j)`` is
+    forced. Computed in float64 so that ties at ``tau`` fall as they do in numpy.
+
+    Args:
+        query: ``(B, D)``.
+        docs: ``(B, N, D)``.
+        mask: ``(B, N)`` bool, True = real candidate; ``None`` = all real.
+        percentile: in ``[0, 100]``.
+
+    Returns:
+        ``(adj, node_mask, tau)``: ``(B, N+1, N+1)`` bool, ``(B, N+1)`` bool, ``(B,)`` float64.
+
+    Example:
+        >>> q = torch.tensor([[1.0, 0.0]])
+        >>> docs = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+        >>> adj, _, tau = query_graph(q, docs)
+        >>> adj[0].int(), float(tau[0])
+        (tensor([[0, 1, 1],
+                [1, 0, 1],
+                [1, 1, 0]], dtype=torch.int32), 1.0)
+    """
+    cand_mask = check_candidates(query, docs, mask)
+    b, n, _ = docs.shape
+    if n < 1:
+        raise ValueError(f"docs must hold at least one candidate, got shape {tuple(docs.shape)}")
+    percentile = check_percentile(percentile)
+    if cand_mask is None:
+        cand_mask = torch.ones(b, n, dtype=torch.bool, device=docs.device)
+    node_mask = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=docs.device), cand_mask], 1)
+    z = torch.cat([query.unsqueeze(1), docs], 1).double()
+    r = 1.0 - cosine_similarity(z, mask=node_mask)
+    pair = torch.triu(node_mask.unsqueeze(2) & node_mask.unsqueeze(1), diagonal=1)
+    tau = masked_percentile(r, pair, percentile)
+    adj = pair & (r >= tau.view(-1, 1, 1))
+    adj[:, 0, 1:] |= cand_mask
+    adj = adj | adj.transpose(1, 2)
+    return adj, node_mask, tau
+
+
+def masked_percentile(values: Tensor, valid: Tensor, q: float) -> Tensor:
+    """numpy's linear-interpolation percentile of ``values[b][valid[b]]`` for every ``b``.
+
+    ``numpy.percentile(v, q)`` with ``v`` sorted and ``pos = (count - 1) * q / 100``:
+    ``v[floor(pos)] + (v[floor(pos) + 1] - v[floor(pos)]) * frac(pos)`` (numpy's lerp).
+
+    Args:
+        values: ``(B, ...)`` floating.
+        valid: bool of ``values``' shape; True = counted.
+        q: percentile in ``[0, 100]``.
+
+    Returns:
+        ``(B,)`` in ``values``' dtype.
+
+    Example:
+        >>> v = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+        >>> float(masked_percentile(v, torch.tensor([[True, True, True, False]]), 50.0))
+        2.0
+    """
+    flat = torch.where(valid, values, torch.full_like(values, float("inf"))).flatten(1)
+    ranked = flat.sort(1).values
+    count = valid.flatten(1).sum(1)
+    pos = (count - 1).clamp_min(0).to(values.dtype) * (q / 100.0)
+    lo = pos.floor().long()
+    hi = torch.minimum(lo + 1, (count - 1).clamp_min(0))
+    v_lo = ranked.gather(1, lo.unsqueeze(1)).squeeze(1)
+    v_hi = ranked.gather(1, hi.unsqueeze(1)).squeeze(1)
+    frac = pos - lo.to(values.dtype)
+    # numpy's lerp: a + (b - a) * t, switching to b - (b - a) * (1 - t) for t >= 0.5
+    diff = v_hi - v_lo
+    return torch.where(frac >= 0.5, v_hi - diff * (1 - frac), v_lo + diff * frac)
+
+
+def clean_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """``edge_index`` as an undirected graph: both directions, sorted, no duplicates, no self loops.
+
+    Example:
+        >>> clean_edge_index(torch.tensor([[0, 1, 1, 2], [1, 0, 1, 0]]), 3)
+        tensor([[0, 0, 1, 2],
+                [1, 2, 0, 0]])
+    """
+    num_nodes = check_positive_int(num_nodes, "num_nodes")
+    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must be a (2, E) tensor, got {getattr(edge_index, 'shape', type(edge_index))}")
+    if edge_index.is_floating_point() or edge_index.dtype == torch.bool:
+        raise ValueError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
+    edge_index = edge_index.long()
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+        raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
+    edge_index, _ = remove_self_loops(edge_index)
+    return coalesce(to_undirected(edge_index, num_nodes=num_nodes), num_nodes=num_nodes)
+
+
+def csr_rowptr(rows: Tensor, num_nodes: int) -> Tensor:
+    """CSR row pointers of an edge list sorted by source: ``rowptr[u] = #{e : rows[e] < u}``.
+
+    Args:
+        rows: ``(E,)`` long source node of each edge, sorted.
+        num_nodes: ``V``.
+
+    Returns:
+        ``(V + 1,)`` long on ``rows``' device; row ``u``'s edges are ``rowptr[u]:rowptr[u + 1]``.
+
+    Example:
+        >>> csr_rowptr(torch.tensor([0, 0, 2]), 4)
+        tensor([0, 2, 2, 3, 3])
+    """
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=rows.device)
+    rowptr[1:] = torch.bincount(rows, minlength=num_nodes).cumsum(0)
+    return rowptr

@@ -5,31 +5,12 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import coalesce, remove_self_loops, scatter, to_undirected
+from torch_geometric.utils import scatter
 
-from geograph._checks import check_positive_int, check_unit_interval
+from geograph._checks import check_unit_interval
+from geograph.functional.graphs import clean_edge_index, csr_rowptr
 
-__all__ = ["isoperimetric_ratio", "compatible_edges", "clean_edge_index"]
-
-
-def clean_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
-    """``edge_index`` as an undirected graph: both directions, sorted, no duplicates, no self loops.
-
-    Example:
-        >>> clean_edge_index(torch.tensor([[0, 1, 1, 2], [1, 0, 1, 0]]), 3)
-        tensor([[0, 0, 1, 2],
-                [1, 2, 0, 0]])
-    """
-    num_nodes = check_positive_int(num_nodes, "num_nodes")
-    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"edge_index must be a (2, E) tensor, got {getattr(edge_index, 'shape', type(edge_index))}")
-    if edge_index.is_floating_point() or edge_index.dtype == torch.bool:
-        raise ValueError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
-    edge_index = edge_index.long()
-    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
-        raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
-    edge_index, _ = remove_self_loops(edge_index)
-    return coalesce(to_undirected(edge_index, num_nodes=num_nodes), num_nodes=num_nodes)
+__all__ = ["isoperimetric_ratio", "compatible_edges", "two_hop_shell"]
 
 
 def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
@@ -37,12 +18,12 @@ def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
 
     Walks every length-2 path ``u - v - w`` by CSR expansion (memory ``O(sum_v deg(v)^2)``),
     deduplicates, and removes the closed 1-hop neighbourhood of each node. ``edge_index`` must
-    be clean (:func:`clean_edge_index`: both directions, sorted by source).
+    be clean (:func:`~geograph.functional.graphs.clean_edge_index`: both directions, sorted by source).
     """
     device = edge_index.device
     src, dst = edge_index
-    deg = torch.bincount(src, minlength=num_nodes)
-    rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
+    rowptr = csr_rowptr(src, num_nodes)
+    deg = rowptr[1:] - rowptr[:-1]
     count = deg[dst]  # paths through edge (u, v): one per neighbour w of v
     total = int(count.sum())
     first = torch.repeat_interleave(src, count, output_size=total)
@@ -103,7 +84,7 @@ def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, e
     return shell / (ball + eps)
 
 
-def compatible_edges(edge_index: Tensor, phi: Tensor, beta: float = 0.4) -> Tensor:
+def compatible_edges(edge_index: Tensor, phi: Tensor, *, beta: float = 0.4) -> Tensor:
     r"""Mask of the edges whose endpoints have comparable ratios.
 
     .. math:: \mathrm{keep}(u, v) = \frac{\min(\phi_u, \phi_v)}{\max(\phi_u, \phi_v)} \ge \beta
@@ -119,7 +100,7 @@ def compatible_edges(edge_index: Tensor, phi: Tensor, beta: float = 0.4) -> Tens
         ``(E,)`` bool.
 
     Example:
-        >>> compatible_edges(torch.tensor([[0, 1], [1, 2]]), torch.tensor([1.0, 0.5, 0.1]), 0.4)
+        >>> compatible_edges(torch.tensor([[0, 1], [1, 2]]), torch.tensor([1.0, 0.5, 0.1]), beta=0.4)
         tensor([ True, False])
     """
     beta = check_unit_interval(beta, "beta")

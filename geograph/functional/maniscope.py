@@ -6,30 +6,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import (check_finite_where, check_mask, check_positive_int, check_same_device, check_tensor,
-                              check_unit_interval, tracing)
+from geograph._checks import check_candidates, check_positive_int, check_unit_interval, tracing
 from geograph.functional.graphs import knn_lists
 from geograph.functional.similarity import normalize
 
-__all__ = ["maniscope_scores", "check_candidates"]
-
-
-def check_candidates(query: Tensor, docs: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
-    """Validate a padded candidate batch ``query (B, D)``, ``docs (B, N, D)``, ``mask (B, N)``."""
-    check_tensor(query, "query", 2)
-    check_tensor(docs, "docs", 3, finite=False)
-    if docs.shape[0] != query.shape[0] or docs.shape[2] != query.shape[1]:
-        raise ValueError(
-            f"docs must have shape (B={query.shape[0]}, N, D={query.shape[1]}) to match "
-            f"query {tuple(query.shape)}, got {tuple(docs.shape)}"
-        )
-    if docs.dtype != query.dtype:
-        raise ValueError(f"query and docs must share a dtype, got {query.dtype} and {docs.dtype}")
-    check_same_device(docs, "docs", query.device, "query")
-    check_same_device(mask, "mask", query.device, "query")
-    mask = check_mask(mask, docs.shape[:2], "mask")
-    check_finite_where(docs, mask, "docs")
-    return mask
+__all__ = ["maniscope_scores"]
 
 
 def maniscope_scores(

@@ -23,7 +23,7 @@ def personalized_pagerank(
 ) -> Tensor:
     r"""Personalized PageRank of every graph in a batch, as ``networkx.pagerank`` defines it.
 
-    With ``P_ij = w_ij / \sum_k w_ik`` (the column-stochastic walk along edges ``i -> j``) and
+    With ``P_ij = w_ij / \sum_k w_ik`` (the row-normalised, i.e. row-stochastic, walk along edges ``i -> j``; ``P^T`` is column-stochastic) and
     ``r`` the personalization normalised to sum 1,
 
     .. math:: \pi \leftarrow \alpha \left(P^\top \pi + r \sum_{i\ \mathrm{dangling}} \pi_i\right)

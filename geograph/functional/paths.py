@@ -62,10 +62,10 @@ def shortest_paths(lengths: Tensor, adj: Optional[Tensor] = None, mask: Optional
                  [3., 2., 0.]]])
     """
     dist, mask = _edge_lengths(lengths, adj, mask)
-    return _floyd_warshall(dist, mask)
+    return floyd_warshall_unchecked(dist, mask)
 
 
-def _floyd_warshall(dist: Tensor, mask: Optional[Tensor]) -> Tensor:
+def floyd_warshall_unchecked(dist: Tensor, mask: Optional[Tensor]) -> Tensor:
     """Floyd-Warshall on ``dist`` (``+inf`` off the edges), no validation and no host read."""
     b, n, _ = dist.shape
     diag = torch.eye(n, dtype=torch.bool, device=dist.device).expand(b, n, n)

@@ -36,6 +36,18 @@ class SinkhornOutput:
     g: Tensor
 
 
+def _check_problems(cost: Tensor, a: Tensor, b: Tensor) -> None:
+    """Validate a batch of transport problems: ``cost (B, n, m)``, masses ``a (B, n)``, ``b (B, m)`` >= 0."""
+    check_tensor(cost, "cost", 3)
+    bsz, n, m = cost.shape
+    for name, w, size in (("a", a, n), ("b", b, m)):
+        check_tensor(w, name, 2)
+        if tuple(w.shape) != (bsz, size):
+            raise ValueError(f"{name} must have shape ({bsz}, {size}) to match cost {tuple(cost.shape)}, got {tuple(w.shape)}")
+        if bool((w < 0).any()):
+            raise ValueError(f"{name} must be non-negative")
+
+
 def sinkhorn(
     cost: Tensor,
     a: Tensor,
@@ -105,14 +117,7 @@ def sinkhorn(
         >>> sinkhorn(c, w, torch.tensor([[1.0, 0.0]], dtype=torch.float64), reg=0.01).cost
         tensor([0.5000], dtype=torch.float64)
     """
-    check_tensor(cost, "cost", 3)
-    bsz, n, m = cost.shape
-    for name, w, size in (("a", a, n), ("b", b, m)):
-        check_tensor(w, name, 2)
-        if tuple(w.shape) != (bsz, size):
-            raise ValueError(f"{name} must have shape ({bsz}, {size}) to match cost {tuple(cost.shape)}, got {tuple(w.shape)}")
-        if bool((w < 0).any()):
-            raise ValueError(f"{name} must be non-negative")
+    _check_problems(cost, a, b)
     if not (reg > 0 and math.isfinite(reg)):
         raise ValueError(f"reg must be positive, got {reg!r}")
     if not 1.0 <= relaxation < 2.0:
@@ -121,13 +126,13 @@ def sinkhorn(
         raise ValueError(f"max_iter and check_every must be >= 1, got {max_iter} and {check_every}")
     if reg_start is None:
         reg_start = max(float(cost.detach().abs().max()) if cost.numel() else reg, reg)
-    return _sinkhorn(
+    return sinkhorn_unchecked(
         cost, a, b, reg=reg, max_iter=max_iter, reg_start=float(reg_start), scaling_iter=scaling_iter, tol=tol,
         check_every=check_every, f_init=f_init, g_init=g_init, relaxation=relaxation,
     )
 
 
-def _sinkhorn(
+def sinkhorn_unchecked(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
@@ -225,21 +230,14 @@ def emd(cost: Tensor, a: Tensor, b: Tensor) -> Tensor:
         >>> emd(c, torch.tensor([[0.5, 0.5]], dtype=torch.float64), torch.tensor([[1.0, 0.0]], dtype=torch.float64))
         tensor([0.5000], dtype=torch.float64)
     """
-    check_tensor(cost, "cost", 3)
-    bsz, n, m = cost.shape
-    for name, w, size in (("a", a, n), ("b", b, m)):
-        check_tensor(w, name, 2)
-        if tuple(w.shape) != (bsz, size):
-            raise ValueError(f"{name} must have shape ({bsz}, {size}) to match cost {tuple(cost.shape)}, got {tuple(w.shape)}")
-        if bool((w < 0).any()):
-            raise ValueError(f"{name} must be non-negative")
-    out = _emd_numpy(
+    _check_problems(cost, a, b)
+    out = emd_numpy(
         cost.detach().cpu().double().numpy(), a.detach().cpu().double().numpy(), b.detach().cpu().double().numpy()
     )
     return torch.from_numpy(out).to(device=cost.device, dtype=cost.dtype)
 
 
-def _emd_numpy(cost, a, b, max_pivots: int = _MAX_PIVOTS):
+def emd_numpy(cost, a, b, max_pivots: int = _MAX_PIVOTS):
     """float64 numpy core of :func:`emd`: the numba kernel, POT for any problem it left stuck."""
     import numpy as np
 
@@ -248,11 +246,11 @@ def _emd_numpy(cost, a, b, max_pivots: int = _MAX_PIVOTS):
     cost, a, b = (np.ascontiguousarray(x, dtype=np.float64) for x in (cost, a, b))
     out, status = emd_batch(a, b, cost, max_pivots, num_chunks())
     for e in np.flatnonzero(status):  # pragma: no cover - exercised by the forced-cap test
-        out[e] = _pot_emd(a[e], b[e], cost[e])
+        out[e] = pot_emd(a[e], b[e], cost[e])
     return out
 
 
-def _pot_emd(a, b, cost) -> float:
+def pot_emd(a, b, cost) -> float:
     """POT's network simplex on the positive entries of one problem (the fallback)."""
     import numpy as np
     import ot

@@ -6,98 +6,21 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import (
-    check_finite_float, check_finite_where, check_mask, check_positive_int, check_tensor, check_unit_interval,
-)
-from geograph.functional.curvature import _check_cert_tol
+from geograph._checks import check_cert_tol, check_finite_float, check_percentile, check_positive_int, check_unit_interval
 from geograph.functional.flow import check_step, ricci_flow
+from geograph.functional.graphs import query_graph
 from geograph.functional.similarity import cosine_similarity
 from geograph.outputs import RerankOutput, order_by_score
 
-__all__ = ["RicciFiltration", "query_graph"]
+__all__ = ["RicciFiltration"]
 
 _SOLVERS = ("auto", "exact", "sinkhorn")
-
-
-def query_graph(query: Tensor, docs: Tensor, mask: Optional[Tensor] = None, *, percentile: float = 50.0):
-    r"""The Ricci-Filtration graph of each query: node 0 = query, nodes 1..N = candidates.
-
-    ``r_ij = 1 - cos(z_i, z_j)``; ``tau`` is the ``percentile``-th percentile of ``r_ij`` over
-    the valid pairs ``i < j`` (query included; linear interpolation as ``numpy.percentile``);
-    an edge joins ``i`` and ``j`` iff ``r_ij >= tau``, and every query edge ``(0, j)`` is
-    forced. Computed in float64 so that ties at ``tau`` fall as they do in numpy.
-
-    Args:
-        query: ``(B, D)``.
-        docs: ``(B, N, D)``.
-        mask: ``(B, N)`` bool, True = real candidate; ``None`` = all real.
-        percentile: in ``[0, 100]``.
-
-    Returns:
-        ``(adj, node_mask, tau)``: ``(B, N+1, N+1)`` bool, ``(B, N+1)`` bool, ``(B,)`` float64.
-
-    Example:
-        >>> q = torch.tensor([[1.0, 0.0]])
-        >>> docs = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
-        >>> adj, _, tau = query_graph(q, docs)
-        >>> adj[0].int(), float(tau[0])
-        (tensor([[0, 1, 1],
-                [1, 0, 1],
-                [1, 1, 0]], dtype=torch.int32), 1.0)
-    """
-    check_tensor(query, "query", 2, finite=False)
-    check_tensor(docs, "docs", 3, finite=False)
-    b, n, dim = docs.shape
-    if query.shape != (b, dim):
-        raise ValueError(f"query must have shape (B={b}, D={dim}) to match docs {tuple(docs.shape)}, got {tuple(query.shape)}")
-    if query.dtype != docs.dtype:
-        raise ValueError(f"docs must have the dtype of query ({query.dtype}), got {docs.dtype}")
-    if n < 1:
-        raise ValueError(f"docs must hold at least one candidate, got shape {tuple(docs.shape)}")
-    percentile = _check_percentile(percentile)
-    cand_mask = check_mask(mask, (b, n), "mask")
-    if cand_mask is None:
-        cand_mask = torch.ones(b, n, dtype=torch.bool, device=docs.device)
-    check_finite_where(query, None, "query")
-    check_finite_where(docs, cand_mask, "docs")
-    node_mask = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=docs.device), cand_mask], 1)
-    z = torch.cat([query.unsqueeze(1), docs], 1).double()
-    r = 1.0 - cosine_similarity(z, mask=node_mask)
-    pair = torch.triu(node_mask.unsqueeze(2) & node_mask.unsqueeze(1), diagonal=1)
-    tau = _percentile(r, pair, percentile)
-    adj = pair & (r >= tau.view(-1, 1, 1))
-    adj[:, 0, 1:] |= cand_mask
-    adj = adj | adj.transpose(1, 2)
-    return adj, node_mask, tau
-
-
-def _check_percentile(percentile: float) -> float:
-    percentile = check_finite_float(percentile, "percentile")
-    if not 0.0 <= percentile <= 100.0:
-        raise ValueError(f"percentile must lie in [0, 100], got {percentile!r}")
-    return float(percentile)
-
-
-def _percentile(values: Tensor, valid: Tensor, q: float) -> Tensor:
-    """numpy's linear-interpolation percentile of ``values[b][valid[b]]`` for every ``b``."""
-    flat = torch.where(valid, values, torch.full_like(values, float("inf"))).flatten(1)
-    ranked = flat.sort(1).values
-    count = valid.flatten(1).sum(1)
-    pos = (count - 1).clamp_min(0).to(values.dtype) * (q / 100.0)
-    lo = pos.floor().long()
-    hi = torch.minimum(lo + 1, (count - 1).clamp_min(0))
-    v_lo = ranked.gather(1, lo.unsqueeze(1)).squeeze(1)
-    v_hi = ranked.gather(1, hi.unsqueeze(1)).squeeze(1)
-    frac = pos - lo.to(values.dtype)
-    # numpy's lerp: a + (b - a) * t, switching to b - (b - a) * (1 - t) for t >= 0.5
-    diff = v_hi - v_lo
-    return torch.where(frac >= 0.5, v_hi - diff * (1 - frac), v_lo + diff * frac)
 
 
 class RicciFiltration(nn.Module):
     r"""Keep the candidates whose query edge survives the normalized Ricci flow.
 
-    Per query, the graph of :func:`query_graph` (query + candidates, edges between
+    Per query, the graph of :func:`~geograph.functional.graphs.query_graph` (query + candidates, edges between
     dissimilar pairs, every query edge forced, unit lengths) flows ``iterations`` steps of
     :func:`~geograph.functional.ricci_flow`; candidate ``j`` is kept iff its final query-edge
     length ``w_0j <= eta`` (the surgery). The kept candidates are then ordered by the
@@ -175,7 +98,7 @@ class RicciFiltration(nn.Module):
         scorer: Optional[Callable[..., Tensor]] = None,
     ) -> None:
         super().__init__()
-        self.percentile = _check_percentile(percentile)
+        self.percentile = check_percentile(percentile)
         if solver not in _SOLVERS:
             raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
         self.eta = check_finite_float(eta, "eta")
@@ -192,7 +115,7 @@ class RicciFiltration(nn.Module):
         self.reg = check_finite_float(reg, "reg")
         if not self.reg > 0:
             raise ValueError(f"reg must be positive, got {reg!r}")
-        self.cert_tol = _check_cert_tol(cert_tol)
+        self.cert_tol = check_cert_tol(cert_tol)
         self.scorer = scorer
 
     def resolved_solver(self, device: torch.device) -> str:

@@ -5,8 +5,8 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_same_device, check_tensor
-from geograph.functional.similarity import normalize
-from geograph.outputs import RetrievalOutput, topk_stable
+from geograph.functional.similarity import chunked_topk, normalize
+from geograph.outputs import RetrievalOutput
 
 
 class DenseRetriever(nn.Module):
@@ -65,17 +65,7 @@ class DenseRetriever(nn.Module):
         if k > self.num_passages:
             raise ValueError(f"k={k} exceeds the corpus size {self.num_passages}")
         q = normalize(query.to(self.embeddings.dtype))
-        best_s = q.new_empty(q.shape[0], 0)
-        best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
-        for start in range(0, self.num_passages, self.chunk_size):
-            chunk = self.embeddings[start : start + self.chunk_size]
-            s = q @ chunk.T
-            top_s, top_i = topk_stable(s, min(k, s.shape[1]))
-            # earlier chunks first: among equal scores a lower position is a lower corpus index
-            cand_s = torch.cat([best_s, top_s], dim=1)
-            cand_i = torch.cat([best_i, top_i + start], dim=1)
-            best_s, pos = topk_stable(cand_s, min(k, cand_s.shape[1]))
-            best_i = cand_i.gather(1, pos)
+        best_s, best_i = chunked_topk(q, self.embeddings, k, chunk_size=self.chunk_size)
         return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
 
     def extra_repr(self) -> str:

@@ -1,6 +1,7 @@
 """ISO-RAG: isoperimetric edge pruning and personalized PageRank on query-local subgraphs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -19,6 +20,7 @@ from geograph.retrievers.dense import DenseRetriever
 __all__ = ["ISORetriever", "LocalSubgraph"]
 
 
+@dataclass(frozen=True)
 class LocalSubgraph:
     """The padded query-local subgraphs of one batch (returned by :meth:`ISORetriever.local`).
 
@@ -30,8 +32,11 @@ class LocalSubgraph:
         personalization: ``(B, n)`` ``softmax(tau * s)`` over the seeds, 0 elsewhere.
     """
 
-    def __init__(self, nodes, mask, dense, adj, personalization):
-        self.nodes, self.mask, self.dense, self.adj, self.personalization = nodes, mask, dense, adj, personalization
+    nodes: Tensor
+    mask: Tensor
+    dense: Tensor
+    adj: Tensor
+    personalization: Tensor
 
 
 class ISORetriever(nn.Module):
@@ -178,7 +183,7 @@ class ISORetriever(nn.Module):
             raise ValueError("the projection produced NaN/inf for some passages")
         vol = conformal_volume(z.double(), p=self.p, c=c)
         self.phi = isoperimetric_ratio(g.edge_index, vol.to(emb.device), g.num_nodes).to(emb.dtype)
-        kept = compatible_edges(g.edge_index, self.phi, self.beta)
+        kept = compatible_edges(g.edge_index, self.phi, beta=self.beta)
         ei = g.edge_index[:, kept]
         self.kept_keys = torch.sort(ei[0] * g.num_nodes + ei[1]).values
         self.pruned_share = 1.0 - float(kept.float().mean()) if kept.numel() else 0.0

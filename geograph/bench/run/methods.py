@@ -147,15 +147,14 @@ def ricci_filtration_reference(query: Tensor, docs: Tensor, *, percentile: float
                                **flow) -> np.ndarray:
     """Ricci-Filtration for one query with GraphRicciCurvature's 20-step flow: kept candidates by cosine.
 
-    The query graph is :func:`geograph.rerankers.query_graph`'s (its percentile is numpy's);
-    curvature and flow are GraphRicciCurvature's. Returns the kept candidate positions, best first.
+    The query graph is built in numpy (:func:`geograph.bench.reference.ricci_graph_reference`,
+    independent of ours); curvature and flow are GraphRicciCurvature's. Returns the kept candidate
+    positions, best first.
     """
-    from geograph.bench.reference import ricci_reference
-    from geograph.rerankers import query_graph
+    from geograph.bench.reference import ricci_graph_reference, ricci_reference
 
-    adj, _, _ = query_graph(query[None].double(), docs[None].double(), percentile=percentile)
-    n = adj.shape[1]
-    edges = [tuple(e) for e in torch.triu(adj[0], 1).nonzero().tolist()]
+    edges = ricci_graph_reference(query.double().numpy(), docs.double().numpy(), percentile=percentile)
+    n = docs.shape[0] + 1
     _, lengths = ricci_reference(edges, n, iterations=flow.get("iterations", 20))
     keep = np.array([lengths[(0, j)] <= eta for j in range(1, n)])
     d = docs.double().numpy()
