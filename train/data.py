@@ -82,11 +82,11 @@ class TripletDataset(Dataset):
         self.edges = graph.edge_index.T.contiguous().cpu().numpy()
         self.keys = np.sort(self.edges[:, 0] * self.num_nodes + self.edges[:, 1])
         if hard is not None:
-            hard = hard.cpu().numpy()
+            hard = hard.cpu()
             valid = hard >= 0
             # valid hard negatives first in each row, then their count
-            self.hard = np.take_along_axis(hard, np.argsort(~valid, axis=1, kind="stable"), axis=1)
-            self.n_hard = valid.sum(1)
+            self.hard = hard.gather(1, true_first(valid, hard.shape[1])).numpy()
+            self.n_hard = valid.sum(1).numpy()
         else:
             self.hard, self.n_hard = None, None
         self.hard_ratio = float(hard_ratio)
