@@ -1,20 +1,28 @@
 """Compiled exact optimal transport for many small problems (numba, float64, CPU).
 
 The kernels here are private: :func:`geograph.functional.emd` and the exact path of
-:func:`geograph.functional.ollivier_ricci` wrap them with torch tensors at the boundary.
+:func:`geograph.functional.ollivier_ricci` / :func:`geograph.functional.ricci_flow` wrap them
+with torch tensors at the boundary.
 
 Algorithm: the transportation simplex (MODI / network simplex on the complete bipartite
 graph). A basic feasible solution is a spanning tree of ``nr + nc - 1`` cells over the row and
-column nodes; the start is the matrix-minimum rule (cells in order of increasing cost, each
-allocation retires one row or column, so the cells always form a spanning tree). Each pivot
-computes the potentials ``u_i + v_j = C_ij`` on the tree, prices every cell (Dantzig's rule:
-the most negative reduced cost enters), walks the tree path that closes the cycle and moves the
-largest feasible mass around it. Degenerate pivots (zero mass moved) are allowed; a pivot cap
-marks the rare problem that did not reach optimality (the caller re-solves it with POT).
+column nodes. A cold start takes the matrix-minimum rule (cells in order of increasing cost,
+each allocation retires one row or column, so the cells always form a spanning tree). Each pivot
+walks the tree once from row 0 (potentials ``u_i + v_j = C_ij``, parent cells and depths),
+prices every cell (Dantzig's rule: the most negative reduced cost enters), closes the cycle by
+climbing from both ends of the entering cell to their common ancestor and moves the largest
+feasible mass around it. Degenerate pivots (zero mass moved) are allowed; after ``max_pivots``
+pivots Bland's rule takes over (it cannot cycle) and a further cap marks the problem that did
+not reach optimality (the caller re-solves it with POT).
 
-All problems of a batch run in parallel (``prange`` over chunks of problems, one workspace per
-chunk); the kernels release the GIL and use numba's thread pool. Everything is compiled once
-and cached on disk (``cache=True``).
+Warm starts (the flow): the problems of one edge change little from one flow step to the next,
+so the optimal basis of the previous step is kept per edge. When the new problem has the same
+row and column supports, its flows on that tree are solved directly (leaf peeling); if they are
+all non-negative the simplex starts there (usually already optimal: one pricing pass), otherwise
+it starts cold. The optimum does not depend on the start, only the pivot count does.
+
+All problems of a batch run in parallel (``prange``; the kernels release the GIL and use
+numba's thread pool). Everything is compiled once and cached on disk (``cache=True``).
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ STATUS_OK = 0
 STATUS_PIVOT_CAP = 1
 _DIST_EPS = 1e-7  # GraphRicciCurvature: d(x, y) below this gives curvature 0
 _WEIGHT_SUM_EPS = 1e-7  # GraphRicciCurvature: neighbour weight sum at or below this -> uniform
+_FLOW_TOL = 1e-12  # a warm tree's flow above -this counts as feasible (clamped to 0)
 
 
 @njit(cache=True, nogil=True)
@@ -50,69 +59,28 @@ def _build_tree(nr, nn, kb, bi, bj, deg, start, adj):
 
 
 @njit(cache=True, nogil=True)
-def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
-    """Exact min-cost transport of supplies ``s[:nr]`` to demands ``d[:nc]``.
+def _cold_start(s, d, cost, nr, nc, bi, bj, flow, iw, fw, hu, hv, hint):
+    """Matrix-minimum rule: a spanning-tree basic feasible solution in ``bi, bj, flow``.
 
-    ``cost`` is at least ``(nr, nc)``; ``iw`` / ``fw`` are int64 / float64 workspaces of at
-    least ``nr * nc + 8 * (nr + nc) + 8`` entries. Returns ``(total cost, status)``.
+    With ``hint``, cells are taken in order of their reduced cost ``C_ij - hu_i - hv_j`` under
+    the potentials of a nearby problem (its optimal basis has reduced cost 0, so the start
+    rebuilds a feasible basis close to it) instead of ``C_ij``.
     """
-    if nr == 0 or nc == 0:
-        return 0.0, STATUS_OK
-    if nr == 1:
-        tot = 0.0
-        for j in range(nc):
-            tot += d[j] * cost[0, j]
-        return tot, STATUS_OK
-    if nc == 1:
-        tot = 0.0
-        for i in range(nr):
-            tot += s[i] * cost[i, 0]
-        return tot, STATUS_OK
     nn = nr + nc
-    kb = nn - 1
     ncell = nr * nc
-    # int workspace layout
-    o = 0
-    order = iw[o : o + ncell]
-    o += ncell
-    bi = iw[o : o + kb]
-    o += kb
-    bj = iw[o : o + kb]
-    o += kb
-    deg = iw[o : o + nn + 1]
-    o += nn + 1
-    start = iw[o : o + nn + 1]
-    o += nn + 1
-    adj = iw[o : o + 2 * kb]
-    o += 2 * kb
-    queue = iw[o : o + nn]
-    o += nn
-    par = iw[o : o + nn]
-    o += nn
-    # float workspace layout
-    rem = fw[0:nn]
-    flow = fw[nn : nn + kb]
-    pot = fw[nn + kb : 2 * nn + kb]
-    seen = fw[2 * nn + kb : 3 * nn + kb]
-    keys = fw[3 * nn + kb : 3 * nn + kb + ncell]
-
-    cmax = 0.0
+    keys = fw[:ncell]
+    rem = fw[ncell : ncell + nn]
+    done = iw[:nn]
     for i in range(nr):
         for j in range(nc):
-            c = cost[i, j]
-            keys[i * nc + j] = c
-            if abs(c) > cmax:
-                cmax = abs(c)
-    # --- start: matrix-minimum rule ------------------------------------------------
-    srt = np.argsort(keys[:ncell], kind="quicksort")
-    for q in range(ncell):
-        order[q] = srt[q]
+            keys[i * nc + j] = cost[i, j] - hu[i] - hv[j] if hint else cost[i, j]
+    order = np.argsort(keys, kind="quicksort")
     for i in range(nr):
         rem[i] = s[i]
     for j in range(nc):
         rem[nr + j] = d[j]
     for x in range(nn):
-        seen[x] = 0.0  # 1 = line retired
+        done[x] = 0  # 1 = line retired
     rows_left = nr
     cols_left = nc
     k = 0
@@ -120,7 +88,7 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
         cell = order[q]
         i = cell // nc
         j = cell - i * nc
-        if seen[i] != 0.0 or seen[nr + j] != 0.0:
+        if done[i] != 0 or done[nr + j] != 0:
             continue
         x = min(rem[i], rem[nr + j])
         bi[k] = i
@@ -132,47 +100,183 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
         if rows_left == 1 and cols_left == 1:
             break
         if rows_left == 1:
-            seen[nr + j] = 1.0
+            done[nr + j] = 1
             cols_left -= 1
         elif cols_left == 1:
-            seen[i] = 1.0
+            done[i] = 1
             rows_left -= 1
         elif rem[i] <= rem[nr + j]:
-            seen[i] = 1.0
+            done[i] = 1
             rows_left -= 1
         else:
-            seen[nr + j] = 1.0
+            done[nr + j] = 1
             cols_left -= 1
-    tol = 1e-12 * (1.0 + cmax)
 
-    # --- pivots ----------------------------------------------------------------------
-    status = STATUS_PIVOT_CAP
-    for it in range(max_pivots + 50 * ncell + 1000):
-        bland = it >= max_pivots
-        _build_tree(nr, nn, kb, bi, bj, deg, start, adj)
-        # potentials by BFS from row 0: u_i + v_j = C_ij on every basic cell
-        for x in range(nn):
-            seen[x] = 0.0
-        pot[0] = 0.0
-        seen[0] = 1.0
-        queue[0] = 0
-        head = 0
-        tail = 1
-        while head < tail:
-            x = queue[head]
-            head += 1
-            for p in range(start[x], start[x + 1]):
+
+@njit(cache=True, nogil=True)
+def _tree_flows(s, d, nr, nc, bi, bj, flow, iw, fw):
+    """Flows of the basis ``bi, bj`` that meet ``s`` and ``d`` (leaf peeling; some may be < 0).
+
+    Returns False when the cells do not form a spanning tree.
+    """
+    nn = nr + nc
+    kb = nn - 1
+    deg = iw[: nn + 1]
+    start = iw[nn + 1 : 2 * nn + 2]
+    adj = iw[2 * nn + 2 : 2 * nn + 2 + 2 * kb]
+    queue = iw[2 * nn + 2 + 2 * kb : 3 * nn + 2 + 2 * kb]
+    left = iw[3 * nn + 2 + 2 * kb : 4 * nn + 2 + 2 * kb]
+    used = iw[4 * nn + 2 + 2 * kb : 4 * nn + 2 + 3 * kb]
+    rem = fw[:nn]
+    _build_tree(nr, nn, kb, bi, bj, deg, start, adj)
+    for i in range(nr):
+        rem[i] = s[i]
+    for j in range(nc):
+        rem[nr + j] = d[j]
+    tail = 0
+    for x in range(nn):
+        left[x] = start[x + 1] - start[x]
+        if left[x] == 0:
+            return False
+        if left[x] == 1:
+            queue[tail] = x
+            tail += 1
+    for k in range(kb):
+        used[k] = 0
+    head = 0
+    placed = 0
+    while head < tail:
+        x = queue[head]
+        head += 1
+        if left[x] != 1:
+            continue  # the last node (its remaining mass is the rounding residue)
+        kk = -1
+        for p in range(start[x], start[x + 1]):
+            if used[adj[p]] == 0:
                 kk = adj[p]
-                r = bi[kk]
-                c = nr + bj[kk]
-                y = c if x == r else r
-                if seen[y] == 0.0:
-                    seen[y] = 1.0
-                    pot[y] = cost[r, c - nr] - pot[x]
-                    queue[tail] = y
-                    tail += 1
-        # pricing: Dantzig (most negative reduced cost); after max_pivots pivots Bland's rule
-        # (first negative cell, smallest-index leaving cell), which cannot cycle
+                break
+        if kk < 0:
+            return False
+        used[kk] = 1
+        placed += 1
+        flow[kk] = rem[x]
+        r = bi[kk]
+        y = nr + bj[kk] if x == r else r
+        rem[y] -= rem[x]
+        left[x] = 0
+        left[y] -= 1
+        if left[y] == 1:
+            queue[tail] = y
+            tail += 1
+    return placed == kb
+
+
+@njit(cache=True, nogil=True)
+def _walk(cost, nr, nc, bi, bj, iw, fw):
+    """Root the basic tree at row 0: potentials ``u_i + v_j = C_ij`` (``fw[:nn]``), parent cells,
+    depths and the visiting order (views into ``iw``, see :func:`_tree_views`)."""
+    nn = nr + nc
+    kb = nn - 1
+    deg, start, adj, queue, par, depth, mark = _tree_views(iw, nn)
+    pot = fw[:nn]
+    _build_tree(nr, nn, kb, bi, bj, deg, start, adj)
+    for x in range(nn):
+        depth[x] = -1
+    pot[0] = 0.0
+    depth[0] = 0
+    par[0] = -1
+    queue[0] = 0
+    head = 0
+    tail = 1
+    while head < tail:
+        x = queue[head]
+        head += 1
+        for p in range(start[x], start[x + 1]):
+            kk = adj[p]
+            r = bi[kk]
+            c = nr + bj[kk]
+            y = c if x == r else r
+            if depth[y] < 0:
+                depth[y] = depth[x] + 1
+                par[y] = kk
+                pot[y] = cost[r, c - nr] - pot[x]
+                queue[tail] = y
+                tail += 1
+
+
+@njit(cache=True, nogil=True)
+def _tree_views(iw, nn):
+    """The int workspace's tree arrays: degrees, CSR start/adjacency, BFS queue, parent cell,
+    depth and a node mark (about ``8 * nn`` entries)."""
+    kb = nn - 1
+    o = nn + 1
+    return (iw[:o], iw[o : 2 * o], iw[2 * o : 2 * o + 2 * kb], iw[2 * o + 2 * kb : 2 * o + 2 * kb + nn],
+            iw[2 * o + 2 * kb + nn : 2 * o + 2 * kb + 2 * nn], iw[2 * o + 2 * kb + 2 * nn : 2 * o + 2 * kb + 3 * nn],
+            iw[2 * o + 2 * kb + 3 * nn : 2 * o + 2 * kb + 4 * nn])
+
+
+@njit(cache=True, nogil=True)
+def _cycle(ie, je, theta, nr, nc, bi, bj, flow, par, depth, bland):
+    """The cycle that cell ``(ie, je)`` closes on the rooted tree.
+
+    Climbs from row ``ie`` and column ``je`` to their common ancestor; on each side the cells
+    alternate -, +, -, ... from the end (the entering cell itself is +). With ``theta < 0`` it
+    returns the ratio test ``(largest feasible theta, leaving cell)`` (Bland's tie rule: the
+    smallest cell index); otherwise it moves ``theta`` around the cycle and returns it.
+    """
+    x = ie
+    y = nr + je
+    px = 0
+    py = 0
+    best = np.inf
+    leave = -1
+    while x != y:
+        if depth[x] >= depth[y]:
+            kk = par[x]
+            minus = px % 2 == 0
+            px += 1
+            r = bi[kk]
+            x = nr + bj[kk] if x == r else r
+        else:
+            kk = par[y]
+            minus = py % 2 == 0
+            py += 1
+            r = bi[kk]
+            y = nr + bj[kk] if y == r else r
+        if theta < 0.0:
+            if minus and (flow[kk] < best or (bland and flow[kk] == best
+                                               and bi[kk] * nc + bj[kk] < bi[leave] * nc + bj[leave])):
+                best = flow[kk]
+                leave = kk
+        elif minus:
+            flow[kk] -= theta
+        else:
+            flow[kk] += theta
+    return best, leave
+
+
+@njit(cache=True, nogil=True)
+def _pivot(cost, nr, nc, bi, bj, flow, iw, fw, max_pivots):
+    """Transportation simplex from the basic feasible solution ``bi, bj, flow``.
+
+    Returns ``(total cost, status, pivots)``; the optimal basis is left in ``bi, bj, flow`` and
+    its potentials in ``fw[:nr + nc]``.
+    """
+    nn = nr + nc
+    kb = nn - 1
+    _, _, _, _, par, depth, _ = _tree_views(iw, nn)
+    pot = fw[:nn]
+    cmax = 0.0
+    for i in range(nr):
+        for j in range(nc):
+            cmax = max(cmax, abs(cost[i, j]))
+    tol = 1e-12 * (1.0 + cmax)
+    status = STATUS_PIVOT_CAP
+    pivots = 0
+    for it in range(max_pivots + 50 * nr * nc + 1000):
+        bland = it >= max_pivots
+        _walk(cost, nr, nc, bi, bj, iw, fw)
+        # pricing: Dantzig (most negative reduced cost); under Bland the first negative cell
         best = -tol
         ie = -1
         je = -1
@@ -191,64 +295,113 @@ def _simplex(s, d, cost, nr, nc, iw, fw, max_pivots):
         if ie < 0:
             status = STATUS_OK
             break
-        # tree path from row ie to column je (BFS with parent edges)
-        for x in range(nn):
-            seen[x] = 0.0
-        seen[ie] = 1.0
-        queue[0] = ie
-        par[ie] = -1
-        head = 0
-        tail = 1
-        target = nr + je
-        while head < tail and seen[target] == 0.0:
-            x = queue[head]
-            head += 1
-            for p in range(start[x], start[x + 1]):
-                kk = adj[p]
-                r = bi[kk]
-                c = nr + bj[kk]
-                y = c if x == r else r
-                if seen[y] == 0.0:
-                    seen[y] = 1.0
-                    par[y] = kk
-                    queue[tail] = y
-                    tail += 1
-        # walk back from the column: edges alternate -, +, -, ... (the entering cell is +)
-        theta = np.inf
-        leave = -1
-        x = target
-        minus = True
-        while x != ie:
-            kk = par[x]
-            if minus and (flow[kk] < theta or (bland and flow[kk] == theta and bi[kk] * nc + bj[kk] < bi[leave] * nc + bj[leave])):
-                theta = flow[kk]
-                leave = kk
-            r = bi[kk]
-            x = r if x != r else nr + bj[kk]
-            minus = not minus
-        x = target
-        minus = True
-        while x != ie:
-            kk = par[x]
-            if minus:
-                flow[kk] -= theta
-            else:
-                flow[kk] += theta
-            r = bi[kk]
-            x = r if x != r else nr + bj[kk]
-            minus = not minus
+        pivots += 1
+        theta, leave = _cycle(ie, je, -1.0, nr, nc, bi, bj, flow, par, depth, bland)
+        _cycle(ie, je, theta, nr, nc, bi, bj, flow, par, depth, bland)
         bi[leave] = ie
         bj[leave] = je
         flow[leave] = theta
     total = 0.0
     for kk in range(kb):
         total += flow[kk] * cost[bi[kk], bj[kk]]
-    return total, status
+    return total, status, pivots
 
 
-def _work_sizes(r: int, c: int) -> tuple[int, int]:
-    nn = r + c
-    return r * c + 8 * nn + 8, r * c + 4 * nn + 8
+@njit(cache=True, nogil=True)
+def _dual_repair(cost, nr, nc, bi, bj, flow, iw, fw, max_steps):
+    """Dual simplex steps until the basis ``bi, bj, flow`` is primal feasible.
+
+    Returns the number of steps taken, or -1 when it is not feasible after ``max_steps``.
+
+    Each step takes the most negative flow ``f`` of a cell ``k = (r, c)``, splits the tree at
+    ``k`` into the part ``A`` holding row ``r`` and ``B`` holding column ``c``, and brings in the
+    cell from a row of ``B`` to a column of ``A`` of least reduced cost (dual-feasibility kept,
+    when the basis had it) with ``-f`` moved around its cycle, which empties ``k``.
+    """
+    nn = nr + nc
+    kb = nn - 1
+    _, _, _, queue, par, depth, mark = _tree_views(iw, nn)
+    pot = fw[:nn]
+    for step in range(max_steps):
+        k = -1
+        fmin = -_FLOW_TOL
+        for kk in range(kb):
+            if flow[kk] < fmin:
+                fmin = flow[kk]
+                k = kk
+        if k < 0:
+            for kk in range(kb):
+                flow[kk] = max(flow[kk], 0.0)
+            return step
+        _walk(cost, nr, nc, bi, bj, iw, fw)
+        # the subtree below cell k (BFS order visits parents first)
+        for q in range(nn):
+            x = queue[q]
+            if x == 0:
+                mark[x] = 0
+            elif par[x] == k:
+                mark[x] = 1
+            else:
+                r = bi[par[x]]
+                mark[x] = mark[nr + bj[par[x]] if x == r else r]
+        in_a = 1 - mark[nr + bj[k]]  # rows of B and columns of A carry mark != in_a and == in_a
+        best = np.inf
+        ie = -1
+        je = -1
+        for i in range(nr):
+            if mark[i] == in_a:
+                continue
+            ui = pot[i]
+            for j in range(nc):
+                if mark[nr + j] == in_a:
+                    red = cost[i, j] - ui - pot[nr + j]
+                    if red < best:
+                        best = red
+                        ie = i
+                        je = j
+        if ie < 0:
+            return -1
+        _cycle(ie, je, -fmin, nr, nc, bi, bj, flow, par, depth, False)
+        bi[k] = ie
+        bj[k] = je
+        flow[k] = -fmin
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _simplex(s, d, cost, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv, hint):
+    """Exact min-cost transport of supplies ``s[:nr]`` to demands ``d[:nc]``.
+
+    ``cost`` is at least ``(nr, nc)``; ``bi, bj, flow`` hold at least ``nr + nc - 1`` cells. With
+    ``warm`` they hold a spanning tree to start from: its flows are solved and made feasible by
+    :func:`_dual_repair`; failing that (or without ``warm``) the start is :func:`_cold_start`,
+    ordered by the potentials ``hu, hv`` with ``hint``. ``iw`` / ``fw`` are int64 / float64
+    workspaces of at least ``nr * nc + 8 * (nr + nc) + 8`` / ``nr * nc + 2 * (nr + nc) + 8``
+    entries. Returns ``(total cost, status, pivots, warm used, dual steps)``; the optimal potentials are left
+    in ``fw[:nr + nc]`` (rows then columns) unless ``nr == 1`` or ``nc == 1``.
+    """
+    if nr == 0 or nc == 0:
+        return 0.0, STATUS_OK, 0, False, 0
+    if nr == 1 or nc == 1:  # every basic cell is forced
+        tot = 0.0
+        k = 0
+        for i in range(nr):
+            for j in range(nc):
+                f = d[j] if nr == 1 else s[i]
+                bi[k] = i
+                bj[k] = j
+                flow[k] = f
+                k += 1
+                tot += f * cost[i, j]
+        return tot, STATUS_OK, 0, False, 0
+    dual = -1
+    if warm and _tree_flows(s, d, nr, nc, bi, bj, flow, iw, fw):
+        dual = _dual_repair(cost, nr, nc, bi, bj, flow, iw, fw, 2 * (nr + nc))
+    used = dual >= 0
+    if not used:
+        _cold_start(s, d, cost, nr, nc, bi, bj, flow, iw, fw, hu, hv, hint)
+    total, status, pivots = _pivot(cost, nr, nc, bi, bj, flow, iw, fw, max_pivots)
+    return total, status, pivots, used, max(dual, 0)
 
 
 @njit(cache=True, parallel=True)
@@ -264,19 +417,19 @@ def emd_batch(a, b, cost, max_pivots, nchunk):
     if ne == 0:
         return out, status
     nchunk = max(1, min(ne, nchunk))
-    ni = rr * cc + 8 * (rr + cc) + 8
-    nf = rr * cc + 4 * (rr + cc) + 8
+    nn = rr + cc
     for ch in prange(nchunk):
-        iw = np.empty(ni, dtype=np.int64)
-        fw = np.empty(nf)
+        iw = np.empty(rr * cc + 8 * nn + 8, dtype=np.int64)
+        fw = np.empty(rr * cc + 2 * nn + 8)
+        bi = np.empty(nn, dtype=np.int64)
+        bj = np.empty(nn, dtype=np.int64)
+        flow = np.empty(nn)
         s = np.empty(rr)
         d = np.empty(cc)
         ri = np.empty(rr, dtype=np.int64)
         ci = np.empty(cc, dtype=np.int64)
         sub = np.empty((rr, cc))
-        lo = ch * ne // nchunk
-        hi = (ch + 1) * ne // nchunk
-        for e in range(lo, hi):
+        for e in range(ch * ne // nchunk, (ch + 1) * ne // nchunk):
             nr = 0
             for i in range(rr):
                 if a[e, i] > 0:
@@ -292,7 +445,7 @@ def emd_batch(a, b, cost, max_pivots, nchunk):
             for i in range(nr):
                 for j in range(nc):
                     sub[i, j] = cost[e, ri[i], ci[j]]
-            out[e], status[e] = _simplex(s, d, sub, nr, nc, iw, fw, max_pivots)
+            out[e], status[e], _, _, _ = _simplex(s, d, sub, nr, nc, bi, bj, flow, iw, fw, max_pivots, False, s, d, False)
     return out, status
 
 
@@ -337,8 +490,76 @@ def _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas):
 
 
 @njit(cache=True, nogil=True)
-def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, max_pivots):
-    """Curvature of edge ``(x, y)`` of one graph: ``1 - W1(m_x, m_y) / d(x, y)`` (KR-compacted)."""
+def _warm_basis(nr, nc, ri, ci, prev, sub, hu, hv, pos, bi, bj, iw):
+    """A spanning tree of this problem from the previous basis ``prev`` (in node ids).
+
+    The previous cells whose row and column are still a row and a column here are kept (a
+    forest); the tree is completed by the cells of least reduced cost ``sub - hu - hv`` that join
+    two of its parts (Kruskal with a union-find in ``iw``).
+    """
+    n = pos.shape[0]
+    nn = nr + nc
+    for v in range(n):
+        pos[v] = -1
+    for i in range(nr):
+        pos[ri[i]] = i
+    for j in range(nc):
+        pos[ci[j]] = nr + j
+    root = iw[:nn]
+    for x in range(nn):
+        root[x] = x
+    k = 0
+    pk = prev[0] + prev[1] - 1
+    for q in range(pk):
+        a = pos[prev[2 + q]]
+        b = pos[prev[2 + pk + q]]
+        if a < 0 or a >= nr or b < nr:
+            continue
+        ra = _find(root, a)
+        rb = _find(root, b)
+        if ra != rb:
+            root[ra] = rb
+            bi[k] = a
+            bj[k] = b - nr
+            k += 1
+    while k < nn - 1:
+        best = np.inf
+        ie = -1
+        je = -1
+        for i in range(nr):
+            ra = _find(root, i)
+            for j in range(nc):
+                if ra != _find(root, nr + j):
+                    red = sub[i, j] - hu[i] - hv[j]
+                    if red < best:
+                        best = red
+                        ie = i
+                        je = j
+        root[_find(root, ie)] = _find(root, nr + je)
+        bi[k] = ie
+        bj[k] = je
+        k += 1
+
+
+@njit(cache=True, nogil=True)
+def _find(root, x):
+    """Union-find root of ``x`` (path halving)."""
+    while root[x] != x:
+        root[x] = root[root[x]]
+        x = root[x]
+    return x
+
+
+@njit(cache=True, nogil=True)
+def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, hu, hv, max_pivots, wk, wp, e,
+                out_stats):
+    """Curvature of edge ``(x, y)`` of one graph: ``1 - W1(m_x, m_y) / d(x, y)`` (KR-compacted).
+
+    Warm starts: row ``e`` of ``wk`` holds the edge's previous optimal basis in node ids
+    ``(nr, nc, row ids of its cells..., column ids...)`` (``nr = -1``: none yet) and row ``e`` of
+    ``wp`` its optimal potentials per node (NaN off the supports); zero-row arrays keep nothing.
+    ``out_stats`` accumulates ``(problems, warm bases used, pivots, dual steps)``.
+    """
     n = dist.shape[0]
     dxy = dist[x, y]
     if dxy < _DIST_EPS:
@@ -371,7 +592,56 @@ def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, max_pivots):
         for j in range(nc):
             c = dist[ri[i], ci[j]]
             sub[i, j] = c * inv if c < np.inf else 0.0
-    w1, status = _simplex(s, d, sub, nr, nc, iw, fw, max_pivots)
+    kb = nr + nc - 1
+    warm = False
+    store = wk.shape[0] > 0
+    if store and wk[e, 0] >= 0:
+        # the previous potentials; a node new to the supports gets the tightest dual-feasible value
+        for i in range(nr):
+            hu[i] = wp[e, ri[i]]
+        for j in range(nc):
+            hv[j] = wp[e, ci[j]]
+        for i in range(nr):
+            if np.isnan(hu[i]):
+                u = np.inf
+                for j in range(nc):
+                    if not np.isnan(hv[j]):
+                        u = min(u, sub[i, j] - hv[j])
+                hu[i] = u if u < np.inf else 0.0
+        for j in range(nc):
+            if np.isnan(hv[j]):
+                v = np.inf
+                for i in range(nr):
+                    v = min(v, sub[i, j] - hu[i])
+                hv[j] = v
+        _warm_basis(nr, nc, ri, ci, wk[e], sub, hu, hv, pos, bi, bj, iw)
+        warm = True
+    w1, status, pivots, used, dual = _simplex(s, d, sub, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv, warm)
+    if store:
+        wk[e, 0] = nr
+        wk[e, 1] = nc
+        for k in range(kb):
+            wk[e, 2 + k] = ri[bi[k]]
+            wk[e, 2 + kb + k] = ci[bj[k]]
+        for v in range(n):
+            wp[e, v] = np.nan
+        if nr > 1 and nc > 1:  # the potentials of the optimal basis (see _simplex)
+            for i in range(nr):
+                wp[e, ri[i]] = fw[i]
+            for j in range(nc):
+                wp[e, ci[j]] = fw[nr + j]
+        elif nr == 1:  # one row: u = 0, v_j = C_0j is optimal
+            wp[e, ri[0]] = 0.0
+            for j in range(nc):
+                wp[e, ci[j]] = sub[0, j]
+        else:  # one column: v = 0, u_i = C_i0
+            wp[e, ci[0]] = 0.0
+            for i in range(nr):
+                wp[e, ri[i]] = sub[i, 0]
+    out_stats[0] += 1
+    out_stats[1] += used
+    out_stats[2] += pivots
+    out_stats[3] += dual
     return 1.0 - 0.5 * (mp + mn) * w1, status
 
 
@@ -392,28 +662,38 @@ def curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchu
     kappa = np.zeros(ne)
     status = np.zeros(ne, dtype=np.int64)
     nchunk = max(1, min(ne, nchunk))
+    no_store = np.zeros((0, 0), dtype=np.int64)
+    no_pot = np.zeros((0, 0))
     for ch in prange(nchunk):
-        iw = np.empty(n * n + 16 * n + 8, dtype=np.int64)
-        fw = np.empty(n * n + 8 * n + 8)
-        s = np.empty(n)
-        d = np.empty(n)
-        ri = np.empty(n, dtype=np.int64)
-        ci = np.empty(n, dtype=np.int64)
-        sub = np.empty((n, n))
+        iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, hu, hv = _scratch(n)
+        st = np.zeros(4, dtype=np.int64)
         for e in range(ch * ne // nchunk, (ch + 1) * ne // nchunk):
             g = edges[e, 0]
-            kappa[e], status[e] = _edge_kappa(dist[g], meas[g], edges[e, 1], edges[e, 2], iw, fw, s, d, ri, ci, sub, max_pivots)
+            kappa[e], status[e] = _edge_kappa(dist[g], meas[g], edges[e, 1], edges[e, 2], iw, fw, s, d, ri, ci, sub,
+                                              pos, bi, bj, flow, hu, hv, max_pivots, no_store, no_pot, e, st)
     return kappa, status
 
 
+@njit(cache=True, nogil=True)
+def _scratch(n):
+    """Scratch arrays of :func:`_edge_kappa` for graphs of ``n`` nodes (at most ``n x n`` problems)."""
+    return (np.empty(n * n + 12 * n + 8, dtype=np.int64), np.empty(n * n + 4 * n + 8), np.empty(n), np.empty(n),
+            np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty((n, n)), np.empty(n, dtype=np.int64),
+            np.empty(2 * n, dtype=np.int64), np.empty(2 * n, dtype=np.int64), np.empty(2 * n), np.empty(n), np.empty(n))
+
+
 @njit(cache=True, parallel=True)
-def flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots):
-    """The whole normalized Ricci flow of every graph (see ``flow.ricci_flow``), graphs in parallel.
+def flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots, warm, nchunk):
+    """The whole normalized Ricci flow of every graph (see ``flow.ricci_flow``) in one call.
 
     Per graph: ``kappa(w)``; then up to ``iterations`` times ``w <- w - step * kappa * w``,
     ``w <- w * |E| / sum(w)``, ``kappa <- kappa(w)``, stopping after the step whose curvature
-    spread is below ``delta``. Returns lengths ``(B, n, n)``, curvature ``(B, n, n)``, steps
-    ``(B,)``, converged ``(B,)`` and stuck ``(B,)`` (problems left at the pivot cap).
+    spread is below ``delta``. Each step runs the graphs' distances and measures in parallel,
+    then every edge of every graph still flowing in parallel (so one graph uses every thread
+    too); with ``warm`` each edge's simplex starts from its previous optimal basis.
+    Returns lengths ``(B, n, n)``, curvature ``(B, n, n)``, steps ``(B,)``, converged ``(B,)``,
+    stuck ``(B,)`` (problems left at the pivot cap) and the solver's counts ``(problems, warm
+    starts used, primal pivots, dual steps)``.
     """
     nb, n, _ = w0.shape
     lengths = np.zeros((nb, n, n))
@@ -421,71 +701,100 @@ def flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, ma
     steps = np.zeros(nb, dtype=np.int64)
     converged = np.zeros(nb, dtype=np.bool_)
     stuck = np.zeros(nb, dtype=np.int64)
-    for g in prange(nb):
-        iw = np.empty(n * n + 16 * n + 8, dtype=np.int64)
-        fw = np.empty(n * n + 8 * n + 8)
-        s = np.empty(n)
-        d = np.empty(n)
-        ri = np.empty(n, dtype=np.int64)
-        ci = np.empty(n, dtype=np.int64)
-        sub = np.empty((n, n))
-        dist = np.empty((n, n))
-        meas = np.empty((n, n))
-        ex = np.empty(n * n, dtype=np.int64)
-        ey = np.empty(n * n, dtype=np.int64)
-        w = np.zeros((n, n))
-        ke = np.zeros(n * n)
-        ne = 0
+    # the edges of every graph: graph g owns eg_start[g] .. eg_start[g + 1]
+    eg_start = np.zeros(nb + 1, dtype=np.int64)
+    for g in range(nb):
+        cnt = 0
         for i in range(n):
-            for j in range(i + 1, n):
-                if adj[g, i, j] and node_mask[g, i] and node_mask[g, j]:
-                    ex[ne] = i
-                    ey[ne] = j
-                    w[i, j] = w0[g, i, j]
-                    w[j, i] = w0[g, i, j]
-                    ne += 1
-        a_g = adj[g]
-        m_g = node_mask[g]
-        for e in range(ne):
-            ke[e], st = _edge_kappa_graph(w, a_g, m_g, alpha, exp_power, dist, meas, e, ex, ey, iw, fw, s, d, ri, ci, sub, max_pivots)
-            stuck[g] += st
-        for it in range(iterations if ne > 0 else 0):
-            total = 0.0
-            for e in range(ne):
-                v = w[ex[e], ey[e]] - step * ke[e] * w[ex[e], ey[e]]
-                w[ex[e], ey[e]] = v
-                total += v
-            scale = ne / max(total, np.finfo(np.float64).tiny)
-            for e in range(ne):
-                v = w[ex[e], ey[e]] * scale
-                w[ex[e], ey[e]] = v
-                w[ey[e], ex[e]] = v
-            for e in range(ne):
-                ke[e], st = _edge_kappa_graph(w, a_g, m_g, alpha, exp_power, dist, meas, e, ex, ey, iw, fw, s, d, ri, ci, sub, max_pivots)
-                stuck[g] += st
-            steps[g] += 1
+            if node_mask[g, i]:
+                for j in range(i + 1, n):
+                    if adj[g, i, j] and node_mask[g, j]:
+                        cnt += 1
+        eg_start[g + 1] = eg_start[g] + cnt
+    ne = eg_start[nb]
+    eg = np.empty(ne, dtype=np.int64)
+    ex = np.empty(ne, dtype=np.int64)
+    ey = np.empty(ne, dtype=np.int64)
+    w = np.zeros((nb, n, n))
+    for g in prange(nb):
+        e = eg_start[g]
+        for i in range(n):
+            if node_mask[g, i]:
+                for j in range(i + 1, n):
+                    if adj[g, i, j] and node_mask[g, j]:
+                        eg[e] = g
+                        ex[e] = i
+                        ey[e] = j
+                        w[g, i, j] = w0[g, i, j]
+                        w[g, j, i] = w0[g, i, j]
+                        e += 1
+    ke = np.zeros(ne)
+    est = np.zeros(ne, dtype=np.int64)
+    wk = np.full((ne if warm else 0, 2 + 4 * n), -1, dtype=np.int64)
+    wp = np.full((ne if warm else 0, n), np.nan)
+    dist = np.empty((nb, n, n))
+    meas = np.empty((nb, n, n))
+    active = np.empty(nb, dtype=np.bool_)
+    for g in range(nb):
+        active[g] = eg_start[g + 1] > eg_start[g]  # a graph without edges does not flow
+    stats = np.zeros((max(1, min(ne, nchunk)), 4), dtype=np.int64)
+    for it in range(iterations + 1):
+        # (1) per graph: the flow step (after the first solve) and the distances and measures
+        for g in prange(nb):
+            if not active[g]:
+                continue
+            if it > 0:
+                if it > 1:  # stop after the step whose curvature spread is below delta
+                    lo = np.inf
+                    hi = -np.inf
+                    for e in range(eg_start[g], eg_start[g + 1]):
+                        lo = min(lo, ke[e])
+                        hi = max(hi, ke[e])
+                    if hi - lo < delta:
+                        converged[g] = True
+                        active[g] = False
+                        continue
+                total = 0.0
+                for e in range(eg_start[g], eg_start[g + 1]):
+                    v = w[g, ex[e], ey[e]] - step * ke[e] * w[g, ex[e], ey[e]]
+                    w[g, ex[e], ey[e]] = v
+                    total += v
+                scale = (eg_start[g + 1] - eg_start[g]) / max(total, np.finfo(np.float64).tiny)
+                for e in range(eg_start[g], eg_start[g + 1]):
+                    v = w[g, ex[e], ey[e]] * scale
+                    w[g, ex[e], ey[e]] = v
+                    w[g, ey[e], ex[e]] = v
+                steps[g] += 1
+            _apsp_measures(w[g], adj[g], node_mask[g], alpha, exp_power, dist[g], meas[g])
+        # (2) every edge of every active graph
+        nch = stats.shape[0]
+        for ch in prange(nch):
+            iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, hu, hv = _scratch(n)
+            for e in range(ch * ne // nch, (ch + 1) * ne // nch):
+                g = eg[e]
+                if active[g]:
+                    ke[e], st = _edge_kappa(dist[g], meas[g], ex[e], ey[e], iw, fw, s, d, ri, ci, sub, pos, bi, bj,
+                                            flow, hu, hv, max_pivots, wk, wp, e, stats[ch])
+                    est[e] += st
+    for g in prange(nb):
+        if active[g] and steps[g] > 0:  # the last step's spread
             lo = np.inf
             hi = -np.inf
-            for e in range(ne):
+            for e in range(eg_start[g], eg_start[g + 1]):
                 lo = min(lo, ke[e])
                 hi = max(hi, ke[e])
-            if hi - lo < delta:
-                converged[g] = True
-                break
-        for e in range(ne):
-            lengths[g, ex[e], ey[e]] = w[ex[e], ey[e]]
-            lengths[g, ey[e], ex[e]] = w[ex[e], ey[e]]
+            converged[g] = hi - lo < delta
+        for e in range(eg_start[g], eg_start[g + 1]):
+            stuck[g] += est[e]
+            lengths[g, ex[e], ey[e]] = w[g, ex[e], ey[e]]
+            lengths[g, ey[e], ex[e]] = w[g, ex[e], ey[e]]
             kappa[g, ex[e], ey[e]] = ke[e]
             kappa[g, ey[e], ex[e]] = ke[e]
-    return lengths, kappa, steps, converged, stuck
-
-
-@njit(cache=True, nogil=True)
-def _edge_kappa_graph(w, adj, node_mask, alpha, exp_power, dist, meas, e, ex, ey, iw, fw, s, d, ri, ci, sub, max_pivots):
-    """``_edge_kappa`` of edge ``e``; recomputes the distances and measures at ``e == 0``."""
-    if e == 0:
-        _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas)
-    return _edge_kappa(dist, meas, ex[e], ey[e], iw, fw, s, d, ri, ci, sub, max_pivots)
+    totals = np.zeros(4, dtype=np.int64)
+    for ch in range(stats.shape[0]):
+        for q in range(4):
+            totals[q] += stats[ch, q]
+    return lengths, kappa, steps, converged, stuck, totals
 
 
 def num_chunks() -> int:

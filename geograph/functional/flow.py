@@ -90,10 +90,13 @@ def ricci_flow(
     all edges (a query graph with forced query edges is always connected).
 
     ``solver="exact"`` (the CPU default of ``"auto"``): the whole flow of every graph runs in
-    one compiled call (numba, graphs in parallel over the CPU cores, float64 inside: APSP,
-    measures, Kantorovich-Rubinstein compaction and an exact transportation simplex per edge,
-    then the update), so the input makes one trip to the host and back; the result equals
-    GraphRicciCurvature within 1e-6 (tested, all 20 steps).
+    one compiled call (numba, float64 inside; per step the graphs' APSP and measures in
+    parallel, then every edge of every graph in parallel: Kantorovich-Rubinstein compaction and
+    an exact transportation simplex, then the update), so the input makes one trip to the host
+    and back. Each edge's simplex starts from its optimal basis of the previous step (completed
+    where the supports changed, made feasible by dual simplex steps): about 1.3 primal pivots
+    and 0.9 dual steps per problem on SciFact query graphs against about 9.7 pivots cold. The
+    result equals GraphRicciCurvature within 1e-6 (tested, all 20 steps).
 
     ``solver="sinkhorn"`` (the CUDA default of ``"auto"``): a torch loop over the steps. The
     first solve runs ``max_iter`` iterations with epsilon-scaling from 1 to ``reg``; every later
@@ -212,15 +215,15 @@ def _torch_flow(w, adj, node_mask, *, iterations, step, delta, alpha, exp_power,
 def _exact_flow(w: Tensor, adj: Tensor, node_mask: Tensor, *, iterations: int, step: float, delta: float, alpha: float,
                 exp_power: float) -> Optional[RicciFlowOutput]:
     """The whole flow in one compiled call (float64 inside); output in ``w``'s dtype and device."""
-    from geograph.functional._emd_numba import flow_batch
+    from geograph.functional._emd_numba import flow_batch, num_chunks
     from geograph.functional.transport import _MAX_PIVOTS
 
     dtype, device = w.dtype, w.device
     w_np = np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy())
     adj_np = np.ascontiguousarray(adj.detach().cpu().numpy())
     mask_np = np.ascontiguousarray(node_mask.detach().cpu().numpy())
-    lengths, kappa, steps, converged, stuck = flow_batch(
-        w_np, adj_np, mask_np, alpha, exp_power, iterations, step, delta, _MAX_PIVOTS
+    lengths, kappa, steps, converged, stuck, _ = flow_batch(
+        w_np, adj_np, mask_np, alpha, exp_power, iterations, step, delta, _MAX_PIVOTS, True, num_chunks()
     )
     if stuck.any():  # pragma: no cover - never seen; the simplex falls back to Bland's rule first
         return None  # the torch loop re-solves stuck problems with POT

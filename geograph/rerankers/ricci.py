@@ -28,12 +28,12 @@ class RicciFiltration(nn.Module):
     by default, by cosine to the query; dropped candidates and padding score ``-inf``.
 
     Solver: ``"auto"`` (default) is ``"exact"`` for CPU inputs and ``"sinkhorn"`` otherwise.
-    ``"exact"`` runs the whole flow of every graph in one compiled call (numba, float64, graphs
-    in parallel over the cores: APSP, measures, Kantorovich-Rubinstein compaction and an exact
-    transportation simplex per edge), equal to GraphRicciCurvature within 1e-6; on the 2-core
-    CPU it was also faster than the batched Sinkhorn at every batch size measured (the
-    entropic solve runs 300 iterations over every padded 10 x 20 problem per step), hence the
-    CPU default. ``"sinkhorn"`` is the accelerator's path: every edge of every graph in one
+    ``"exact"`` runs the whole flow of every graph in one compiled call (numba, float64, every
+    edge of every graph in parallel over the cores: APSP, measures, Kantorovich-Rubinstein
+    compaction and an exact transportation simplex warm-started from the edge's previous
+    step), equal to GraphRicciCurvature within 1e-6; on the 2-core CPU it was also far faster
+    than the batched Sinkhorn at every batch size measured (see ``geograph bench ricci`` and
+    the README), hence the CPU default. ``"sinkhorn"`` is the accelerator's path: every edge of every graph in one
     batched log-domain Sinkhorn per step, with a certified per-edge error bound (c-transform
     dual and rounded plan); edges whose bound exceeds ``cert_tol`` are re-solved exactly on
     the CPU (one host transfer per step), so each curvature is within ``cert_tol`` of exact.
