@@ -16,10 +16,15 @@ pivots Bland's rule takes over (it cannot cycle) and a further cap marks the pro
 not reach optimality (the caller re-solves it with POT).
 
 Warm starts (the flow): the problems of one edge change little from one flow step to the next,
-so the optimal basis of the previous step is kept per edge. When the new problem has the same
-row and column supports, its flows on that tree are solved directly (leaf peeling); if they are
-all non-negative the simplex starts there (usually already optimal: one pricing pass), otherwise
-it starts cold. The optimum does not depend on the start, only the pivot count does.
+so each edge keeps its optimal basis (in node ids) and potentials from the previous step.
+The new problem starts from the cells of that basis whose row and column are still a row and a
+column (a forest), completed into a spanning tree by the cells of least reduced cost under
+the previous potentials (:func:`_warm_basis`). Its flows are solved on the tree (leaf peeling,
+:func:`_tree_flows`); negative ones are removed by dual simplex steps (:func:`_dual_repair`),
+and the primal simplex finishes from there (usually at once). Should the repair fail, the
+start is the matrix-minimum rule ordered by the previous reduced costs. The optimum does not
+depend on the start, only the pivot count does (SciFact query graphs: 1.25 primal pivots and
+0.90 dual steps per problem, against 9.7 pivots cold).
 
 All problems of a batch run in parallel (``prange``; the kernels release the GIL and use
 numba's thread pool). Everything is compiled once and cached on disk (``cache=True``).
@@ -297,6 +302,8 @@ def _pivot(cost, nr, nc, bi, bj, flow, iw, fw, max_pivots):
             break
         pivots += 1
         theta, leave = _cycle(ie, je, -1.0, nr, nc, bi, bj, flow, par, depth, bland)
+        if leave < 0:  # no finite flow on the cycle (non-finite input): report as stuck
+            break
         _cycle(ie, je, theta, nr, nc, bi, bj, flow, par, depth, bland)
         bi[leave] = ie
         bj[leave] = je
@@ -495,7 +502,8 @@ def _warm_basis(nr, nc, ri, ci, prev, sub, hu, hv, pos, bi, bj, iw):
 
     The previous cells whose row and column are still a row and a column here are kept (a
     forest); the tree is completed by the cells of least reduced cost ``sub - hu - hv`` that join
-    two of its parts (Kruskal with a union-find in ``iw``).
+    two of its parts (Kruskal with a union-find in ``iw``). False if no finite cell completes
+    it (non-finite hints; the caller then starts cold).
     """
     n = pos.shape[0]
     nn = nr + nc
@@ -535,10 +543,13 @@ def _warm_basis(nr, nc, ri, ci, prev, sub, hu, hv, pos, bi, bj, iw):
                         best = red
                         ie = i
                         je = j
+        if ie < 0:
+            return False
         root[_find(root, ie)] = _find(root, nr + je)
         bi[k] = ie
         bj[k] = je
         k += 1
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -614,8 +625,7 @@ def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, 
                 for i in range(nr):
                     v = min(v, sub[i, j] - hu[i])
                 hv[j] = v
-        _warm_basis(nr, nc, ri, ci, wk[e], sub, hu, hv, pos, bi, bj, iw)
-        warm = True
+        warm = _warm_basis(nr, nc, ri, ci, wk[e], sub, hu, hv, pos, bi, bj, iw)
     w1, status, pivots, used, dual = _simplex(s, d, sub, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv, warm)
     if store:
         wk[e, 0] = nr
