@@ -126,12 +126,7 @@ def _tree_flows(s, d, nr, nc, bi, bj, flow, iw, fw):
     """
     nn = nr + nc
     kb = nn - 1
-    deg = iw[: nn + 1]
-    start = iw[nn + 1 : 2 * nn + 2]
-    adj = iw[2 * nn + 2 : 2 * nn + 2 + 2 * kb]
-    queue = iw[2 * nn + 2 + 2 * kb : 3 * nn + 2 + 2 * kb]
-    left = iw[3 * nn + 2 + 2 * kb : 4 * nn + 2 + 2 * kb]
-    used = iw[4 * nn + 2 + 2 * kb : 4 * nn + 2 + 3 * kb]
+    deg, start, adj, queue, left, used, _ = _tree_views(iw, nn)  # left: open cells per node; used: per cell
     rem = fw[:nn]
     _build_tree(nr, nn, kb, bi, bj, deg, start, adj)
     for i in range(nr):
@@ -385,11 +380,11 @@ def _simplex(s, d, cost, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv,
     ordered by the potentials ``hu, hv`` with ``hint``. ``iw`` / ``fw`` are int64 / float64
     workspaces of at least ``nr * nc + 8 * (nr + nc) + 8`` / ``nr * nc + 2 * (nr + nc) + 8``
     entries. Returns ``(total cost, status, pivots, warm used, dual steps)``; the optimal potentials are left
-    in ``fw[:nr + nc]`` (rows then columns) unless ``nr == 1`` or ``nc == 1``.
+    in ``fw[:nr + nc]`` (rows then columns).
     """
     if nr == 0 or nc == 0:
         return 0.0, STATUS_OK, 0, False, 0
-    if nr == 1 or nc == 1:  # every basic cell is forced
+    if nr == 1 or nc == 1:  # every basic cell is forced; potentials 0 on the single line
         tot = 0.0
         k = 0
         for i in range(nr):
@@ -400,6 +395,8 @@ def _simplex(s, d, cost, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv,
                 flow[k] = f
                 k += 1
                 tot += f * cost[i, j]
+                fw[i] = 0.0 if nr == 1 else cost[i, 0]
+                fw[nr + j] = cost[0, j] if nr == 1 else 0.0
         return tot, STATUS_OK, 0, False, 0
     dual = -1
     if warm and _tree_flows(s, d, nr, nc, bi, bj, flow, iw, fw):
@@ -424,18 +421,8 @@ def emd_batch(a, b, cost, max_pivots, nchunk):
     if ne == 0:
         return out, status
     nchunk = max(1, min(ne, nchunk))
-    nn = rr + cc
     for ch in prange(nchunk):
-        iw = np.empty(rr * cc + 8 * nn + 8, dtype=np.int64)
-        fw = np.empty(rr * cc + 2 * nn + 8)
-        bi = np.empty(nn, dtype=np.int64)
-        bj = np.empty(nn, dtype=np.int64)
-        flow = np.empty(nn)
-        s = np.empty(rr)
-        d = np.empty(cc)
-        ri = np.empty(rr, dtype=np.int64)
-        ci = np.empty(cc, dtype=np.int64)
-        sub = np.empty((rr, cc))
+        iw, fw, s, d, ri, ci, sub, _, bi, bj, flow, hu, hv = _scratch(rr + cc)  # rows and columns may overlap
         for e in range(ch * ne // nchunk, (ch + 1) * ne // nchunk):
             nr = 0
             for i in range(rr):
@@ -452,7 +439,7 @@ def emd_batch(a, b, cost, max_pivots, nchunk):
             for i in range(nr):
                 for j in range(nc):
                     sub[i, j] = cost[e, ri[i], ci[j]]
-            out[e], status[e], _, _, _ = _simplex(s, d, sub, nr, nc, bi, bj, flow, iw, fw, max_pivots, False, s, d, False)
+            out[e], status[e], _, _, _ = _simplex(s, d, sub, nr, nc, bi, bj, flow, iw, fw, max_pivots, False, hu, hv, False)
     return out, status
 
 
@@ -635,19 +622,10 @@ def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, 
             wk[e, 2 + kb + k] = ci[bj[k]]
         for v in range(n):
             wp[e, v] = np.nan
-        if nr > 1 and nc > 1:  # the potentials of the optimal basis (see _simplex)
-            for i in range(nr):
-                wp[e, ri[i]] = fw[i]
-            for j in range(nc):
-                wp[e, ci[j]] = fw[nr + j]
-        elif nr == 1:  # one row: u = 0, v_j = C_0j is optimal
-            wp[e, ri[0]] = 0.0
-            for j in range(nc):
-                wp[e, ci[j]] = sub[0, j]
-        else:  # one column: v = 0, u_i = C_i0
-            wp[e, ci[0]] = 0.0
-            for i in range(nr):
-                wp[e, ri[i]] = sub[i, 0]
+        for i in range(nr):  # the potentials of the optimal basis (see _simplex)
+            wp[e, ri[i]] = fw[i]
+        for j in range(nc):
+            wp[e, ci[j]] = fw[nr + j]
     out_stats[0] += 1
     out_stats[1] += used
     out_stats[2] += pivots
@@ -686,7 +664,8 @@ def curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchu
 
 @njit(cache=True, nogil=True)
 def _scratch(n):
-    """Scratch arrays of :func:`_edge_kappa` for graphs of ``n`` nodes (at most ``n x n`` problems)."""
+    """Scratch arrays of :func:`_edge_kappa` for graphs of ``n`` nodes: problems with at most
+    ``n`` rows and columns together (a graph's KR supports are disjoint), see :func:`_simplex`."""
     return (np.empty(n * n + 12 * n + 8, dtype=np.int64), np.empty(n * n + 4 * n + 8), np.empty(n), np.empty(n),
             np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty((n, n)), np.empty(n, dtype=np.int64),
             np.empty(2 * n, dtype=np.int64), np.empty(2 * n, dtype=np.int64), np.empty(2 * n), np.empty(n), np.empty(n))
