@@ -8,7 +8,8 @@ On SciFact test and MuSiQue query graphs (query + dense top-20 MiniLM candidates
   curvature + ``compute_ricci_flow(iterations=20)``. Its kept set and flowed lengths come from
   every query; its time from ``--ref-queries`` of them (warmed up, ``--repeat`` repeats);
 * (b) :class:`geograph.RicciFiltration` ``solver="exact"`` (the CPU default) at B = 1 and
-  B = ``--batch``;
+  B = ``--batch``, with its simplex work on the same graphs (primal pivots and dual steps per
+  transport problem, warm-started as shipped and cold);
 * (c) ``solver="sinkhorn"`` (certified, the accelerator's path) at B = ``--batch``: kept sets
   on ``--sinkhorn-queries`` graphs (default: all), with the share of edges it re-solved
   exactly per flow step and its Sinkhorn work (iterations x problems) per step recorded from
@@ -54,6 +55,24 @@ def _timing(stats: dict, queries: int) -> dict:
     return {k: stats[k] / queries * 1e3 for k in ("median", "min", "max")} | {"repeat": stats["repeat"], "queries": queries}
 
 
+def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor) -> dict:
+    """The exact flow's simplex work on these graphs, warm-started (as shipped) and cold."""
+    from geograph.functional._emd_numba import flow_batch, num_chunks
+    from geograph.functional.graphs import query_graph
+    from geograph.functional.transport import _MAX_PIVOTS
+
+    adj, node_mask, _ = query_graph(q, docs, percentile=model.percentile)
+    a, m = adj.numpy(), node_mask.numpy()
+    counts = {}
+    for start, warm in (("warm", True), ("cold", False)):
+        problems, used, pivots, dual = flow_batch(a.astype(np.float64), a, m, model.alpha, float(model.exp_power),
+                                                  model.iterations, model.step, model.delta, _MAX_PIVOTS, warm,
+                                                  num_chunks())[5].tolist()
+        counts[start] = {"problems": problems, "warm_started": used / problems, "pivots_per_problem": pivots / problems,
+                         "dual_steps_per_problem": dual / problems}
+    return counts
+
+
 def bench_dataset(name: str, args, dev: torch.device) -> dict:
     data = args.data if (name == "scifact" and args.data) else str(resolve_data(None, name))
     dataset, cands = dense_candidate_set(data, args.split if name == "scifact" else "test", args.cache, args.candidates)
@@ -87,6 +106,7 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
     exact = RicciFiltration(solver="exact")
     record(f"(b) exact B={args.batch}", exact, q64, docs64, args.batch, nq)
     record("(b) exact B=1", exact, q64, docs64, 1, min(args.single, nq))
+    solver_counts = _exact_solver_counts(exact, q64, docs64)
     ns = nq if args.sinkhorn_queries is None else min(args.sinkhorn_queries, nq)
     if ns:
         # the certificate statistics of the module's own flows, recorded during its kept-set pass
@@ -113,7 +133,8 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
                                             for i in range(max(len(r) for r in resolved))],
                    sinkhorn_work_per_step=float(torch.cat(work).mean()))
 
-    out = {"dataset": dataset.name, "queries": nq, "nodes": docs64.shape[1] + 1, "paths": rows}
+    out = {"dataset": dataset.name, "queries": nq, "nodes": docs64.shape[1] + 1, "paths": rows,
+           "exact_solver": solver_counts}
     if name == "scifact":
         rf_i, rf_s = rerank_all(cands, lambda q, d: exact(q.double(), d.double()), batch_size=args.batch,
                                 desc="Ricci-Filtration")
@@ -143,6 +164,10 @@ def _print(name: str, res: dict, threads: dict) -> None:
             share = r["resolved_share_per_step"]
             print(f"{'':<34}re-solved exactly per step: mean {np.mean(share) * 100:.1f}%, max {max(share) * 100:.1f}%; "
                   f"Sinkhorn work {r['sinkhorn_work_per_step']:.3g} iterations x problems per step")
+    warm, cold = res["exact_solver"]["warm"], res["exact_solver"]["cold"]
+    print(f"exact solver, {warm['problems']} transport problems: warm-started {warm['warm_started'] * 100:.1f}%, "
+          f"{warm['pivots_per_problem']:.2f} pivots + {warm['dual_steps_per_problem']:.2f} dual steps per problem "
+          f"(cold start: {cold['pivots_per_problem']:.2f} pivots)")
     if "quality" in res:
         print(f"\nQuality on {res['dataset']} (mean kept {res['mean_kept']:.2f}):")
         print(format_table(res["quality"], ("nDCG@10", "Recall@10")))
