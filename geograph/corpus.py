@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
-from geograph.functional.similarity import chunked_topk, normalize
+from geograph.functional.ann import resolve_index, self_topk
+from geograph.functional.similarity import normalize
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
@@ -57,6 +58,7 @@ class CorpusGraph(nn.Module):
             edge_index = edge_index.to(embeddings.device)
         clean = clean_edge_index(edge_index, embeddings.shape[0])
         self.name = name
+        self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in graph.json
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("edge_index", clean)
         self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
@@ -94,12 +96,21 @@ class CorpusGraph(nn.Module):
         return cls(embeddings, edge_index, name="edge_index")
 
     @classmethod
-    def from_knn(cls, embeddings: Tensor, k: int, *, chunk_size: int = 4096, faiss: bool = False) -> "CorpusGraph":
+    def from_knn(cls, embeddings: Tensor, k: int, *, chunk_size: int = 4096, faiss: bool = False, index: str = "exact",
+                 nlist: Optional[int] = None, nprobe: int = 32, sample: Optional[int] = None, seed: int = 0,
+                 progress: bool = False) -> "CorpusGraph":
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 
-        Exact by default, in row chunks of ``chunk_size`` (memory ``O(chunk_size x V)``);
-        ``faiss=True`` uses an exact FAISS inner-product index when ``faiss`` is installed (the
-        same neighbours up to ties). ``k`` clamps to ``V - 1``.
+        ``index="exact"`` (default) scans every pair with the tiled all-pairs routine
+        (:func:`~geograph.functional.allpairs.tiled_topk`, tiles of ``chunk_size``: memory
+        ``O(chunk_size^2 + V k)``, time ``O(V^2 D)``). ``index="ivf"`` joins IVF cells instead
+        (:func:`~geograph.functional.ann.ivf_self_topk`: ``nlist`` cells trained on ``sample``
+        passages, each joined with its ``nprobe`` nearest; the scores are exact, a pair whose
+        cells never meet is missed); ``index="auto"`` is exact up to
+        :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages and IVF above, and logs its
+        choice. ``faiss=True`` uses an exact FAISS inner-product index when ``faiss`` is
+        installed (the same neighbours up to ties). ``k`` clamps to ``V - 1``. Ties: lowest
+        index first. ``progress`` shows a bar with ETA.
         """
         check_tensor(embeddings, "embeddings", 2)
         k = check_positive_int(k, "k")
@@ -108,16 +119,27 @@ class CorpusGraph(nn.Module):
         k = min(k, v - 1)
         if k < 1:
             return cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="knn")
-        z = normalize(embeddings)  # in the embeddings' dtype (float64 stays float64)
+        if embeddings.dtype in (torch.float16, torch.bfloat16) and embeddings.device.type == "cpu":
+            z = normalize(embeddings.float())  # CPU matrix products of half floats are slow and round the scores
+        else:
+            z = normalize(embeddings)  # in the embeddings' dtype (float64 stays float64)
+        timings: dict = {}
+        index = "faiss-flat" if faiss else resolve_index(index, v, "CorpusGraph.from_knn")
         if faiss:
             idx = _faiss_knn(z, k + 1)
         else:
-            idx = chunked_topk(z, z, k, chunk_size=chunk_size, exclude_self=True)[1]
+            idx = self_topk(z, k, index=index, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, block=chunk_size,
+                            progress="k-NN graph" if progress else False, timings=timings)[1]
+        del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
             self_hit = idx == torch.arange(v, device=idx.device).unsqueeze(1)
             idx = idx.gather(1, true_first(~self_hit, k))
         src = torch.arange(v, device=idx.device).repeat_interleave(k)
-        return cls(embeddings, torch.stack([src, idx.reshape(-1)]), name=f"knn{k}")
+        dst = idx.reshape(-1)
+        ok = dst >= 0  # an IVF row with fewer than k candidates
+        graph = cls(embeddings, torch.stack([src[ok], dst[ok]]), name=f"knn{k}")
+        graph.build_info = {"index": index, "seconds": timings}
+        return graph
 
     @classmethod
     def from_groups(cls, embeddings: Tensor, groups: Iterable[Sequence[int]]) -> "CorpusGraph":
@@ -193,7 +215,7 @@ class CorpusGraph(nn.Module):
         torch.save(self.embeddings.cpu(), path / "embeddings.pt")
         torch.save(self.edge_index.cpu(), path / "edge_index.pt")
         meta = {"format": _FORMAT, "name": self.name, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
-                "dim": int(self.embeddings.shape[1])}
+                "dim": int(self.embeddings.shape[1]), "build": self.build_info}
         (path / "graph.json").write_text(json.dumps(meta, indent=2))
         return path
 
@@ -210,6 +232,7 @@ class CorpusGraph(nn.Module):
         emb = torch.load(path / "embeddings.pt", map_location=device or "cpu", weights_only=True)
         ei = torch.load(path / "edge_index.pt", map_location=device or "cpu", weights_only=True)
         graph = cls(emb, ei, name=meta.get("name", "edge_index"))
+        graph.build_info = meta.get("build", {})
         if graph.num_nodes != meta["num_nodes"] or graph.num_edges != meta["num_edges"]:
             raise ValueError(f"{path}: files do not match graph.json")
         return graph

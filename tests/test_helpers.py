@@ -14,7 +14,7 @@ from geograph._checks import check_candidates
 from geograph.functional.graphs import clean_edge_index, csr_rowptr, query_graph
 from geograph.functional.isoperimetric import compatible_edges
 from geograph.functional.maniscope import maniscope_scores
-from geograph.functional.similarity import chunked_topk
+from geograph.functional.allpairs import tiled_topk
 from geograph.outputs import true_first
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,13 +35,13 @@ def test_chunked_topk_equals_a_stable_full_sort(chunk, exclude_self):
     x = rng.integers(-2, 3, size=(23, 4)).astype(np.float64)  # small integers: many exact ties
     q = x if exclude_self else rng.integers(-2, 3, size=(9, 4)).astype(np.float64)
     ref_s, ref_i = np_topk(q, x, 5, exclude_self)
-    s, i = chunked_topk(torch.from_numpy(q), torch.from_numpy(x), 5, chunk_size=chunk, exclude_self=exclude_self)
+    s, i = tiled_topk(torch.from_numpy(q), torch.from_numpy(x), 5, block=chunk, exclude_self=exclude_self)
     assert np.array_equal(i.numpy(), ref_i)
     assert np.array_equal(s.numpy(), ref_s)
 
 
 def test_chunked_topk_of_no_query():
-    s, i = chunked_topk(torch.zeros(0, 3), torch.randn(5, 3), 2, chunk_size=2)
+    s, i = tiled_topk(torch.zeros(0, 3), torch.randn(5, 3), 2, block=2)
     assert s.shape == (0, 2) and i.shape == (0, 2)
 
 

@@ -20,7 +20,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from geograph.corpus import CorpusGraph
-from geograph.functional.similarity import chunked_topk, normalize
+from geograph.functional.allpairs import tiled_topk
+from geograph.functional.similarity import normalize
 from geograph.outputs import true_first
 
 
@@ -37,7 +38,7 @@ def hard_negatives(graph: CorpusGraph, count: int, *, chunk_size: int = 4096) ->
     out = []
     for start in range(0, v, chunk_size):
         rows = torch.arange(start, min(start + chunk_size, v))
-        idx = chunked_topk(z[rows], z, width, chunk_size=chunk_size)[1]
+        idx = tiled_topk(z[rows], z, width, block=chunk_size)[1]
         bad = (idx == rows.unsqueeze(1)) | torch.isin(rows.unsqueeze(1) * v + idx, keys)
         order = true_first(~bad, count)
         pick = idx.gather(1, order)

@@ -11,6 +11,7 @@ BENCHES = {
     "g3": "geograph.bench.g3",
     "run": "geograph.bench.run",
     "gpu": "geograph.bench.gpu",
+    "scale": "geograph.bench.scale",
 }
 
 

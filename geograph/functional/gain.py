@@ -1,18 +1,22 @@
 """G3RAG's geometric-gain graph, built in row blocks: density and the sparse transition matrix."""
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
+from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs, tiled_topk
 from geograph.functional.graphs import csr_rowptr
 from geograph.functional.similarity import normalize
 from geograph.outputs import topk_stable
 
-__all__ = ["gain_density", "gain_transition", "check_band", "csr"]
+__all__ = ["gain_density", "gain_transition", "gain_edges", "gain_bound", "check_band", "csr", "DensityInfo",
+           "GainEdges", "candidate_cap"]
 
 
 def csr(crow: Tensor, col: Tensor, val: Tensor, n: int) -> Tensor:
@@ -50,6 +54,10 @@ def _block_rows(block: Optional[int], n: int) -> int:
     return check_positive_int(block, "block")
 
 
+def _block(block: Optional[int]) -> int:
+    return DEFAULT_BLOCK if block is None else check_positive_int(block, "block")
+
+
 def check_band(band: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
     """``band`` as ``(lo, hi)`` floats with ``-1 <= lo < hi <= 1``, or ``None``."""
     if band is None:
@@ -63,23 +71,67 @@ def check_band(band: Optional[tuple[float, float]]) -> Optional[tuple[float, flo
     return lo, hi
 
 
-def gain_density(embeddings: Tensor, *, block: Optional[int] = None) -> Tensor:
+def _minmax(rho: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    span = hi - lo
+    safe = torch.where(span > 0, span, torch.ones_like(span))
+    return torch.where(span > 0, ((rho - lo) / safe).clamp(0.0, 1.0), torch.zeros_like(rho))
+
+
+def _positive_part(s: Tensor) -> Tensor:
+    return s.clamp_min(0)
+
+
+def _raw_density_exact(z: Tensor, block: int, rows: Optional[Tensor] = None, progress: Union[bool, str] = False) -> Tensor:
+    """``sum_{k != j} max(0, S_jk)`` for every row (or ``rows``) by the tiled routine."""
+    q = z if rows is None else z[rows]
+    _, _, sums = tiled_pairs(q, z, 0, block=block, exclude=True if rows is None else rows, row_sum=_positive_part,
+                             progress=progress)
+    return sums
+
+
+@dataclass(frozen=True)
+class DensityInfo:
+    """How :func:`gain_density` computed ``rho``: ``sample`` columns (0 = exact), the mean and
+    largest standard error of the sampled ``rho`` before normalisation, and ``exact_rows``,
+    the rows computed exactly because they could set the minimum or the maximum."""
+
+    sample: int
+    mean_stderr: float
+    max_stderr: float
+    exact_rows: int
+
+
+def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Optional[int] = None, seed: int = 0,
+                 progress: Union[bool, str] = False, return_info: bool = False):
     r"""G3RAG's similarity density of every passage, min-max normalised.
 
     .. math:: \rho_j = \frac{1}{N} \sum_{k \ne j} \max(0, S_{jk}), \qquad
               \hat\rho = \frac{\rho - \min \rho}{\max \rho - \min \rho}
 
     with ``S`` the cosine similarity (diagonal 0). Embeddings are L2-normalised here (so any
-    scale is accepted); computed in row blocks of ``block`` passages: memory
-    ``O(block x N)`` (default: as many rows as fit 2^26 similarities, 256 MB in float32). If every ``rho`` is equal the result is all 0.
+    scale is accepted). Exact by default, by the tiled all-pairs routine
+    (:func:`~geograph.functional.allpairs.tiled_pairs`; memory ``O(block^2)``, time ``O(N^2 D)``).
+
+    ``sample=s`` estimates it in ``O(N s D)``: with :math:`\max(0, x) = x + \max(0, -x)`,
+    :math:`\sum_{k \ne j} S_{jk} = z_j \cdot \sum_k z_k - 1` is exact from the corpus sum and only
+    the negative part :math:`\sum_k \max(0, -S_{jk})` is estimated from ``s`` uniform columns
+    (without replacement; it is small on real embeddings, whose cosines are mostly positive).
+    The extremes that set the normalisation are not left to sampling noise: every row whose
+    estimate is within 4 standard errors of the smallest (largest) possible minimum (maximum)
+    is recomputed exactly (at most 4,096 a side, the most extreme first), and the minimum and
+    maximum are taken over exact values.
 
     Args:
         embeddings: ``(N, D)`` passage embeddings, no all-zero row.
-        block: rows per matrix product (default: 2^26 // N).
+        block: tile side (default: :data:`~geograph.functional.allpairs.DEFAULT_BLOCK`).
+        sample: columns sampled for the negative part; ``None`` = exact.
+        seed: the column sample's seed.
+        progress: a progress bar over the tiles.
+        return_info: also return a :class:`DensityInfo`.
 
     Returns:
         ``(N,)`` in ``[0, 1]``, in the embeddings' dtype (float16 / bfloat16 are computed in
-        float32).
+        float32); with ``return_info``, ``(rho, DensityInfo)``.
 
     References:
         G3RAG (../shared/papers/g3rag.txt).
@@ -89,19 +141,176 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None) -> Tensor:
         tensor([0.2500, 1.0000, 0.0000])
     """
     z = _unit(embeddings)
-    block = _block_rows(block, z.shape[0])
+    block = _block(block)
     n = z.shape[0]
-    parts = []
-    for start in range(0, n, block):
-        s = z[start : start + block] @ z.T
-        rows = torch.arange(s.shape[0], device=z.device)
-        s[rows, rows + start] = 0.0
-        parts.append(s.clamp_min(0).sum(1) / n)
-    rho = torch.cat(parts)
-    lo, hi = rho.min(), rho.max()
-    span = hi - lo
-    out = torch.where(span > 0, (rho - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(rho))
-    return out.to(embeddings.dtype)
+    if sample is None or sample >= n:
+        raw = _raw_density_exact(z, block, progress=progress)
+        info = DensityInfo(sample=0, mean_stderr=0.0, max_stderr=0.0, exact_rows=n)
+        rho = _minmax(raw, raw.min(), raw.max())
+    else:
+        sample = check_positive_int(sample, "sample")
+        if sample < 2:
+            raise ValueError(f"sample must be at least 2 columns to estimate an error, got {sample}")
+        total = z.double().sum(0)
+        signed = (z.double() @ total - (z.double() * z.double()).sum(1))  # sum_{k != j} S_jk
+        g = torch.Generator().manual_seed(seed)
+        cols = torch.randperm(n, generator=g)[:sample].to(z.device)
+        zc = z[cols]
+        neg = torch.empty(n, dtype=torch.float64, device=z.device)
+        sq = torch.empty_like(neg)
+        for r0 in range(0, n, block):
+            t = (z[r0 : r0 + block] @ zc.T).neg_().clamp_min_(0).double()
+            neg[r0 : r0 + block] = t.sum(1)
+            sq[r0 : r0 + block] = (t * t).sum(1)
+        mean = neg / sample
+        var = (sq / sample - mean * mean).clamp_min(0) * sample / (sample - 1)
+        se = n * torch.sqrt(var / sample * (1.0 - sample / n))
+        raw = signed + n * mean
+        exact_rows = []
+        for side in (1.0, -1.0):  # the minimum, then the maximum (as the minimum of -raw)
+            r, e = side * raw, se
+            bound = (r + 4 * e).min()
+            cand = torch.nonzero(r - 4 * e <= bound).squeeze(1)
+            if cand.numel() > 4096:
+                cand = cand[torch.topk(-(r[cand] - 4 * e[cand]), 4096).indices]
+            exact_rows.append(cand)
+        rows = torch.unique(torch.cat(exact_rows))
+        raw = raw.clone()
+        raw[rows] = _raw_density_exact(z, block, rows).double()
+        info = DensityInfo(sample=sample, mean_stderr=float(se.mean()) / n, max_stderr=float(se.max()) / n,
+                           exact_rows=int(rows.numel()))
+        rho = _minmax(raw, raw[rows].min(), raw[rows].max())
+    rho = rho.to(embeddings.dtype)
+    return (rho, info) if return_info else rho
+
+
+def gain_bound(x: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
+    r"""The largest weight a pair of cosine at most ``x`` can have: :math:`\max f` over ``[lo, min(x, hi)]``.
+
+    ``f(x) = x sqrt(1 - x^2)`` increases up to ``1/sqrt(2)`` and the penalty is at most 1, so
+    the bound is ``f(min(x, hi, 1/sqrt(2)))``, or 0 when ``min(x, hi)`` is below the band (or
+    not positive). ``band=None`` is the open interval ``(0, 1)``.
+
+    Example:
+        >>> gain_bound(torch.tensor([0.05, 0.5, 0.9]), (0.1, 0.7))
+        tensor([0.0000, 0.4330, 0.4999])
+    """
+    lo, hi = (0.0, 1.0) if band is None else band
+    top = torch.clamp(x, max=hi)
+    u = torch.clamp(top, max=1.0 / math.sqrt(2.0))
+    f = u * torch.sqrt((1 - u * u).clamp_min(0))
+    return torch.where((top >= lo) & (top > 0), f, torch.zeros_like(f))
+
+
+def candidate_cap(band: Optional[tuple[float, float]]) -> Optional[float]:
+    """The largest cosine worth ranking for G3's candidate lists: the band's ``hi`` (``None``: no cap;
+    the weight of ``x = 1`` is 0 anyway)."""
+    return None if band is None else band[1]
+
+
+def _weights(s: Tensor, penalty_cols: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
+    """``x sqrt(1 - x^2) e^{-beta rho_j}`` inside the band, 0 elsewhere (in place on ``s``)."""
+    ok = (s > 0) & (s < 1) if band is None else (s >= band[0]) & (s <= band[1])
+    w = s.masked_fill_(~ok, 0.0)
+    root = (w * w).neg_().add_(1.0).clamp_min_(0.0).sqrt_()
+    return w.mul_(root).mul_(penalty_cols).clamp_min_(0.0)
+
+
+@dataclass(frozen=True)
+class GainEdges:
+    """The kept edges of G3RAG's ``W`` before row normalisation, with how they were proven.
+
+    Attributes:
+        rows, cols, vals: ``(E,)`` edges (``vals > 0``), any order.
+        certified: ``(N,)`` bool, the row was proven exact from its candidate list (all True
+            for the exact build).
+        redone: ``(N,)`` bool, the row was recomputed against every passage.
+    """
+
+    rows: Tensor
+    cols: Tensor
+    vals: Tensor
+    certified: Tensor
+    redone: Tensor
+
+
+def gain_edges(
+    z: Tensor,
+    penalty: Tensor,
+    *,
+    band: Optional[tuple[float, float]],
+    max_degree: int,
+    candidates: Optional[tuple[Tensor, Tensor]] = None,
+    block: Optional[int] = None,
+    redo: bool = True,
+    progress: Union[bool, str] = False,
+) -> GainEdges:
+    r"""Each row's ``max_degree`` largest weights :math:`W_{ij} = f(S_{ij}) p_j`, exactly or from candidates.
+
+    Without ``candidates``: the tiled routine ranks the weights of every pair (exact). With
+    ``candidates = (x, ids)``, each row's top-``K'`` cosine list ``(N, K')`` best first
+    (``-1`` = empty slot): the weights are computed on the list only and the row is
+    **certified** when no pair outside it can enter: every outside pair has cosine at most
+    ``x_K'`` (the list's last) and so weight at most :func:`gain_bound` ``(x_K')``; the row is
+    exact when that bound is 0, or when the row kept ``max_degree`` edges and the bound is
+    below its smallest kept weight. (With exact lists that is a proof; with ANN lists a proof
+    up to the index's misses.) Rows not certified are recomputed exactly when ``redo``.
+
+    Args:
+        z: ``(N, D)`` unit rows.
+        penalty: ``(N,)`` ``e^{-beta rho}`` of every passage.
+        band: the cosine band, or ``None`` (``0 < x < 1``).
+        max_degree: edges kept per row.
+        candidates: ``(values, indices)`` top-``K'`` cosine lists, or ``None``.
+        block: tile side.
+        redo: recompute uncertified rows exactly.
+        progress: progress bars.
+
+    Returns:
+        :class:`GainEdges`. Ties at a row's cut keep the lower column index.
+    """
+    n = z.shape[0]
+    block = _block(block)
+
+    def score(s: Tensor, cols: Tensor) -> Tensor:
+        return _weights(s, penalty[cols], band)
+
+    def exact(rows: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        q = z if rows is None else z[rows]
+        k = min(max_degree, n - 1)
+        val, col, _ = tiled_pairs(q, z, k, block=block, exclude=True if rows is None else rows, score=score,
+                                  progress=progress and (f"{progress} exact" if isinstance(progress, str) else True))
+        row = (torch.arange(n, device=z.device) if rows is None else rows).unsqueeze(1).expand_as(col)
+        keep = val > 0
+        return row[keep], col[keep], val[keep]
+
+    if candidates is None:
+        r, c, v = exact(None)
+        ones = torch.ones(n, dtype=torch.bool, device=z.device)
+        return GainEdges(r, c, v, certified=ones, redone=~ones)
+    x, ids = candidates
+    kc = ids.shape[1]
+    valid = (ids >= 0) & torch.isfinite(x)
+    w = _weights(x.clone(), penalty[ids.clamp_min(0)], band).masked_fill_(~valid, 0.0)
+    from geograph.functional.allpairs import merge_topk, sort_topk
+
+    k = min(max_degree, kc)
+    kv, ki = sort_topk(*merge_topk(w, torch.where(valid, ids, torch.full_like(ids, n)), k))
+    full = valid.all(1)
+    bound = gain_bound(x[:, -1], band)
+    enough = (kv[:, -1] > 0) if k == max_degree else torch.zeros(n, dtype=torch.bool, device=z.device)
+    certified = full & ((bound == 0) | (enough & (bound < kv[:, -1])))
+    if kc >= n - 1:  # every other passage is a candidate
+        certified = full
+    redone = ~certified if redo else torch.zeros_like(certified)
+    keep = (kv > 0) & ~redone.unsqueeze(1)
+    row = torch.arange(n, device=z.device).unsqueeze(1).expand_as(ki)
+    r, c, v = row[keep], ki[keep], kv[keep]
+    todo = redone.nonzero().squeeze(1)
+    if todo.numel():
+        r2, c2, v2 = exact(todo)
+        r, c, v = torch.cat([r, r2]), torch.cat([c, c2]), torch.cat([v, v2])
+    return GainEdges(r, c, v, certified=certified, redone=redone)
 
 
 def gain_transition(
@@ -112,7 +321,10 @@ def gain_transition(
     max_degree: Optional[int] = None,
     block: Optional[int] = None,
     density: Optional[Tensor] = None,
-) -> Tensor:
+    candidates: Optional[tuple[Tensor, Tensor]] = None,
+    progress: Union[bool, str] = False,
+    return_edges: bool = False,
+):
     r"""G3RAG's row-normalised transition matrix ``T`` as a sparse CSR ``(N, N)`` tensor.
 
     .. math:: W_{ij} = x \sqrt{1 - x^2}\, e^{-\beta \hat\rho_j} \quad (x = S_{ij} \in [lo, hi],
@@ -121,11 +333,15 @@ def gain_transition(
     (:func:`gain_density` for ``rho``). ``band=None`` is the authors' code: no band, every
     pair with a positive weight, i.e. ``0 < x < 1`` (the formula is <= 0 elsewhere, which a
     transition matrix cannot hold). ``max_degree=k`` keeps each row's ``k`` largest weights
-    before normalising: memory ``O(N k)`` instead of the band's (up to ``O(N^2)``), and a row
-    with more than ``k`` band edges then differs from the full ``T`` (its weakest edges are
-    dropped and the rest renormalised; at a tie on the cut the lower column index is kept).
-    A row with no edge stays all zero (a dangling passage). Built in row blocks of ``block`` passages:
-    peak memory about three ``block x N`` blocks plus the kept edges. ``max_degree=None``
+    before normalising (:func:`gain_edges`, by the tiled all-pairs routine: memory
+    ``O(block^2 + N k)``), and a row with more than ``k`` band edges then differs from the full
+    ``T`` (its weakest edges are dropped and the rest renormalised; at a tie on the cut the
+    lower column index is kept). ``candidates`` (top-``K'`` cosine lists) make the
+    ``max_degree`` build cost ``O(N K')`` plus the rows that its certificate cannot prove
+    (see :func:`gain_edges`). A row with no edge stays all zero (a dangling passage).
+
+    ``max_degree=None`` (the authors' full T) is built in row blocks of ``block`` passages
+    against all columns (peak memory about three ``block x N`` blocks plus the kept edges) and
     warns above ``FULL_T_WARN_NODES`` (10,000) passages: real embeddings put over half of all
     pairs in the default band. float16 / bfloat16 embeddings are built in float32 and ``T``
     is returned in their dtype.
@@ -135,12 +351,16 @@ def gain_transition(
         band: similarity interval ``(lo, hi)`` of the edges, or ``None``.
         beta: density penalty on the target.
         max_degree: strongest edges kept per row; ``None`` = all.
-        block: rows per matrix product (default: 2^26 // N, about 256 MB a block in float32).
+        block: tile side (``max_degree``), or rows per block (``None``: default ``2^26 // N``).
         density: precomputed :func:`gain_density` (saves one pass).
+        candidates: ``(values, indices)`` top-``K'`` cosine lists of every passage (needs
+            ``max_degree <= K'``).
+        progress: progress bars.
+        return_edges: also return the :class:`GainEdges` (certificate per row).
 
     Returns:
         ``torch.sparse_csr_tensor`` ``(N, N)`` in the embeddings' dtype, rows sum to 1 or 0
-        (long indices).
+        (long indices); with ``return_edges``, ``(T, GainEdges)``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
@@ -151,50 +371,55 @@ def gain_transition(
     """
     z = _unit(embeddings)
     band = check_band(band)
-    block = _block_rows(block, z.shape[0])
     beta = check_finite_float(beta, "beta")
     n = z.shape[0]
     if max_degree is not None:
         max_degree = check_positive_int(max_degree, "max_degree")
+    elif candidates is not None:
+        raise ValueError("candidates need max_degree: the full T (max_degree=None) uses every pair")
     elif n > FULL_T_WARN_NODES:
         warnings.warn(f"gain_transition with max_degree=None on {n} passages: T may hold O(N^2) edges "
                       "(over half of all pairs on real embeddings); pass max_degree to bound it", stacklevel=2)
-    rho = gain_density(z, block=block) if density is None else density.to(z)
+    if candidates is not None:
+        cv, ci = candidates
+        if ci.ndim != 2 or ci.shape[0] != n or tuple(cv.shape) != tuple(ci.shape):
+            raise ValueError(f"candidates must be two (N={n}, K') tensors (values, indices), got shapes "
+                             f"{tuple(cv.shape)} and {tuple(ci.shape)}")
+        if ci.shape[1] < min(max_degree, n - 1):
+            raise ValueError(f"candidates hold K'={ci.shape[1]} per row, fewer than max_degree={max_degree}: "
+                             "raise the candidates or lower max_degree")
+        candidates = (cv.to(z), ci.to(z.device))
+    rho = gain_density(z, block=None if block is None else block) if density is None else density.to(z)
     if tuple(rho.shape) != (n,):
         raise ValueError(f"density must have shape ({n},), got {tuple(rho.shape)}")
     penalty = torch.exp(-beta * rho)
+    edges = None
+    if max_degree is not None and max_degree < n:
+        edges = gain_edges(z, penalty, band=band, max_degree=max_degree, candidates=candidates, block=block,
+                           progress=progress)
+        rows, cols, vals = edges.rows, edges.cols, edges.vals
+    else:
+        rows, cols, vals = _full_rows(z, penalty, band, _block_rows(block, n))
+    order = torch.argsort(rows * n + cols)  # CSR: by row, then column
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    row_sum = torch.zeros(n, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals)
+    vals = vals / row_sum[rows]
+    t = csr(csr_rowptr(rows, n), cols, vals.to(embeddings.dtype), n)
+    return (t, edges) if return_edges else t
+
+
+def _full_rows(z: Tensor, penalty: Tensor, band, block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Every positive weight (the authors' full ``W``), in row blocks against all columns."""
+    n = z.shape[0]
     rows_out, cols_out, vals_out = [], [], []
     for start in range(0, n, block):
         s = z[start : start + block] @ z.T
         r = torch.arange(s.shape[0], device=z.device)
         s[r, r + start] = 0.0
-        if band is None:
-            ok = (s > 0) & (s < 1)
-        else:
-            ok = (s >= band[0]) & (s <= band[1])
-        # in place, one block at a time: w = x sqrt(1 - x^2) e^{-beta rho_j} in the band, 0 elsewhere
-        # (the diagonal is 0 already; negative x give w < 0 and are dropped with the zeros)
-        w = s.masked_fill_(~ok, 0.0)
-        root = w * w
-        root.neg_().add_(1.0).clamp_min_(0.0).sqrt_()
-        w.mul_(root).mul_(penalty)
-        del root, ok
-        if max_degree is not None and max_degree < n:
-            val, col = topk_stable(w, max_degree)  # ties at the cut: the lower column index is kept
-            keep = val > 0
-            row = (r + start).unsqueeze(1).expand_as(col)
-            rows_out.append(row[keep])
-            cols_out.append(col[keep])
-            vals_out.append(val[keep])
-        else:
-            ok = w > 0
-            idx = ok.nonzero()
-            rows_out.append(idx[:, 0] + start)
-            cols_out.append(idx[:, 1])
-            vals_out.append(w[ok])
-    rows, cols, vals = torch.cat(rows_out), torch.cat(cols_out), torch.cat(vals_out)
-    order = torch.argsort(rows * n + cols)  # CSR: by row, then column
-    rows, cols, vals = rows[order], cols[order], vals[order]
-    row_sum = torch.zeros(n, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals)
-    vals = vals / row_sum[rows]
-    return csr(csr_rowptr(rows, n), cols, vals.to(embeddings.dtype), n)
+        w = _weights(s, penalty, band)
+        ok = w > 0
+        idx = ok.nonzero()
+        rows_out.append(idx[:, 0] + start)
+        cols_out.append(idx[:, 1])
+        vals_out.append(w[ok])
+    return torch.cat(rows_out), torch.cat(cols_out), torch.cat(vals_out)

@@ -7,7 +7,6 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_where, check_mask, check_tensor
-from geograph.outputs import topk_stable
 
 
 def normalize(x: Tensor, dim: int = -1) -> Tensor:
@@ -73,56 +72,3 @@ def _zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     if mask is None:
         return x
     return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def chunked_topk(query: Tensor, keys: Tensor, k: int, *, chunk_size: int = 65536,
-                 exclude_self: bool = False) -> tuple[Tensor, Tensor]:
-    r"""Exact top-``k`` of the inner products ``query @ keys.T``, scanned in chunks.
-
-    .. math:: \mathrm{top}_k\{\langle q_b, x_u \rangle : u\}
-
-    Query rows and key rows are both taken ``chunk_size`` at a time; each key chunk's top-k is
-    merged into a running top-k, so memory is ``O(chunk_size * (chunk_size + k))`` whatever
-    the number of keys. Ties: lowest key index first, across chunks too
-    (:func:`~geograph.outputs.topk_stable`). Normalise both sides first for cosine.
-
-    Args:
-        query: ``(B, D)``.
-        keys: ``(V, D)`` in ``query``'s dtype and device.
-        k: ``1 <= k <= V`` (``V - 1`` with ``exclude_self``).
-        chunk_size: rows per matrix product.
-        exclude_self: query row ``i`` is key ``i`` (``query`` is ``keys``): never return it.
-
-    Returns:
-        ``(values, indices)``, both ``(B, k)``, best first.
-
-    Example:
-        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
-        >>> chunked_topk(x, x, 1, chunk_size=2, exclude_self=True)[1]
-        tensor([[2],
-                [2],
-                [1]])
-    """
-    v = keys.shape[0]
-    out_s, out_i = [], []
-    for r0 in range(0, max(query.shape[0], 1), chunk_size):  # B = 0: one empty chunk
-        q = query[r0 : r0 + chunk_size]
-        best_s = q.new_empty(q.shape[0], 0)
-        best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
-        for start in range(0, v, chunk_size):
-            s = q @ keys[start : start + chunk_size].T
-            if exclude_self:
-                rows = torch.arange(r0, r0 + q.shape[0], device=q.device).unsqueeze(1)
-                cols = torch.arange(start, start + s.shape[1], device=q.device)
-                s = s.masked_fill(rows == cols, float("-inf"))
-            top_s, top_i = topk_stable(s, min(k, s.shape[1]))
-            # earlier chunks first: among equal scores a lower position is a lower key index
-            cand_s = torch.cat([best_s, top_s], dim=1)
-            cand_i = torch.cat([best_i, top_i + start], dim=1)
-            best_s, pos = topk_stable(cand_s, min(k, cand_s.shape[1]))
-            best_i = cand_i.gather(1, pos)
-        out_s.append(best_s)
-        out_i.append(best_i)
-    if len(out_s) == 1:
-        return out_s[0], out_i[0]
-    return torch.cat(out_s), torch.cat(out_i)

@@ -5,7 +5,12 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_same_device, check_tensor
-from geograph.functional.similarity import chunked_topk, normalize
+from typing import Optional
+
+from geograph._checks import tracing
+from geograph.functional.allpairs import sort_topk, tiled_topk
+from geograph.functional.ann import build_ivf_index, check_ivf, default_nlist, resolve_index
+from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
 
 
@@ -42,12 +47,21 @@ class DenseRetriever(nn.Module):
         (tensor([[1, 2]]), tensor([[1.0000, 0.8000]]))
     """
 
-    def __init__(self, embeddings: Tensor, *, chunk_size: int = 65536) -> None:
+    def __init__(self, embeddings: Tensor, *, chunk_size: int = 4096, index: str = "exact", nlist: Optional[int] = None,
+                 nprobe: int = 64, sample: Optional[int] = None, seed: int = 0) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         if embeddings.shape[0] == 0:
             raise ValueError("embeddings is empty: the corpus needs at least one passage")
         self.chunk_size = check_positive_int(chunk_size, "chunk_size")
+        n = embeddings.shape[0]
+        self.index = resolve_index(index, n, "DenseRetriever")
+        self.nlist = default_nlist(n) if nlist is None else nlist
+        self.nprobe = nprobe
+        self.sample = check_ivf(n, self.nlist, nprobe, sample) if self.index == "ivf" else sample
+        self.seed = seed
+        self._ivf = None  # the faiss index, built on first use from the embeddings buffer
+        self.register_load_state_dict_post_hook(lambda module, _: module._drop_index())
         self.register_buffer("embeddings", normalize(embeddings), persistent=False)
 
     @property
@@ -65,8 +79,38 @@ class DenseRetriever(nn.Module):
         if k > self.num_passages:
             raise ValueError(f"k={k} exceeds the corpus size {self.num_passages}")
         q = normalize(query.to(self.embeddings.dtype))
-        best_s, best_i = chunked_topk(q, self.embeddings, k, chunk_size=self.chunk_size)
+        if self.index == "ivf" and not tracing():
+            best_s, best_i = self._search_ivf(q, k)
+        else:
+            best_s, best_i = tiled_topk(q, self.embeddings, k, block=self.chunk_size)
         return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
 
+    def _drop_index(self) -> None:
+        self._ivf = None
+
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the index follows the new buffers
+        self._ivf = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def _search_ivf(self, q: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """faiss IVF-Flat candidates (``k`` per query from ``nprobe`` lists), re-scored exactly and
+        ordered best first, ties lowest index; a query with fewer than ``k`` candidates is
+        completed by the exact scan."""
+        if self._ivf is None:
+            self._ivf = build_ivf_index(self.embeddings, self.nlist, sample=self.sample, seed=self.seed)
+        self._ivf.nprobe = self.nprobe
+        _, ids = self._ivf.search(q.detach().float().cpu().contiguous().numpy(), k)
+        ids = torch.from_numpy(ids).to(q.device)
+        ok = ids >= 0
+        scores = torch.einsum("bd,bkd->bk", q, self.embeddings[ids.clamp_min(0)]).masked_fill(~ok, float("-inf"))
+        vals, ids = sort_topk(scores, ids)
+        short = ~torch.isfinite(vals[:, -1])
+        if bool(short.any()):
+            rows = short.nonzero().squeeze(1)
+            ev, ei = tiled_topk(q[rows], self.embeddings, k, block=self.chunk_size)
+            vals, ids = vals.index_copy(0, rows, ev), ids.index_copy(0, rows, ei)
+        return vals, ids
+
     def extra_repr(self) -> str:
-        return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}"
+        ivf = f", index='ivf', nlist={self.nlist}, nprobe={self.nprobe}" if self.index == "ivf" else ""
+        return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}{ivf}"

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -9,7 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_finite_float, check_finite_where, check_positive_int, check_same_device, check_tensor
-from geograph.functional.gain import check_band, csr, gain_density, gain_transition
+from geograph.functional.allpairs import DEFAULT_BLOCK
+from geograph.functional.ann import default_nlist, resolve_index, self_topk
+from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_transition
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
 from geograph.retrievers.dense import DenseRetriever
@@ -21,6 +26,14 @@ _FORMAT = 1
 
 #: ``max_degree`` of :meth:`G3Graph.build` and :class:`G3Retriever` unless given
 DEFAULT_MAX_DEGREE = 128
+
+#: cosine candidates per row of the IVF build (:meth:`G3Graph.build`) unless given
+DEFAULT_CANDIDATES = 512
+
+#: columns sampled for the density of the IVF build unless given
+DEFAULT_DENSITY_SAMPLE = 4096
+
+log = logging.getLogger("geograph.g3")
 
 
 class G3Graph(nn.Module):
@@ -75,6 +88,7 @@ class G3Graph(nn.Module):
         self.band = check_band(band)
         self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
+        self.build_info: dict = {}
         self._update_width()
         self.register_load_state_dict_post_hook(lambda module, _: module._update_width())
 
@@ -83,8 +97,11 @@ class G3Graph(nn.Module):
 
     @classmethod
     def build(cls, embeddings: Tensor, *, band: Optional[tuple[float, float]] = (0.1, 0.7), beta: float = 0.4,
-              max_degree: Optional[int] = DEFAULT_MAX_DEGREE, block: Optional[int] = None) -> "G3Graph":
-        """Build blockwise: memory ``O(block x N + N x max_degree)`` (``band=None``: the authors' T).
+              max_degree: Optional[int] = DEFAULT_MAX_DEGREE, block: Optional[int] = None, index: str = "exact",
+              candidates: Optional[int] = None, nlist: Optional[int] = None, nprobe: int = 32,
+              sample: Optional[int] = None, density_sample: Optional[int] = None, seed: int = 0,
+              progress: bool = False) -> "G3Graph":
+        """Build by tiles: memory ``O(block^2 + N x max_degree)`` (``band=None``: the authors' T).
 
         ``max_degree`` defaults to :data:`DEFAULT_MAX_DEGREE` (128) strongest edges a row: the
         band alone keeps over half of all pairs of real embeddings (61% on 1,824 MuSiQue
@@ -97,14 +114,70 @@ class G3Graph(nn.Module):
         0.507 vs 0.537 at beta 0.7; SciFact test (300 queries, 5,183 passages, full-T mean
         degree 2,930): 0.680 for both (64 gives 0.517 / 0.510 and 0.680).
 
-        ``block`` rows per similarity block; default ``2^26 // N`` (about 256 MB per block in
-        float32, whatever N). float16 / bfloat16 embeddings are built in float32 and stored
-        in their own dtype.
+        Corpora of millions: ``index="exact"`` ranks every pair's weight (time ``O(N^2 D)``);
+        ``index="ivf"`` takes each row's top-``candidates`` cosine list (cosines up to the
+        band's ceiling) from the IVF join
+        (:func:`~geograph.functional.ann.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``),
+        weighs only those, and proves each row exact by the certificate of
+        :func:`~geograph.functional.gain_edges` (up to the join's misses); uncertified rows
+        are recomputed against every passage. ``index="auto"`` is exact up to
+        :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages (logged). ``candidates``
+        defaults to :data:`DEFAULT_CANDIDATES`; with ``index="exact"`` and ``candidates`` given,
+        the lists come from the exact tiled scan. ``density_sample`` columns estimate the
+        density (:func:`~geograph.functional.gain_density`; default: exact for the exact
+        build, :data:`DEFAULT_DENSITY_SAMPLE` for IVF; 0 = exact). :attr:`build_info` records what was
+        done (certified and redone rows, density error).
+
+        ``block``: tile side (default 4096; for ``max_degree=None`` rows per block, default
+        ``2^26 // N``). float16 / bfloat16 embeddings are built in float32 and stored in their
+        own dtype.
         """
         band = check_band(band)
-        rho = gain_density(embeddings, block=block)
-        t = gain_transition(embeddings, band=band, beta=beta, max_degree=max_degree, block=block, density=rho)
-        return cls(embeddings, t, rho, band=band, beta=beta, max_degree=max_degree)
+        n = embeddings.shape[0]
+        index = resolve_index(index, n, "G3Graph.build")
+        if max_degree is not None:
+            max_degree = check_positive_int(max_degree, "max_degree")
+        if index == "ivf" and candidates is None:
+            candidates = DEFAULT_CANDIDATES
+        if index == "ivf" and density_sample is None:
+            density_sample = DEFAULT_DENSITY_SAMPLE
+        if density_sample == 0:  # exact, whatever the index
+            density_sample = None
+        if candidates is not None:
+            candidates = check_positive_int(candidates, "candidates")
+            if max_degree is None:
+                raise ValueError("candidates need max_degree: the full T (max_degree=None) uses every pair")
+            if candidates < max_degree and candidates < n - 1:
+                raise ValueError(f"candidates={candidates} must be at least max_degree={max_degree} "
+                                 "(each row keeps max_degree of its candidates)")
+            candidates = min(candidates, n - 1)
+        z = _unit(embeddings)
+        info: dict = {"index": index, "passages": n}
+        t0 = time.perf_counter()
+        rho, dinfo = gain_density(z, block=block, sample=density_sample, seed=seed,
+                                  progress="G3 density" if progress else False, return_info=True)
+        info.update(density_seconds=time.perf_counter() - t0, density=asdict(dinfo))
+        cand = None
+        if candidates is not None and max_degree is not None and max_degree < n:
+            t0 = time.perf_counter()
+            tile = DEFAULT_BLOCK if block is None else block
+            cand = self_topk(z, candidates, index=index, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed,
+                             block=tile, cap=candidate_cap(band), progress="G3 candidates" if progress else False)
+            info.update(candidates=candidates, candidate_seconds=time.perf_counter() - t0)
+            if index == "ivf":
+                info.update(nlist=nlist or default_nlist(n), nprobe=nprobe)
+        t0 = time.perf_counter()
+        t, edges = gain_transition(z, band=band, beta=beta, max_degree=max_degree, block=block, density=rho,
+                                   candidates=cand, progress="G3 edges" if progress else False, return_edges=True)
+        info["edge_seconds"] = time.perf_counter() - t0
+        if edges is not None:
+            info.update(certified=int(edges.certified.sum()), redone=int(edges.redone.sum()))
+        del z, cand, edges
+        t = csr(t.crow_indices(), t.col_indices(), t.values().to(embeddings.dtype), n)
+        graph = cls(embeddings, t, rho.to(embeddings.dtype), band=band, beta=beta, max_degree=max_degree)
+        graph.build_info = info
+        log.info("G3Graph.build: %s", info)
+        return graph
 
     @property
     def transition(self) -> Tensor:
@@ -130,7 +203,7 @@ class G3Graph(nn.Module):
                     "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.val.cpu()},
                    path / "g3graph.pt")
         meta = {"format": _FORMAT, "band": self.band, "beta": self.beta, "max_degree": self.max_degree,
-                "num_nodes": self.num_nodes, "nnz": int(self.val.numel())}
+                "num_nodes": self.num_nodes, "nnz": int(self.val.numel()), "build": self.build_info}
         (path / "g3graph.json").write_text(json.dumps(meta, indent=2))
         return path
 
@@ -146,7 +219,9 @@ class G3Graph(nn.Module):
         n = meta["num_nodes"]
         t = csr(blob["crow"], blob["col"], blob["val"], n)
         band = tuple(meta["band"]) if meta["band"] is not None else None
-        return cls(blob["embeddings"], t, blob["density"], band=band, beta=meta["beta"], max_degree=meta["max_degree"])
+        graph = cls(blob["embeddings"], t, blob["density"], band=band, beta=meta["beta"], max_degree=meta["max_degree"])
+        graph.build_info = meta.get("build", {})
+        return graph
 
     def extra_repr(self) -> str:
         return (f"nodes={self.num_nodes}, nnz={int(self.val.numel())}, band={self.band}, "

@@ -1,0 +1,396 @@
+"""``geograph bench scale``: corpus graphs and dense retrieval at corpus scale, ANN vs exact.
+
+For each ``--sizes`` N and each ``--generators`` synthetic corpus (384-d unit vectors that
+reproduce all-MiniLM-L6-v2's geometry, fitted to the cached SciFact and 2Wiki passage
+embeddings; see :func:`fit_generators`), in a fresh process per build (peak resident memory
+of that process): the k-NN graph (k = 10) and the G3 graph (``max_degree`` 128) built with
+``--index`` (default ``ivf``), the time of every stage, and against exact references in the
+same run:
+
+- k-NN edge recall@10 on ``--check-rows`` uniformly sampled rows (each row's exact top-10 by
+  the tiled scan against the whole corpus);
+- G3: the certified and re-done rows; on the sampled rows, edge recall and the L1 error of the
+  row-normalised weights against the exact rows. Up to ``--exact-limit`` passages the exact
+  rows use the exact density of every passage (one tiled pass over all pairs) and the
+  density's largest error is reported over all rows; above it the exact rows use the build's
+  own density (isolating the candidate error) and the density error is measured on the
+  sampled rows (exact raw density, normalised by the build's exact extremes);
+- ``DenseRetriever`` IVF recall@20 and ms/query at B=64 next to the exact scan (same
+  queries, warmed, repeated: median and spread).
+
+Then the real sets at their own size (SciFact, MuSiQue by default): the same recalls, and
+whether ISO-RAG and G3RAG return the same top-k with IVF-built graphs as with exact ones on
+every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.ann.default_nlist`).
+
+The generators are checked by printing, next to real SciFact, the pairwise-cosine histogram
+and the 1st / 10th-neighbour cosine quantiles of a synthetic sample of the same size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from geograph.bench.common import DEFAULT_DATA, time_calls, write_json
+from geograph.console import format_table
+
+GENERATORS = ("mixture", "gauss")
+KNN_K = 10
+MAX_DEGREE = 128
+
+
+# -- generators ------------------------------------------------------------------------------
+def fit_generators(real: np.ndarray, *, clusters: int = 64, seed: int = 0) -> dict:
+    """Two Gaussian models of real unit embeddings ``(n, D)``.
+
+    - ``mixture``: spherical k-means with ``clusters`` centres; a point is its cluster's mean
+      plus a residual drawn from the pooled within-cluster covariance scaled by the cluster's
+      own residual variance, then normalised (topics of various spread, as real corpora).
+    - ``gauss``: one Gaussian with the corpus mean and covariance, normalised (no topic
+      structure: the harder case for IVF, whose cells then cut through dense regions).
+    """
+    import faiss
+
+    x = np.ascontiguousarray(real, dtype=np.float32)
+    km = faiss.Kmeans(x.shape[1], clusters, niter=25, seed=seed, spherical=True, verbose=False)
+    km.train(x)
+    _, lab = km.index.search(x, 1)
+    lab = lab[:, 0]
+    means = np.stack([x[lab == c].mean(0) if (lab == c).any() else km.centroids[c] for c in range(clusters)])
+    resid = x - means[lab]
+    scale = np.array([resid[lab == c].var() if (lab == c).sum() > 1 else resid.var() for c in range(clusters)])
+    cov_w = np.cov(resid.T / np.sqrt(scale[lab] / resid.var()))
+    weights = np.bincount(lab, minlength=clusters) / len(lab)
+    return {
+        "mixture": {"means": means, "scale": scale / resid.var(), "chol": np.linalg.cholesky(cov_w + 1e-9 * np.eye(x.shape[1])),
+                    "weights": weights},
+        "gauss": {"mean": x.mean(0), "chol": np.linalg.cholesky(np.cov(x.T) + 1e-9 * np.eye(x.shape[1]))},
+    }
+
+
+def generate(model: dict, kind: str, n: int, *, seed: int = 0, chunk: int = 100_000) -> np.ndarray:
+    """``n`` float32 unit vectors from a fitted generator (chunked: memory ``O(n D)``)."""
+    rng = np.random.default_rng(seed)
+    m = model[kind]
+    d = m["chol"].shape[0]
+    out = np.empty((n, d), dtype=np.float32)
+    for s in range(0, n, chunk):
+        c = min(chunk, n - s)
+        eps = rng.standard_normal((c, d)) @ m["chol"].T
+        if kind == "mixture":
+            lab = rng.choice(len(m["weights"]), size=c, p=m["weights"])
+            x = m["means"][lab] + np.sqrt(m["scale"][lab])[:, None] * eps
+        else:
+            x = m["mean"] + eps
+        out[s : s + c] = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return out
+
+
+def geometry(x: np.ndarray, *, pairs: int = 200_000, seed: int = 0) -> dict:
+    """Pairwise-cosine histogram (random pairs) and 1st / 10th-neighbour cosine quantiles."""
+    from geograph.functional.allpairs import tiled_topk
+
+    rng = np.random.default_rng(seed)
+    i, j = rng.integers(len(x), size=pairs), rng.integers(len(x), size=pairs)
+    keep = i != j
+    cos = np.einsum("nd,nd->n", x[i[keep]], x[j[keep]])
+    edges = np.array([-0.2, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1.0])
+    hist = np.histogram(cos, bins=edges)[0] / keep.sum()
+    t = torch.from_numpy(x)
+    v, _ = tiled_topk(t, t, 10, exclude_self=True)
+    q = [0.1, 0.5, 0.9]
+    return {"bins": edges.tolist(), "hist": hist.tolist(), "mean_cos": float(cos.mean()),
+            "nn1": np.quantile(v[:, 0].numpy(), q).tolist(), "nn10": np.quantile(v[:, 9].numpy(), q).tolist()}
+
+
+# -- one build in a fresh process ------------------------------------------------------------
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _child(task: dict, queue) -> None:
+    try:
+        torch.set_num_threads(task["threads"])
+        x = torch.from_numpy(np.load(task["path"], mmap_mode="r"))  # read-only: builders never write it
+        base = _rss_mb()
+        t0 = time.perf_counter()
+        out: dict = {}
+        if task["kind"] == "knn":
+            from geograph.corpus import CorpusGraph
+
+            g = CorpusGraph.from_knn(x, KNN_K, index=task["index"], nprobe=task["nprobe"], progress=task["progress"])
+            np.save(task["out"], g.edge_index.numpy())
+            out["stages"] = g.build_info.get("seconds", {})
+        else:
+            from geograph.retrievers.g3 import G3Graph
+
+            g = G3Graph.build(x, max_degree=MAX_DEGREE, index=task["index"], nprobe=task["nprobe"],
+                              candidates=task["candidates"], density_sample=task["density_sample"],
+                              progress=task["progress"])
+            np.savez(task["out"], crow=g.crow.numpy(), col=g.col.numpy(), val=g.val.numpy(), density=g.density.numpy())
+            info = g.build_info
+            out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
+            out["build_info"] = info
+        out.update(seconds=time.perf_counter() - t0, peak_rss_mb=_rss_mb(), base_rss_mb=base)
+        queue.put(out)
+    except BaseException as exc:  # report, do not hang the parent
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def build_in_child(task: dict) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(task, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    if "error" in out:
+        raise RuntimeError(f"{task['kind']} build failed: {out['error']}")
+    return out
+
+
+# -- exact references on sampled rows --------------------------------------------------------
+def exact_knn_rows(z: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    from geograph.functional.allpairs import tiled_pairs
+
+    return tiled_pairs(z[rows], z, k, exclude=rows)[1]
+
+
+def knn_recall(edge_index: np.ndarray, rows: np.ndarray, ref: np.ndarray) -> float:
+    """Share of each sampled row's exact top-k found among its graph neighbours."""
+    order = np.argsort(edge_index[0], kind="stable")
+    src, dst = edge_index[0][order], edge_index[1][order]
+    hits = 0
+    for r, want in zip(rows.tolist(), ref.tolist()):
+        lo, hi = np.searchsorted(src, r), np.searchsorted(src, r, side="right")
+        hits += len(set(dst[lo:hi].tolist()) & set(want))
+    return hits / ref.size
+
+
+def exact_g3_rows(z: torch.Tensor, rows: torch.Tensor, penalty: torch.Tensor, band=(0.1, 0.7)) -> list[dict]:
+    """Each sampled row's exact top-``MAX_DEGREE`` weights, normalised: ``[{col: weight}]``."""
+    from geograph.functional.allpairs import tiled_pairs
+
+    def score(s, cols):
+        ok = (s >= band[0]) & (s <= band[1])
+        w = torch.where(ok, s * torch.sqrt((1 - s * s).clamp_min(0)), torch.zeros_like(s))
+        return w * penalty[cols]
+
+    val, col, _ = tiled_pairs(z[rows], z, MAX_DEGREE, exclude=rows, score=score)
+    out = []
+    for v, c in zip(val.tolist(), col.tolist()):
+        d = {ci: vi for ci, vi in zip(c, v) if vi > 0}
+        tot = sum(d.values())
+        out.append({ci: vi / tot for ci, vi in d.items()} if tot > 0 else {})
+    return out
+
+
+def g3_row_errors(npz, rows: np.ndarray, ref: list[dict]) -> tuple[float, float]:
+    """Edge recall and mean L1 of the normalised weights, built vs exact, on the sampled rows."""
+    crow, col, val = npz["crow"], npz["col"], npz["val"]
+    found = total = 0
+    l1 = []
+    for r, want in zip(rows.tolist(), ref):
+        got = dict(zip(col[crow[r] : crow[r + 1]].tolist(), val[crow[r] : crow[r + 1]].tolist()))
+        found += len(set(got) & set(want))
+        total += len(want)
+        keys = set(got) | set(want)
+        l1.append(sum(abs(got.get(c, 0.0) - want.get(c, 0.0)) for c in keys))
+    return (found / total if total else 1.0), float(np.mean(l1))
+
+
+def raw_density(z: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    from geograph.functional.allpairs import tiled_pairs
+
+    q = z if rows is None else z[rows]
+    _, _, s = tiled_pairs(q, z, 0, exclude=True if rows is None else rows, row_sum=lambda t: t.clamp_min(0),
+                          progress="exact density" if rows is None else False)
+    return s / z.shape[0]
+
+
+# -- dense retrieval -------------------------------------------------------------------------
+def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe: int, k: int = 20, batch: int = 64) -> dict:
+    from geograph.retrievers import DenseRetriever
+
+    exact = DenseRetriever(x)
+    t0 = time.perf_counter()
+    ivf = DenseRetriever(x, index="ivf", nprobe=nprobe)
+    ivf(queries[:1], k)  # builds the faiss index
+    build = time.perf_counter() - t0
+    hits = 0
+    for s in range(0, len(queries), batch):
+        a, b = exact(queries[s : s + batch], k).indices, ivf(queries[s : s + batch], k).indices
+        hits += int((b.unsqueeze(2) == a.unsqueeze(1)).any(2).sum())
+    q = queries[:batch]
+    te = time_calls(lambda: exact(q, k), repeat=5)
+    ti = time_calls(lambda: ivf(q, k), repeat=5)
+    ms = lambda t: {key: t[key] * 1000 / batch for key in ("median", "min", "max")}
+    return {"recall@20": hits / (len(queries) * k), "nlist": ivf.nlist, "nprobe": nprobe, "index_build_s": build,
+            "exact_ms_per_query": ms(te), "ivf_ms_per_query": ms(ti), "speedup": te["median"] / ti["median"]}
+
+
+# -- one synthetic size ----------------------------------------------------------------------
+def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) -> dict:
+    n = len(x)
+    path = tmp / f"{label}.npy"
+    np.save(path, x)
+    common = dict(path=str(path), threads=torch.get_num_threads(), index=args.index, nprobe=args.nprobe,
+                  progress=args.progress)
+    res: dict = {"N": n}
+    print(f"[{label}] k-NN graph ({args.index}) ...", flush=True)
+    res["knn"] = build_in_child(dict(common, kind="knn", out=str(tmp / f"{label}-knn.npy")))
+    print(f"[{label}] G3 graph ({args.index}) ...", flush=True)
+    res["g3"] = build_in_child(dict(common, kind="g3", candidates=args.candidates, density_sample=args.density_sample,
+                                    out=str(tmp / f"{label}-g3.npz")))
+    z = torch.from_numpy(x)
+    rows = torch.from_numpy(np.sort(np.random.default_rng(1).choice(n, size=min(args.check_rows, n), replace=False)))
+    t0 = time.perf_counter()
+    ref = exact_knn_rows(z, rows, KNN_K).numpy()
+    res["knn"]["recall@10"] = knn_recall(np.load(tmp / f"{label}-knn.npy"), rows.numpy(), ref)
+    g3 = np.load(tmp / f"{label}-g3.npz")
+    built_rho = torch.from_numpy(g3["density"])
+    if n <= args.exact_limit:
+        raw = raw_density(z).double()
+        exact_rho = ((raw - raw.min()) / (raw.max() - raw.min())).float()
+        res["g3"]["rho_max_error"] = float((exact_rho - built_rho).abs().max())
+        res["g3"]["rho_error_over"] = "all rows"
+        penalty = torch.exp(-0.4 * exact_rho)
+        res["g3"]["reference"] = "exact rows with the exact density of every passage"
+    else:
+        raw_rows = raw_density(z, rows).double()
+        # the build's normalisation is set by exact extremes: recover it from two exact rows
+        lo_row, hi_row = int(built_rho.argmin()), int(built_rho.argmax())
+        ext = raw_density(z, torch.tensor([lo_row, hi_row])).double()
+        exact_rows_rho = (raw_rows - ext[0]) / (ext[1] - ext[0])
+        res["g3"]["rho_max_error"] = float((exact_rows_rho - built_rho[rows].double()).abs().max())
+        res["g3"]["rho_error_over"] = f"{len(rows)} sampled rows"
+        penalty = torch.exp(-0.4 * built_rho)
+        res["g3"]["reference"] = "exact rows with the build's density"
+    rec, l1 = g3_row_errors(g3, rows.numpy(), exact_g3_rows(z, rows, penalty))
+    res["g3"].update(edge_recall=rec, weight_l1=l1, check_rows=len(rows), check_seconds=time.perf_counter() - t0)
+    print(f"[{label}] DenseRetriever exact vs IVF ...", flush=True)
+    res["dense"] = dense_compare(z, torch.from_numpy(queries), nprobe=args.dense_nprobe)
+    return res
+
+
+# -- real sets -------------------------------------------------------------------------------
+def real_set(name: str, root: str, encoder, args) -> dict:
+    from geograph.corpus import CorpusGraph
+    from geograph.data import load_beir
+    from geograph.retrievers import G3Retriever, ISORetriever
+    from geograph.retrievers.g3 import G3Graph
+
+    ds = load_beir(root, "test")
+    x = encoder.encode(ds.passages())
+    q = encoder.encode(ds.queries)
+    n = len(x)
+    out: dict = {"N": n, "queries": len(ds.queries)}
+    z = torch.nn.functional.normalize(x, dim=1)
+    exact_knn = CorpusGraph.from_knn(x, KNN_K)
+    ivf_knn = CorpusGraph.from_knn(x, KNN_K, index="ivf", nprobe=args.nprobe)
+    rows = torch.arange(n)
+    ref = exact_knn_rows(z, rows, KNN_K).numpy()
+    out["knn_recall@10"] = knn_recall(ivf_knn.edge_index.numpy(), rows.numpy(), ref)
+    g_exact = G3Graph.build(x, max_degree=MAX_DEGREE)
+    g_ivf = G3Graph.build(x, max_degree=MAX_DEGREE, index="ivf", nprobe=args.nprobe, candidates=args.candidates,
+                          density_sample=args.density_sample)
+    info = g_ivf.build_info
+    out["g3_certified"] = info.get("certified", 0) / n
+    out["g3_redone"] = info.get("redone", 0)
+    out["rho_max_error"] = float((g_exact.density - g_ivf.density).abs().max())
+    same = lambda a, b: float((torch.sort(a, 1).values == torch.sort(b, 1).values).all(1).float().mean())
+    k = 10
+    out["iso_same_topk"] = same(ISORetriever(exact_knn)(q, k=k).indices, ISORetriever(ivf_knn)(q, k=k).indices)
+    out["g3_same_topk"] = same(G3Retriever(g_exact)(q, k=5).indices, G3Retriever(g_ivf)(q, k=5).indices)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="geograph bench scale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sizes", type=int, nargs="*", default=[200_000, 1_000_000], help="corpus sizes (default 200k 1M)")
+    p.add_argument("--generators", nargs="+", default=list(GENERATORS), choices=GENERATORS)
+    p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
+    p.add_argument("--nprobe", type=int, default=32, help="cells each cell meets in the IVF join")
+    p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes")
+    p.add_argument("--candidates", type=int, default=None, help="G3 cosine candidates K' per row (default 512)")
+    p.add_argument("--density-sample", type=int, default=None, help="G3 density columns sampled (default 4096)")
+    p.add_argument("--check-rows", type=int, default=2000, help="sampled rows checked against exact")
+    p.add_argument("--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N")
+    p.add_argument("--queries", type=int, default=640, help="DenseRetriever queries per size")
+    p.add_argument("--datasets", nargs="*", default=["scifact", "musique"])
+    p.add_argument("--data-root", default=str(DEFAULT_DATA))
+    p.add_argument("--cache", help="embedding cache directory")
+    p.add_argument("--progress", action="store_true", help="progress bars of the builds")
+    p.add_argument("--out", default="bench-results")
+    args = p.parse_args(argv)
+
+    from geograph.data import Encoder, load_beir, load_corpus
+
+    encoder = Encoder(cache=args.cache)
+    root = Path(args.data_root)
+    real = [encoder.encode(load_corpus(root / name).passages()).numpy() for name in ("scifact", "2wiki-corpus")]
+    model = fit_generators(np.concatenate(real))
+    scifact = real[0]
+    print(f"generators fitted to {sum(map(len, real))} SciFact + 2Wiki MiniLM embeddings; geometry at N={len(scifact)}:")
+    geo = {"real SciFact": geometry(scifact)}
+    for g in args.generators:
+        geo[g] = geometry(generate(model, g, len(scifact), seed=7))
+    bins = geo["real SciFact"]["bins"]
+    cols = [f"[{bins[i]:.1f},{bins[i + 1]:.1f})" for i in range(len(bins) - 1)]
+    print(format_table({k: dict(zip(cols, v["hist"])) for k, v in geo.items()}, cols))
+    qcols = ["nn1 p10", "nn1 p50", "nn1 p90", "nn10 p10", "nn10 p50", "nn10 p90", "mean cos"]
+    print(format_table({k: dict(zip(qcols, v["nn1"] + v["nn10"] + [v["mean_cos"]])) for k, v in geo.items()}, qcols))
+
+    results: dict = {"threads": torch.get_num_threads(), "index": args.index, "nprobe": args.nprobe,
+                     "geometry": geo, "sizes": {}, "real": {}}
+    with tempfile.TemporaryDirectory(prefix="geograph-scale-") as tmp:
+        for n in args.sizes:
+            for g in args.generators:
+                x = generate(model, g, n, seed=11)
+                qs = generate(model, g, args.queries, seed=12)
+                label = f"{g}-{n}"
+                results["sizes"][label] = run_size(x, qs, args, Path(tmp), label)
+                print(json.dumps(results["sizes"][label], default=float)[:2000], flush=True)
+                del x
+    for name in args.datasets:
+        print(f"[{name}] real set, exact vs IVF ...", flush=True)
+        results["real"][name] = real_set(name, str(root / name), encoder, args)
+
+    rows = {}
+    for label, r in results["sizes"].items():
+        k, g, d = r["knn"], r["g3"], r["dense"]
+        bi = g.get("build_info", {})
+        rows[label] = {
+            "kNN s": k["seconds"], "kNN RSS GB": k["peak_rss_mb"] / 1024, "kNN rec@10": k["recall@10"],
+            "G3 s": g["seconds"], "G3 RSS GB": g["peak_rss_mb"] / 1024, "G3 edge rec": g["edge_recall"],
+            "G3 L1": g["weight_l1"], "certified": bi.get("certified", 0) / r["N"], "redone": bi.get("redone", 0),
+            "rho err": g["rho_max_error"], "dense rec@20": d["recall@20"], "dense x": d["speedup"],
+        }
+    table_cols = list(next(iter(rows.values())).keys()) if rows else []
+    if rows:
+        print("\ncorpus scale (synthetic MiniLM-like 384-d, this machine):")
+        print(format_table(rows, table_cols))
+    real_cols = ["N", "knn_recall@10", "g3_certified", "g3_redone", "rho_max_error", "iso_same_topk", "g3_same_topk"]
+    if results["real"]:
+        print("\nreal sets at their own size (IVF forced):")
+        print(format_table(results["real"], real_cols))
+    path = write_json("scale", results, args.out)
+    md = Path(args.out) / "scale.md"
+    md.write_text("# geograph bench scale\n\n```\n" + (format_table(rows, table_cols) if rows else "") + "\n\n"
+                  + (format_table(results["real"], real_cols) if results["real"] else "") + "\n```\n")
+    print(f"\nwrote {path} and {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""The one tiled all-pairs routine: row block x column block -> partial top-k and partial row sums, merged.
+
+Every corpus-wide pair computation of geograph goes through :func:`tiled_pairs`: the exact k-NN
+graph (:meth:`geograph.CorpusGraph.from_knn`), G3RAG's gain edges and density
+(:func:`geograph.functional.gain_transition`, :func:`geograph.functional.gain_density`), exact
+dense retrieval (:class:`geograph.DenseRetriever`) and the cell blocks of the IVF join
+(:func:`geograph.functional.ann.ivf_self_topk`). Memory is ``O(block^2 + B k)`` whatever the
+number of keys; device and dtype follow the inputs (CPU or CUDA).
+
+Ties: equal scores keep the lowest key index (:func:`merge_topk`), the rule of every geograph
+ranking.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from geograph._checks import check_positive_int, tracing
+from geograph.outputs import topk_by_key, topk_stable
+
+__all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "DEFAULT_BLOCK"]
+
+#: rows and columns of one tile unless told (4096 x 4096 similarities: 64 MB in float32)
+DEFAULT_BLOCK = 4096
+
+
+def merge_topk(values: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest ``values`` of each row with their ``ids``; at a tie on the cut the lowest ids stay.
+
+    The kept entries come back in no particular order (:func:`sort_topk` orders them once at
+    the end). Rows whose cut value occurs more than once are settled by
+    :func:`~geograph.outputs.topk_by_key` (two sorts); the others by one ``topk``.
+
+    Args:
+        values: ``(R, C)`` scores (``-inf`` = no candidate).
+        ids: ``(R, C)`` long key ids of the entries (unique per row).
+        k: ``0 <= k <= C``.
+
+    Returns:
+        ``(values, ids)``, both ``(R, k)``.
+
+    Example:
+        >>> v, i = merge_topk(torch.tensor([[0.5, 0.9, 0.5]]), torch.tensor([[7, 1, 3]]), 2)
+        >>> sort_topk(v, i)
+        (tensor([[0.9000, 0.5000]]), tensor([[1, 3]]))
+    """
+    if k >= values.shape[-1]:
+        return values, ids
+    if k == 0:
+        return values[..., :0], ids[..., :0]
+    # the (k+1)-th value equals the k-th exactly when an entry outside the top k ties the cut
+    top_v, pos = values.topk(k + 1, dim=-1)
+    tied = (top_v[..., k] == top_v[..., k - 1]) & torch.isfinite(top_v[..., k])
+    top_v, pos = top_v[..., :k], pos[..., :k]
+    out_i = ids.gather(-1, pos)
+    if bool(tied.any()):  # rare: equal similarities at the cut
+        rows = tied.nonzero().squeeze(1)
+        v2, p2 = topk_by_key(values[rows], ids[rows], k)
+        top_v = top_v.index_copy(0, rows, v2)
+        out_i = out_i.index_copy(0, rows, ids[rows].gather(-1, p2))
+    return top_v, out_i
+
+
+def sort_topk(values: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Order kept entries best first, equal values by lowest id (``-inf`` entries last)."""
+    _, pos = topk_by_key(values, ids, values.shape[-1])
+    return values.gather(-1, pos), ids.gather(-1, pos)
+
+
+Score = Callable[[Tensor, Tensor], Tensor]
+RowTerm = Callable[[Tensor], Tensor]
+
+
+def tiled_pairs(
+    query: Tensor,
+    keys: Tensor,
+    k: int = 0,
+    *,
+    block: int = DEFAULT_BLOCK,
+    exclude: Union[bool, Tensor, None] = None,
+    score: Optional[Score] = None,
+    row_sum: Optional[RowTerm] = None,
+    progress: Union[bool, str] = False,
+) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    r"""All pairs of ``query`` rows and ``keys`` rows by tiles: a running top-``k`` and row sums.
+
+    .. math:: s_{bu} = \langle q_b, x_u \rangle, \qquad
+              \mathrm{top}_k\{\mathrm{score}(s_{bu}, u) : u\}, \qquad \sum_u \mathrm{term}(s_{bu})
+
+    Query rows are taken ``block`` at a time and key rows ``block`` at a time; each tile's
+    top-``k`` is merged into the running one (:func:`merge_topk`) and its row sums added, so
+    memory is ``O(block^2 + B k)``. Normalise both sides first for cosine. An excluded pair
+    (a passage with itself) never enters the top-``k`` and adds nothing to the sums.
+
+    Args:
+        query: ``(B, D)``.
+        keys: ``(V, D)`` in ``query``'s dtype and device.
+        k: entries kept per row, ``0 <= k <= V`` (minus one with ``exclude``); 0 = sums only.
+        block: rows and columns of a tile.
+        exclude: ``True``: query row ``b`` is key ``b`` (``query`` is ``keys``); a ``(B,)``
+            long tensor: query row ``b`` is key ``exclude[b]``; ``None``/``False``: no pair excluded.
+        score: ``score(s, cols)`` maps a tile of inner products ``(R, C)`` and its key ids
+            ``(C,)`` to the values ranked by the top-``k`` (default: ``s`` itself).
+        row_sum: ``term(s)`` summed over every key of a row (e.g. ``lambda s: s.clamp_min(0)``).
+        progress: a tqdm progress bar (with ETA) over the query tiles; a string is its label.
+
+    Returns:
+        ``(values (B, k), indices (B, k), sums (B,) or None)``, best first (ties: lowest key
+        index first).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+        >>> v, i, s = tiled_pairs(x, x, 1, block=2, exclude=True, row_sum=lambda s: s.clamp_min(0))
+        >>> i.T, s
+        (tensor([[2, 2, 1]]), tensor([0.6000, 0.8000, 1.4000]))
+    """
+    check_positive_int(block, "block")
+    n_q, v = query.shape[0], keys.shape[0]
+    if exclude is True:
+        if n_q != v:
+            raise ValueError(f"exclude=True needs query to be keys, got {n_q} query rows and {v} keys")
+        self_ids: Optional[Tensor] = torch.arange(n_q, device=query.device)
+    elif exclude is None or exclude is False:
+        self_ids = None
+    else:
+        self_ids = exclude.to(device=query.device, dtype=torch.long)
+        if tuple(self_ids.shape) != (n_q,):
+            raise ValueError(f"exclude must be a bool or hold one key id per query row ({n_q},), got shape {tuple(self_ids.shape)}")
+    limit = v - (self_ids is not None)
+    if not 0 <= k <= max(limit, 0):
+        raise ValueError(f"k must be in [0, {max(limit, 0)}] ({v} keys{' minus the excluded one' if self_ids is not None else ''}), got {k}")
+    out_v = query.new_empty(n_q, k)
+    out_i = torch.empty(n_q, k, dtype=torch.long, device=query.device)
+    sums = query.new_zeros(n_q) if row_sum is not None else None
+    starts = range(0, n_q, block)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_q, desc=progress if isinstance(progress, str) else "all pairs", unit="row", leave=False)
+    traced = tracing()
+    for r0 in starts:
+        q = query[r0 : r0 + block]
+        best_v = q.new_empty(q.shape[0], 0)
+        best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
+        own = None if self_ids is None else self_ids[r0 : r0 + block].unsqueeze(1)
+        for c0 in range(0, v, block):
+            s = q @ keys[c0 : c0 + block].T
+            cols = torch.arange(c0, c0 + s.shape[1], device=q.device)
+            hit = None if own is None else own == cols
+            if sums is not None:
+                term = row_sum(s)
+                if hit is not None:
+                    term = term.masked_fill(hit, 0.0)
+                sums[r0 : r0 + q.shape[0]] += term.sum(1)
+            if k == 0:
+                continue
+            ranked = s if score is None else score(s, cols)
+            if hit is not None:
+                ranked = ranked.masked_fill(hit, float("-inf"))
+            if traced:  # no data-dependent branch: positions ascend with key ids, so stable top-k keeps the rule
+                tv, tp = topk_stable(ranked, min(k, ranked.shape[1]))
+                best_v, pos = topk_stable(torch.cat([best_v, tv], 1), min(k, best_v.shape[1] + tv.shape[1]))
+                best_i = torch.cat([best_i, tp + c0], 1).gather(1, pos)
+                continue
+            tv, ti = merge_topk(ranked, cols.expand(ranked.shape[0], -1), min(k, ranked.shape[1]))
+            best_v, best_i = merge_topk(torch.cat([best_v, tv], 1), torch.cat([best_i, ti], 1), k)
+        if k:
+            if not traced:
+                best_v, best_i = sort_topk(best_v, best_i)
+            out_v[r0 : r0 + q.shape[0]], out_i[r0 : r0 + q.shape[0]] = best_v, best_i
+        if bar is not None:
+            bar.update(q.shape[0])
+    if bar is not None:
+        bar.close()
+    return out_v, out_i, sums
+
+
+def tiled_topk(query: Tensor, keys: Tensor, k: int, *, block: int = DEFAULT_BLOCK, exclude_self: bool = False,
+               progress: Union[bool, str] = False) -> tuple[Tensor, Tensor]:
+    r"""Exact top-``k`` of the inner products ``query @ keys.T`` by tiles (:func:`tiled_pairs`).
+
+    Args:
+        query: ``(B, D)``.
+        keys: ``(V, D)`` in ``query``'s dtype and device.
+        k: ``1 <= k <= V`` (``V - 1`` with ``exclude_self``).
+        block: rows and columns per tile.
+        exclude_self: query row ``i`` is key ``i`` (``query`` is ``keys``): never return it.
+        progress: a progress bar over the query tiles.
+
+    Returns:
+        ``(values, indices)``, both ``(B, k)``, best first; ties: lowest key index first.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+        >>> tiled_topk(x, x, 1, block=2, exclude_self=True)[1]
+        tensor([[2],
+                [2],
+                [1]])
+    """
+    v, i, _ = tiled_pairs(query, keys, k, block=block, exclude=exclude_self, progress=progress)
+    return v, i

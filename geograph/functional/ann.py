@@ -1,0 +1,369 @@
+r"""Approximate all-pairs top-k for corpora of millions: an IVF cell join, re-scored exactly.
+
+The corpus is split into ``nlist`` cells by spherical k-means trained on a uniform sample
+(faiss's ``Kmeans``); each cell is joined with the ``nprobe`` cells whose centroids are nearest
+to its own, and the join is made symmetric (cell ``a`` meets cell ``b`` when either probes the
+other, once), so every pair that is computed updates both passages' lists. A join of two cells
+is one matrix product of uncompressed vectors: the scores are exact, only pairs between cells
+that never meet are missed. One round of neighbours-of-neighbours (NN-descent's local join)
+then proposes, for every passage, the neighbours of its neighbours, re-scored exactly, which
+recovers most of those misses. This is the candidate source of ``index="ivf"`` in
+:meth:`geograph.CorpusGraph.from_knn` and :meth:`geograph.G3Graph.build`; the exact source is
+:func:`~geograph.functional.allpairs.tiled_pairs`.
+
+Why not ``faiss.IndexIVFFlat.search`` for the self-join: it scans each query's lists one vector
+at a time; grouping the queries of a cell turns the same work into matrix products (about
+2-3x faster on two CPU cores, and the same code runs on CUDA). Queries that are not corpus
+passages (:class:`geograph.DenseRetriever`) use faiss's index directly.
+
+References:
+    Johnson, Douze, Jegou, "Billion-scale similarity search with GPUs", IEEE Trans. Big Data
+    2019 (arXiv:1702.08734): all-vs-all IVF search for k-NN graphs.
+    Dong, Moses, Li, "Efficient k-nearest neighbor graph construction for generic similarity
+    measures", WWW 2011 (NN-descent).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from geograph._checks import check_positive_int
+from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs, tiled_topk
+
+__all__ = ["train_centroids", "ivf_self_topk", "refine_neighbours", "check_ivf", "MIN_POINTS_PER_CELL",
+           "default_nlist", "resolve_index", "self_topk", "build_ivf_index", "INDEXES", "AUTO_EXACT_MAX"]
+
+#: the candidate sources a corpus-wide build accepts
+INDEXES = ("exact", "ivf", "auto")
+
+#: ``index="auto"`` builds exactly up to this many passages and with the IVF join above
+#: (measured by ``geograph bench scale``: below it the exact tiled scan is about as fast)
+AUTO_EXACT_MAX = 50_000
+
+log = logging.getLogger("geograph.ann")
+
+#: training points needed per centroid (faiss warns below 39)
+MIN_POINTS_PER_CELL = 39
+
+
+def resolve_index(index: str, n: int, what: str = "build") -> str:
+    """``"exact"`` or ``"ivf"`` for ``index`` on ``n`` passages (``"auto"``: exact up to
+    :data:`AUTO_EXACT_MAX`), logged."""
+    if index not in INDEXES:
+        raise ValueError(f"index must be one of {', '.join(map(repr, INDEXES))}, got {index!r}")
+    if index == "auto":
+        index = "exact" if n <= AUTO_EXACT_MAX else "ivf"
+        log.info("%s: index='auto' chose %r for %d passages (exact up to %d)", what, index, n, AUTO_EXACT_MAX)
+    return index
+
+
+def self_topk(z: Tensor, k: int, *, index: str = "exact", nlist: Optional[int] = None, nprobe: int = 32,
+              sample: Optional[int] = None, seed: int = 0, block: int = DEFAULT_BLOCK, cap: Optional[float] = None,
+              progress: Union[bool, str] = False, timings: Optional[dict] = None) -> tuple[Tensor, Tensor]:
+    """Top-``k`` most similar other rows of every row of ``z``: exact by tiles, or by the IVF join.
+
+    ``index`` is ``"exact"`` (:func:`~geograph.functional.allpairs.tiled_topk`), ``"ivf"``
+    (:func:`ivf_self_topk`) or ``"auto"`` (:func:`resolve_index`). ``cap``: only pairs of score
+    at most ``cap`` are ranked (G3's band ceiling). Returns ``(values, indices)`` ``(N, k)``, best
+    first, ties lowest index (``-inf`` / ``-1`` where a row has fewer than ``k``).
+    """
+    index = resolve_index(index, z.shape[0], "self top-k")
+    if index == "exact":
+        score = None if cap is None else (lambda s, cols: s.masked_fill(s > cap, float("-inf")))
+        clock = _Clock(timings)
+        v, i, _ = tiled_pairs(z, z, k, block=block, exclude=True, score=score, progress=progress)
+        clock("exact")
+        return v, torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
+    return ivf_self_topk(z, k, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, block=block, cap=cap,
+                         progress=progress, timings=timings)
+
+
+def default_nlist(n: int) -> int:
+    """``nlist`` unless given: about ``4 sqrt(N)`` cells (a power of two), e.g. 4096 at 1M passages."""
+    return max(1, 1 << int(round(math.log2(max(1.0, 4.0 * math.sqrt(n))))))
+
+
+def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int]) -> int:
+    """Validate IVF options for ``n`` passages; returns the training sample size."""
+    nlist = check_positive_int(nlist, "nlist")
+    nprobe = check_positive_int(nprobe, "nprobe")
+    if nlist > n:
+        raise ValueError(f"nlist={nlist} exceeds the number of passages ({n}): use at most {n} cells")
+    if nprobe > nlist:
+        raise ValueError(f"nprobe={nprobe} exceeds nlist={nlist}: a cell cannot probe more cells than exist")
+    need = MIN_POINTS_PER_CELL * nlist
+    if sample is None:
+        sample = min(n, max(need, 256 * nlist))
+    sample = check_positive_int(sample, "sample")
+    if sample > n:
+        raise ValueError(f"sample={sample} exceeds the number of passages ({n})")
+    if sample < need and sample < n:
+        raise ValueError(f"sample={sample} is too small to train nlist={nlist} cells (need at least "
+                         f"{MIN_POINTS_PER_CELL} x nlist = {need}): lower nlist or raise sample")
+    return sample
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as exc:
+        raise ImportError("index='ivf' needs faiss: pip install 'geograph[faiss]' (faiss-cpu or faiss-gpu)") from exc
+    return faiss
+
+
+def train_centroids(z: Tensor, nlist: int, *, sample: Optional[int] = None, seed: int = 0, niter: int = 20) -> Tensor:
+    """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
+    n, d = z.shape
+    sample = check_ivf(n, nlist, 1, sample)
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n, generator=g)[:sample].sort().values
+    x = z[pick.to(z.device)].detach().float().cpu().contiguous().numpy()
+    faiss = _faiss()
+    km = faiss.Kmeans(d, nlist, niter=niter, seed=seed, spherical=True, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=max(256, -(-sample // nlist)))
+    km.train(x)
+    return torch.from_numpy(km.centroids.copy()).to(device=z.device, dtype=z.dtype)
+
+
+def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: Optional[int] = None, seed: int = 0):
+    """A faiss ``IndexIVFFlat`` (inner product, uncompressed vectors) over the unit rows, its
+    quantizer trained on a uniform ``sample``; on the GPU when the rows are on CUDA and faiss
+    has GPU support (``faiss-gpu``), else on the CPU (logged)."""
+    faiss = _faiss()
+    n, d = embeddings.shape
+    sample = check_ivf(n, nlist, 1, sample)
+    x = embeddings.detach().float().cpu().contiguous().numpy()
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n, generator=g)[:sample].sort().values.numpy()
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = seed
+    index.train(x[pick])
+    index.add(x)
+    if embeddings.device.type == "cuda":
+        if hasattr(faiss, "StandardGpuResources"):
+            index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), embeddings.device.index or 0, index)
+            log.info("IVF index on %s (faiss-gpu)", embeddings.device)
+        else:
+            log.info("IVF index on the CPU: this faiss has no GPU support (install faiss-gpu)")
+    return index
+
+
+def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
+    """For each cell ``a``, the cells ``b >= a`` that it meets (``b`` in ``a``'s probes or ``a`` in ``b``'s)."""
+    nlist = centroids.shape[0]
+    near = tiled_topk(centroids, centroids, nprobe)[1].cpu()  # includes the cell itself
+    a = torch.arange(nlist).repeat_interleave(nprobe)
+    b = near.reshape(-1)
+    lo, hi = torch.minimum(a, b), torch.maximum(a, b)
+    key = torch.unique(torch.cat([lo * nlist + hi, torch.arange(nlist) * (nlist + 1)]))
+    lo, hi = key // nlist, key % nlist
+    ptr = torch.searchsorted(lo, torch.arange(nlist + 1))
+    return [hi[ptr[c] : ptr[c + 1]] for c in range(nlist)]
+
+
+def ivf_self_topk(
+    z: Tensor,
+    k: int,
+    *,
+    nlist: Optional[int] = None,
+    nprobe: int = 32,
+    sample: Optional[int] = None,
+    seed: int = 0,
+    refine: bool = True,
+    block: int = DEFAULT_BLOCK,
+    cap: Optional[float] = None,
+    progress: Union[bool, str] = False,
+    timings: Optional[dict] = None,
+) -> tuple[Tensor, Tensor]:
+    r"""Approximate top-``k`` most similar other rows of ``z`` for every row (an IVF self-join).
+
+    Scores are exact inner products of the rows (normalise ``z`` for cosine): only pairs whose
+    cells never meet can be missed. Memory: the sorted copy of ``z``, ``O(N k)`` lists and one
+    cell block (at most ``block^2`` scores).
+
+    Args:
+        z: ``(N, D)`` rows (unit for cosine), CPU or CUDA.
+        k: neighbours per row, ``1 <= k < N``.
+        nlist: cells (default :func:`default_nlist`); ``nlist <= N``.
+        nprobe: cells each cell is joined with (its own included), ``<= nlist``.
+        sample: k-means training rows (default ``max(39, 256) x nlist``, at most N).
+        seed: the sample and the k-means seed.
+        refine: one neighbours-of-neighbours round (:func:`refine_neighbours`).
+        block: largest tile side.
+        cap: only pairs of score at most ``cap`` are ranked (``None``: all).
+        progress: a progress bar over the cells.
+        timings: a dict that receives the seconds of each stage (``train``, ``assign``,
+            ``join``, ``own_probes``, ``refine``).
+
+    Returns:
+        ``(values, indices)``, both ``(N, k)``, best first (ties: lowest index); a row with
+        fewer than ``k`` candidates pads with ``-inf`` and index ``-1`` (rare: tiny cells only).
+
+    Example:
+        >>> z = torch.nn.functional.normalize(torch.randn(400, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+        >>> v, i = ivf_self_topk(z, 5, nlist=4, nprobe=4)  # every cell meets every cell: exact
+        >>> bool((i == tiled_topk(z, z, 5, exclude_self=True)[1]).all())
+        True
+    """
+    n = z.shape[0]
+    k = check_positive_int(k, "k")
+    if k >= n:
+        raise ValueError(f"k={k} must be below the number of rows ({n})")
+    nlist = default_nlist(n) if nlist is None else nlist
+    sample = check_ivf(n, nlist, nprobe, sample)
+    clock = _Clock(timings)
+    centroids = train_centroids(z, nlist, sample=sample, seed=seed)
+    clock("train")
+    assign = tiled_topk(z, centroids, 1, block=block)[1].squeeze(1)
+    order = torch.sort(assign, stable=True).indices
+    counts = torch.bincount(assign, minlength=nlist)
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
+    zs = z[order]
+    best_v = z.new_full((n, k), float("-inf"))  # row r: the passage at sorted position r
+    best_i = torch.full((n, k), -1, dtype=torch.long, device=z.device)  # corpus ids
+    pairs = _cell_pairs(centroids, nprobe)
+    clock("assign")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n, desc=progress if isinstance(progress, str) else "ivf join", unit="row", leave=False)
+    for a in range(nlist):
+        a0, a1 = ptr[a], ptr[a + 1]
+        if a1 == a0:
+            continue
+        cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=z.device) for c in pairs[a].tolist()])
+        col_ids = order[cols]
+        kc = zs[cols]
+        step = max(1, (block * block) // max(1, cols.numel()))
+        for r0 in range(a0, a1, step):
+            r1 = min(a1, r0 + step)
+            s = zs[r0:r1] @ kc.T
+            rows = torch.arange(r0, r1, device=z.device)
+            s.masked_fill_(rows.unsqueeze(1) == cols, float("-inf"))
+            if cap is not None:
+                s.masked_fill_(s > cap, float("-inf"))
+            # these rows of cell a against every cell a meets
+            tv, ti = merge_topk(s, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
+            best_v[r0:r1], best_i[r0:r1] = merge_topk(torch.cat([best_v[r0:r1], tv], 1),
+                                                      torch.cat([best_i[r0:r1], ti], 1), k)
+            # the other side: each row of a met cell b > a against these rows of a (each pair once)
+            other = cols >= a1
+            if bool(other.any()):
+                st = s.T[other]
+                tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
+                tgt = cols[other]
+                best_v[tgt], best_i[tgt] = merge_topk(torch.cat([best_v[tgt], tv], 1), torch.cat([best_i[tgt], ti], 1), k)
+        if bar is not None:
+            bar.update(a1 - a0)
+    if bar is not None:
+        bar.close()
+    clock("join")
+    _own_probes(zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, cap)
+    clock("own_probes")
+    vals = torch.empty_like(best_v)
+    out_i = torch.empty_like(best_i)
+    vals[order], out_i[order] = best_v, best_i
+    del zs, best_v, best_i
+    if refine:
+        vals, out_i = refine_neighbours(z, vals, out_i, block=block, cap=cap)
+        clock("refine")
+    log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
+    vals, out_i = sort_topk(vals, out_i)
+    return vals, out_i.masked_fill(~torch.isfinite(vals), -1)
+
+
+class _Clock:
+    """Seconds since the last call, recorded under a stage name (no-op without a dict)."""
+
+    def __init__(self, out: Optional[dict]) -> None:
+        import time
+
+        self.out, self.time = out, time.perf_counter
+        self.last = self.time()
+
+    def __call__(self, stage: str) -> None:
+        if self.out is not None:
+            now = self.time()
+            self.out[stage] = self.out.get(stage, 0.0) + now - self.last
+            self.last = now
+
+
+def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pairs: list[Tensor], ptr: list[int],
+                nprobe: int, best_v: Tensor, best_i: Tensor, block: int, cap: Optional[float]) -> None:
+    """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
+    (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it."""
+    nlist = centroids.shape[0]
+    met = torch.zeros(nlist, nlist, dtype=torch.bool, device=zs.device)
+    for a, bs in enumerate(pairs):
+        met[a, bs.to(zs.device)] = True
+    met |= met.T.clone()
+    probes = tiled_topk(zs, centroids, nprobe, block=block)[1]
+    need = ~met[cell.unsqueeze(1), probes]
+    rows, slot = need.nonzero(as_tuple=True)
+    if rows.numel() == 0:
+        return
+    cells = probes[rows, slot]
+    by_cell = torch.sort(cells, stable=True)
+    rows, cells = rows[by_cell.indices], by_cell.values
+    bounds = torch.searchsorted(cells, torch.arange(nlist + 1, device=cells.device)).tolist()
+    k = best_v.shape[1]
+    for c in range(nlist):
+        if bounds[c + 1] == bounds[c] or ptr[c + 1] == ptr[c]:
+            continue
+        r = rows[bounds[c] : bounds[c + 1]]
+        members = torch.arange(ptr[c], ptr[c + 1], device=zs.device)
+        ids = order[members]
+        step = max(1, (block * block) // members.numel())
+        for r0 in range(0, r.numel(), step):
+            rr = r[r0 : r0 + step]
+            s = zs[rr] @ zs[members].T
+            if cap is not None:
+                s.masked_fill_(s > cap, float("-inf"))
+            tv, ti = merge_topk(s, ids.expand(s.shape[0], -1), min(k, s.shape[1]))
+            best_v[rr], best_i[rr] = merge_topk(torch.cat([best_v[rr], tv], 1), torch.cat([best_i[rr], ti], 1), k)
+
+
+def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int = 8,
+                      block: int = DEFAULT_BLOCK, cap: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """One NN-descent round: each row's list meets its best ``width`` neighbours' best ``width`` neighbours, re-scored exactly.
+
+    Args:
+        z: ``(N, D)`` rows.
+        values, indices: ``(N, k)`` current lists (``-1`` = empty slot), best first.
+        width: neighbours expanded per row (at most ``k``).
+        block: bounds the gathered candidate vectors of one step (``block^2`` numbers).
+        cap: only pairs of score at most ``cap`` enter.
+        cap: only pairs of score at most ``cap`` enter.
+
+    Returns:
+        the improved ``(values, indices)``, unordered within a row (:func:`sort_topk` orders them).
+    """
+    n, k = indices.shape
+    w = min(width, k)
+    head = indices[:, :w]
+    out_v, out_i = values.clone(), indices.clone()
+    step = max(1, (block * block) // (w * w * z.shape[1]))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        h = head[r0:r1]
+        cand = head[h.clamp_min(0)].reshape(r1 - r0, w * w)
+        cand = cand.masked_fill((h < 0).repeat_interleave(w, 1), -1)
+        rows = torch.arange(r0, r1, device=z.device).unsqueeze(1)
+        cand = cand.masked_fill(cand == rows, -1)
+        sc = torch.einsum("rd,rcd->rc", z[r0:r1], z[cand.clamp_min(0)])
+        sc = sc.masked_fill((cand < 0) if cap is None else (cand < 0) | (sc > cap), float("-inf"))
+        # one entry per id: the list's own entries first (stable sort by id), later copies dropped
+        ids = torch.cat([out_i[r0:r1], cand], 1)
+        vv = torch.cat([out_v[r0:r1], sc], 1)
+        srt, pos = ids.sort(dim=1, stable=True)
+        dup = torch.zeros_like(srt, dtype=torch.bool)
+        dup[:, 1:] = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+        vv = vv.gather(1, pos).masked_fill(dup, float("-inf"))
+        srt = srt.masked_fill(dup, -1)
+        out_v[r0:r1], out_i[r0:r1] = merge_topk(vv, srt, k)
+    return out_v, out_i
