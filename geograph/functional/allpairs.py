@@ -17,7 +17,8 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from geograph._checks import check_positive_int, tracing
+from geograph import _checks
+from geograph._checks import check_positive_int
 from geograph.outputs import topk_by_key, topk_stable
 
 __all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "DEFAULT_BLOCK"]
@@ -140,7 +141,9 @@ def tiled_pairs(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_q, desc=progress if isinstance(progress, str) else "all pairs", unit="row", leave=False)
-    traced = tracing()
+    # one query tile (retrieval) or a traced call: stable top-k, no data-dependent branch (no host
+    # read); a build over many query tiles: merge_topk (one host read a tile, about 3x faster)
+    traced = _checks.tracing() or n_q <= block
     for r0 in starts:
         q = query[r0 : r0 + block]
         best_v = q.new_empty(q.shape[0], 0)
@@ -160,7 +163,7 @@ def tiled_pairs(
             ranked = s if score is None else score(s, cols)
             if hit is not None:
                 ranked = ranked.masked_fill(hit, float("-inf"))
-            if traced:  # no data-dependent branch: positions ascend with key ids, so stable top-k keeps the rule
+            if traced:  # positions ascend with key ids, so the stable top-k keeps the tie rule
                 tv, tp = topk_stable(ranked, min(k, ranked.shape[1]))
                 best_v, pos = topk_stable(torch.cat([best_v, tv], 1), min(k, best_v.shape[1] + tv.shape[1]))
                 best_i = torch.cat([best_i, tp + c0], 1).gather(1, pos)
