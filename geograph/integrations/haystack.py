@@ -24,18 +24,14 @@ import torch
 from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, retrieve
 
 
-class _Encoded:
-    def __init__(self, encoder: Any) -> None:
-        self.encoder = encoder
-
-    def enc(self):
-        if self.encoder is None:
-            self.encoder = default_encoder()
-        return self.encoder
+def _enc(component_) -> Any:
+    if component_.encoder is None:
+        component_.encoder = default_encoder()
+    return component_.encoder
 
 
 @component
-class GeographRanker(_Encoded):
+class GeographRanker:
     """Rerank documents for a query with a geograph reranker (one padded module call).
 
     Args:
@@ -47,19 +43,18 @@ class GeographRanker(_Encoded):
     """
 
     def __init__(self, module: Any, encoder: Any = None, top_k: Optional[int] = None) -> None:
-        super().__init__(encoder)
-        self.module, self.top_k = module, check_top(top_k, "top_k")
+        self.module, self.encoder, self.top_k = module, encoder, check_top(top_k, "top_k")
 
     @component.output_types(documents=List[Document])
     def run(self, query: str, documents: List[Document], top_k: Optional[int] = None):
         top_k = check_top(top_k, "top_k") if top_k is not None else self.top_k
         if not documents:
             return {"documents": []}
-        q = embed(self.enc(), [query], query=True).float()
+        q = embed(_enc(self), [query], query=True).float()
         rows: list = [None if d.embedding is None else torch.as_tensor(d.embedding, dtype=q.dtype) for d in documents]
         missing = [i for i, r in enumerate(rows) if r is None]
         if missing:
-            vecs = embed(self.enc(), [documents[i].content or "" for i in missing]).to(q)
+            vecs = embed(_enc(self), [documents[i].content or "" for i in missing]).to(q)
             for i, v in zip(missing, vecs):
                 rows[i] = v
         [ranked] = rerank(self.module, q, [torch.stack(rows)])
@@ -67,7 +62,7 @@ class GeographRanker(_Encoded):
 
 
 @component
-class GeographRetriever(_Encoded):
+class GeographRetriever:
     """Retrieve from a corpus with ISO-RAG / G3RAG (any ``module(query (B, D), k)`` retriever).
 
     Args:
@@ -79,11 +74,11 @@ class GeographRetriever(_Encoded):
     """
 
     def __init__(self, module: Any, documents: Sequence[Document], encoder: Any = None, top_k: int = 10) -> None:
-        super().__init__(encoder)
-        self.module, self.documents, self.top_k = module, list(documents), check_top(top_k, "top_k")
+        self.module, self.encoder, self.top_k = module, encoder, check_top(top_k, "top_k")
+        self.documents = list(documents)
 
     @component.output_types(documents=List[Document])
     def run(self, query: str, top_k: Optional[int] = None):
         k = check_top(top_k, "top_k") if top_k is not None else self.top_k
-        [ranked] = retrieve(self.module, embed(self.enc(), [query], query=True).float(), k)
+        [ranked] = retrieve(self.module, embed(_enc(self), [query], query=True).float(), k)
         return {"documents": [replace(self.documents[j], score=s) for j, s in ranked]}
