@@ -204,3 +204,37 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
         assert k_bounds("maniscope", model, len(emb)) == (1, None, "")
     finally:
         set_limits()
+
+
+def test_api_key_from_flag_or_environment_and_public_groups(monkeypatch):
+    base = ["--method", "maniscope", "--corpus", str(DEMO_PATH)]
+    monkeypatch.delenv("GEOGRAPH_API_KEY", raising=False)
+    assert load_config(base).api_key is None
+    monkeypatch.setenv("GEOGRAPH_API_KEY", "from-env")
+    assert load_config(base).api_key.get_secret_value() == "from-env"
+    cfg = load_config(base + ["--api-key", "from-flag", "--public", "metrics", "--public", "docs"])
+    assert cfg.api_key.get_secret_value() == "from-flag" and cfg.public == ["metrics", "docs"]
+    assert "from-flag" not in repr(cfg)  # a secret: not shown in reprs or logs
+    with pytest.raises(ConfigError, match="api_key: must not be empty"):
+        load_config(base + ["--api-key", " "])
+    with pytest.raises(ConfigError, match="public"):
+        load_config(base + ["--public", "rerank"])
+
+
+@pytest.mark.parametrize("host, key, warned", [("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "k", False),
+                                               ("127.0.0.1", None, False)])
+def test_start_warns_when_listening_beyond_loopback_without_a_key(monkeypatch, capsys, host, key, warned):
+    import geograph.serve.corpus
+    from geograph.serve.server import StartupError, build_server
+
+    class Stop:  # end the start right after the warning, before any model is loaded
+        def __init__(self, *a, **k):
+            raise ValueError("stopped here")
+
+    monkeypatch.setattr(geograph.serve.corpus, "TextEncoder", Stop)
+    monkeypatch.delenv("GEOGRAPH_API_KEY", raising=False)
+    cfg = load_config(["--method", "maniscope", "--corpus", str(DEMO_PATH), "--host", host] + (["--api-key", key] if key else []))
+    with pytest.raises(StartupError, match="stopped here"):
+        build_server(cfg)
+    err = capsys.readouterr().err
+    assert ("without an API key" in err) == warned, err

@@ -55,8 +55,8 @@ def relevance_score(score: float, lo: float, hi: float) -> float:
     """``score`` mapped linearly from ``[lo, hi]`` onto [0, 1] (clamped against rounding).
 
     Example:
-        >>> relevance_score(0.35, -0.3, 1.0)
-        0.5
+        >>> relevance_score(0.0, -1.0, 1.0), relevance_score(1.0, -0.3, 1.0), relevance_score(-0.3, -0.3, 1.0)
+        (0.5, 1.0, 0.0)
     """
     return min(1.0, max(0.0, (score - lo) / (hi - lo)))
 
