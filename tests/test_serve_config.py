@@ -238,3 +238,25 @@ def test_start_warns_when_listening_beyond_loopback_without_a_key(monkeypatch, c
         build_server(cfg)
     err = capsys.readouterr().err
     assert ("without an API key" in err) == warned, err
+
+
+@pytest.mark.parametrize("public, open_", [([], {"/health"}), (["metrics"], {"/health", "/metrics"}),
+                                           (["metrics", "docs"], {"/health", "/metrics", "/docs", "/openapi.json"})])
+def test_api_key_middleware_opens_only_health_and_the_public_groups(public, open_):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from geograph.serve.auth import APIKeyMiddleware
+
+    app = FastAPI()
+    for path in ("/health", "/metrics", "/rerank", "/v2/rerank", "/info"):
+        app.add_api_route(path, lambda: {"ok": True}, methods=["GET"])
+    app.add_middleware(APIKeyMiddleware, key="k3y", public=public)
+    client = TestClient(app)
+    for path in ("/health", "/metrics", "/rerank", "/v2/rerank", "/info", "/docs", "/openapi.json"):
+        want = 200 if path in open_ else 401
+        assert client.get(path).status_code == want, path
+        assert client.get(path, headers={"Authorization": "Bearer k3y"}).status_code == 200, path
+        assert client.get(path, headers={"Authorization": "bearer k3y"}).status_code == 200, path
+        for bad in ("Bearer k3", "Bearer k3yy", "Basic k3y", "k3y", "Bearer"):
+            assert client.get(path, headers={"Authorization": bad}).status_code == want, (path, bad)
