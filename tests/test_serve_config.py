@@ -122,6 +122,8 @@ def limits():
     ({"query": "x", "candidate_ids": ["a", "b"], "top_n": 3}, "top_n (3) must be <="),
     ({"query": "x", "candidates": ["a", ""]}, "candidates[1] is empty"),
     ({"query": "x", "candidate_ids": ["a"] * 5}, "at most 4"),
+    ({"query": "x", "candidate_ids": ["a"], "max_tokens_per_doc": 8}, "max_tokens_per_doc applies to candidates (texts) only"),
+    ({"query": "x", "candidates": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
 ])
 def test_rerank_schema_rejects(limits, body, fragment):
     with pytest.raises(ValueError, match=None) as e:
