@@ -43,10 +43,14 @@ import json
 import uuid
 from typing import Any, Optional, Union
 
-from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from geograph.serve.schema import LIMITS, RerankRequest
+
+try:  # at module level: FastAPI resolves the routes' `request: Request` annotation in these globals
+    from fastapi import HTTPException, Request
+except ImportError:  # pragma: no cover - exercised only without the serve extra
+    HTTPException = Request = None
 
 PATHS = ("/v1/rerank", "/v2/rerank")
 
