@@ -9,6 +9,9 @@ from geograph.testing import TOLERANCES, devices
 # Under CI=true a test that needs a missing package (a reference implementation such as
 # GraphRicciCurvature, pytrec-eval, faiss or bm25s, or any optional extra) fails the run
 # instead of skipping silently; locally it skips with the reason.
+# Haystack sends usage telemetry from Pipeline.run unless told not to; the tests reach no network.
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
+
 CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 MISSING = "could not import"  # the prefix of pytest.importorskip's skip message
 

@@ -122,6 +122,8 @@ def limits():
     ({"query": "x", "candidate_ids": ["a", "b"], "top_n": 3}, "top_n (3) must be <="),
     ({"query": "x", "candidates": ["a", ""]}, "candidates[1] is empty"),
     ({"query": "x", "candidate_ids": ["a"] * 5}, "at most 4"),
+    ({"query": "x", "candidate_ids": ["a"], "max_tokens_per_doc": 8}, "max_tokens_per_doc applies to candidates (texts) only"),
+    ({"query": "x", "candidates": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
 ])
 def test_rerank_schema_rejects(limits, body, fragment):
     with pytest.raises(ValueError, match=None) as e:
@@ -204,3 +206,59 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
         assert k_bounds("maniscope", model, len(emb)) == (1, None, "")
     finally:
         set_limits()
+
+
+def test_api_key_from_flag_or_environment_and_public_groups(monkeypatch):
+    base = ["--method", "maniscope", "--corpus", str(DEMO_PATH)]
+    monkeypatch.delenv("GEOGRAPH_API_KEY", raising=False)
+    assert load_config(base).api_key is None
+    monkeypatch.setenv("GEOGRAPH_API_KEY", "from-env")
+    assert load_config(base).api_key.get_secret_value() == "from-env"
+    cfg = load_config(base + ["--api-key", "from-flag", "--public", "metrics", "--public", "docs"])
+    assert cfg.api_key.get_secret_value() == "from-flag" and cfg.public == ["metrics", "docs"]
+    assert "from-flag" not in repr(cfg)  # a secret: not shown in reprs or logs
+    with pytest.raises(ConfigError, match="api_key: must not be empty"):
+        load_config(base + ["--api-key", " "])
+    with pytest.raises(ConfigError, match="public"):
+        load_config(base + ["--public", "rerank"])
+
+
+@pytest.mark.parametrize("host, key, warned", [("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "k", False),
+                                               ("127.0.0.1", None, False)])
+def test_start_warns_when_listening_beyond_loopback_without_a_key(monkeypatch, capsys, host, key, warned):
+    import geograph.serve.corpus
+    from geograph.serve.server import StartupError, build_server
+
+    class Stop:  # end the start right after the warning, before any model is loaded
+        def __init__(self, *a, **k):
+            raise ValueError("stopped here")
+
+    monkeypatch.setattr(geograph.serve.corpus, "TextEncoder", Stop)
+    monkeypatch.delenv("GEOGRAPH_API_KEY", raising=False)
+    cfg = load_config(["--method", "maniscope", "--corpus", str(DEMO_PATH), "--host", host] + (["--api-key", key] if key else []))
+    with pytest.raises(StartupError, match="stopped here"):
+        build_server(cfg)
+    err = capsys.readouterr().err
+    assert ("without an API key" in err) == warned, err
+
+
+@pytest.mark.parametrize("public, open_", [([], {"/health"}), (["metrics"], {"/health", "/metrics"}),
+                                           (["metrics", "docs"], {"/health", "/metrics", "/docs", "/openapi.json"})])
+def test_api_key_middleware_opens_only_health_and_the_public_groups(public, open_):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from geograph.serve.auth import APIKeyMiddleware
+
+    app = FastAPI()
+    for path in ("/health", "/metrics", "/rerank", "/v2/rerank", "/info"):
+        app.add_api_route(path, lambda: {"ok": True}, methods=["GET"])
+    app.add_middleware(APIKeyMiddleware, key="k3y", public=public)
+    client = TestClient(app)
+    for path in ("/health", "/metrics", "/rerank", "/v2/rerank", "/info", "/docs", "/openapi.json"):
+        want = 200 if path in open_ else 401
+        assert client.get(path).status_code == want, path
+        assert client.get(path, headers={"Authorization": "Bearer k3y"}).status_code == 200, path
+        assert client.get(path, headers={"Authorization": "bearer k3y"}).status_code == 200, path
+        for bad in ("Bearer k3", "Bearer k3yy", "Basic k3y", "k3y", "Bearer"):
+            assert client.get(path, headers={"Authorization": bad}).status_code == want, (path, bad)

@@ -379,6 +379,23 @@ def test_metrics_count_requests_errors_latency_and_batches(maniscope, env):
     assert 1 <= deltas(before, after, "geograph_batch_size_count", endpoint="/retrieve") <= 12
 
 
+def test_cohere_v2_rerank_on_maniscope(maniscope, env, text_encoder):
+    """/v2/rerank answers in Maniscope's order; relevance_score = (score + alpha) / (1 + alpha)."""
+    passages = env["data"].passages()
+    docs = [passages[j] for j in (0, 3, 5, 8, 13, 21)] + EXTRA_TEXTS[:2]
+    query = EXTRA_TEXTS[2]
+    res = Maniscope()(text_encoder.encode([query]), text_encoder.encode(docs)[None])
+    order = res.order[0].tolist()
+    r = requests.post(maniscope.url + "/v2/rerank", json={"model": "maniscope", "query": query, "documents": docs, "top_n": 5},
+                      timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [x["index"] for x in body["results"]] == order[:5] and body["meta"]["dropped"] == []
+    for x in body["results"]:
+        s = float(res.scores[0, x["index"]])
+        assert abs(x["score"] - s) <= TOL and abs(x["relevance_score"] - (s + 0.3) / 1.3) <= TOL
+
+
 def test_maniscope_sigint_stops_every_process(maniscope):
     seconds = maniscope.stop(signal.SIGINT)
     print(f"\nSIGINT: process tree gone in {seconds:.1f} s")

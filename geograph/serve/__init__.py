@@ -14,7 +14,12 @@ under ``params`` or ``--param KEY=VALUE``. Endpoints (JSON schema in the README)
   positions Ricci-Filtration dropped;
 * ``POST /retrieve``: a query and ``k`` -> corpus ids with scores (the rerankers rerank the
   request's own dense pool of ``candidates``, default ``--candidates``);
+* ``POST /v2/rerank`` (Cohere v2) and ``POST /v1/rerank`` (Cohere v1, Jina), rerankers only: the
+  de facto rerank API over the ``/rerank`` handler (:mod:`~geograph.serve.interop`);
 * ``GET /health``: ``ok`` once the workers are up; ``GET /metrics``: Prometheus text format.
+
+With an API key (``--api-key`` or ``$GEOGRAPH_API_KEY``) every endpoint but ``/health`` needs
+``Authorization: Bearer <key>`` (:mod:`~geograph.serve.auth`; ``public`` opens ``/metrics``, ``/docs``).
 
 A response depends only on its own request and the configuration, never on its batch-mates.
 SIGTERM/SIGINT stop every process the server started.
@@ -22,7 +27,8 @@ SIGTERM/SIGINT stop every process the server started.
 Package layout, one job per file: :mod:`~geograph.serve.schema` (request validation),
 :mod:`~geograph.serve.config` (config file and flags), :mod:`~geograph.serve.corpus` (corpus
 and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts),
-:mod:`~geograph.serve.api` (the LitServe worker), :mod:`~geograph.serve.metrics`
+:mod:`~geograph.serve.api` (the LitServe worker), :mod:`~geograph.serve.interop` (``/v1``,
+``/v2/rerank``), :mod:`~geograph.serve.auth` (the API key), :mod:`~geograph.serve.metrics`
 (``/metrics``), :mod:`~geograph.serve.server` (build, run, lifecycle),
 :mod:`~geograph.serve.cli` (the command).
 """

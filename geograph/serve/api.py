@@ -131,7 +131,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         blocks: list[Optional[torch.Tensor]] = [None] * b
         text_rows = [i for i, r in enumerate(reqs) if r.candidates is not None]
         if text_rows:
-            enc = self.encoder.passages([t for i in text_rows for t in reqs[i].candidates]).to(self.device, q.dtype)
+            texts = [t for i in text_rows for t in self.encoder.truncate(reqs[i].candidates, reqs[i].max_tokens_per_doc)]
+            enc = self.encoder.passages(texts).to(self.device, q.dtype)
             for i, part in zip(text_rows, enc.split([sizes[i] for i in text_rows])):
                 blocks[i] = part
         id_rows = [i for i, r in enumerate(reqs) if r.candidate_ids is not None]

@@ -8,12 +8,17 @@ key, which the CLI prints before exiting with status 2. See ``configs/serve.yaml
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from geograph.serve.models import METHODS, check_params
+
+
+#: The environment variable read for the API key when neither the flag nor the file sets it.
+API_KEY_ENV = "GEOGRAPH_API_KEY"
 
 
 class ConfigError(ValueError):
@@ -50,6 +55,16 @@ class ServeConfig(BaseModel):
     api_servers: int = Field(1, ge=1)
     shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
+    api_key: Optional[SecretStr] = Field(None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)")
+    public: list[Literal["metrics", "docs"]] = Field(default_factory=list,
+                                                     description="endpoint groups open without the key")
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, v: Optional[SecretStr]) -> Optional[SecretStr]:
+        if v is not None and not v.get_secret_value().strip():
+            raise ValueError("must not be empty")
+        return v
 
     @field_validator("corpus")
     @classmethod
@@ -112,6 +127,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
     p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
     p.add_argument("--log-level", help="warning")
+    p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+                                     f"(default ${API_KEY_ENV}; prefer the variable: a flag shows in ps)")
+    p.add_argument("--public", action="append", metavar="GROUP",
+                   help="metrics or docs: keep /metrics or /docs open without the key (repeatable)")
     return p
 
 
@@ -166,6 +185,8 @@ def load_config(argv: Optional[Sequence[str]] = None) -> ServeConfig:
         except ValueError:
             raise ConfigError(f"devices: expected an integer or 'auto', got {args['devices']!r}") from None
     values.update(args)
+    if values.get("api_key") is None and os.environ.get(API_KEY_ENV):
+        values["api_key"] = os.environ[API_KEY_ENV]
     for required in ("method", "corpus"):
         if required not in values:
             raise ConfigError(f"{required}: missing (give --{required} or put it in --config)")

@@ -63,6 +63,20 @@ class TextEncoder:
             self.request_encoder._model = self.corpus_encoder.model
         return self.request_encoder
 
+    def truncate(self, texts: Sequence[str], max_tokens: Optional[int]) -> list[str]:
+        """``texts`` each cut after its first ``max_tokens`` tokens (``None``: unchanged).
+
+        The cut is made in the text, at the end of the last kept token (the tokenizer's
+        character offsets, no special tokens, no prefix), so the truncated text is embedded
+        and cached like any other. The encoder's own limit (``max_seq_length``) still applies.
+        """
+        if max_tokens is None:
+            return list(texts)
+        tok = self._shared().model.tokenizer
+        enc = tok(list(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+        return [t if len(offsets) <= max_tokens else t[: offsets[max_tokens - 1][1]]
+                for t, offsets in zip(texts, enc["offset_mapping"])]
+
     def queries(self, texts: Sequence[str]):
         """``(B, D)`` query vectors; in memory only."""
         self._shared()

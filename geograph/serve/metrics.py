@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the serve extra
     ls = None
 
-ROUTES = ("/retrieve", "/rerank", "/health", "/metrics")
+ROUTES = ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank", "/health", "/metrics")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -147,13 +147,14 @@ class JSONOnlyMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ("/retrieve", "/rerank"):
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank"):
             ctype = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1").lower()
             if ctype.split(";")[0].strip() != "application/json":
                 from fastapi.responses import JSONResponse
 
                 msg = f"content-type must be application/json, got {ctype or 'none'!r}"
-                resp = JSONResponse(status_code=415, content={"detail": [{"loc": ["header", "content-type"],
+                resp = JSONResponse(status_code=415, content={"message": msg,
+                                                              "detail": [{"loc": ["header", "content-type"],
                                                                           "msg": msg, "type": "content_type"}]})
                 await resp(scope, receive, send)
                 return

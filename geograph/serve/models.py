@@ -129,3 +129,22 @@ def k_bounds(method: str, model, num_docs: int) -> tuple[int, Optional[int], str
     if method == "g3":
         return int(model.seeds), num_docs, "the corpus size"
     return 1, None, ""
+
+
+def score_bounds(method: str, model) -> tuple[float, float]:
+    """``(lo, hi)``: the range of a reranker's scores, which ``/v1`` and ``/v2/rerank`` map onto [0, 1].
+
+    Maniscope: ``alpha * cos + (1 - alpha) / (1 + d_geo)`` with ``cos`` in [-1, 1] and the
+    geodesic term in [0, 1] gives ``[-alpha, 1]``; Ricci-Filtration orders its kept candidates
+    by cosine, ``[-1, 1]``.
+
+    Example:
+        >>> from geograph.rerankers import Maniscope
+        >>> score_bounds("maniscope", Maniscope(alpha=0.3))
+        (-0.3, 1.0)
+    """
+    if method == "maniscope":
+        return -float(model.alpha), 1.0
+    if method == "ricci":
+        return -1.0, 1.0
+    raise ValueError(f"method must be one of {', '.join(RERANKERS)}, got {method!r}")

@@ -15,6 +15,8 @@ Checks, per field:
   pool, default ``--candidates``, at most the corpus size); ISO: ``k <=`` the guaranteed local
   set size; G3: ``seeds <= k <=`` corpus size; every method: ``k <= max_k``.
 * ``top_n`` (``/rerank``): ``1 <= top_n <=`` the number of candidates.
+* ``max_tokens_per_doc`` (``/rerank``): ``>= 1``; only with ``candidates`` (texts), each cut to
+  its first ``max_tokens_per_doc`` tokens of the encoder's tokenizer before it is embedded.
 """
 from __future__ import annotations
 
@@ -112,6 +114,7 @@ class RerankRequest(_Request):
     candidate_embeddings: Optional[list[list[float]]] = Field(None, min_length=1)
     candidate_ids: Optional[list[str]] = Field(None, min_length=1)
     top_n: Optional[int] = Field(None, ge=1, description="return at most this many (best first)")
+    max_tokens_per_doc: Optional[int] = Field(None, ge=1, description="cut candidate texts to this many tokens")
 
     @model_validator(mode="after")
     def _validate(self):
@@ -132,6 +135,8 @@ class RerankRequest(_Request):
             unknown = [x for x in self.candidate_ids if x not in LIMITS["ids"]]
             if unknown:
                 raise ValueError(f"unknown candidate_ids {unknown[:5]} (not in the corpus)")
+        if self.max_tokens_per_doc is not None and self.candidates is None:
+            raise ValueError("max_tokens_per_doc applies to candidates (texts) only")
         if self.top_n is not None and self.top_n > len(items):
             raise ValueError(f"top_n ({self.top_n}) must be <= the number of candidates ({len(items)})")
         return self

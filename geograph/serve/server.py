@@ -15,11 +15,12 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from typing import Optional
 
 from geograph.serve.config import ServeConfig
-from geograph.serve.models import RERANKERS, build_model, k_bounds
+from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
 
 
 log = logging.getLogger("geograph.serve")
@@ -37,10 +38,16 @@ def build_server(cfg: ServeConfig):
     except ImportError:  # pragma: no cover - exercised only without the extra
         raise StartupError("geograph serve needs the serve extra: pip install 'geograph[serve]'") from None
     from geograph.serve.api import RerankAPI, RetrieveAPI
+    from geograph.serve.auth import APIKeyMiddleware, exposure_warning
+    from geograph.serve.interop import MessageErrorMiddleware, add_routes
     from geograph.serve.corpus import TextEncoder, read_corpus
     from geograph.serve.metrics import JSONOnlyMiddleware, PrometheusLogger, RequestMetricsMiddleware, add_metrics_route
     from geograph.serve.schema import set_limits
 
+    key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
+    warning = exposure_warning(cfg.host, key)
+    if warning is not None:
+        print(f"geograph serve: {warning}", file=sys.stderr, flush=True)
     try:
         dataset = read_corpus(cfg.corpus)
         encoder = TextEncoder(cfg.encoder, query_prefix=cfg.query_prefix, passage_prefix=cfg.passage_prefix,
@@ -56,6 +63,7 @@ def build_server(cfg: ServeConfig):
     v = int(emb.shape[0])
     if cfg.method in RERANKERS and cfg.candidates > v:
         raise StartupError(f"candidates: {cfg.candidates} exceeds the corpus size {v}")
+    bounds = score_bounds(cfg.method, model) if cfg.method in RERANKERS else None
     k_min, k_max, why = k_bounds(cfg.method, model, v)
     set_limits(method=cfg.method, dim=int(emb.shape[1]), ids=frozenset(dataset.doc_ids), num_docs=v,
                max_candidates=cfg.max_candidates, max_k=cfg.max_k, default_candidates=cfg.candidates,
@@ -67,13 +75,20 @@ def build_server(cfg: ServeConfig):
     if cfg.method in RERANKERS:
         apis.append(RerankAPI(settings))
     devices = cfg.devices
+    # the last middleware runs first: metrics count every answer, 401s included; LitServe's
+    # payload limit is outside them all, and the interop error bodies are rewritten last
+    middlewares = [JSONOnlyMiddleware]
+    if key is not None:
+        middlewares.append((APIKeyMiddleware, {"key": key, "public": cfg.public}))
+    middlewares.append((RequestMetricsMiddleware, {"apis": apis, "stopping": _stopping_flag()}))
     server = ls.LitServer(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=cfg.workers_per_device,
                           timeout=cfg.timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
-                          loggers=[PrometheusLogger()],
-                          middlewares=[JSONOnlyMiddleware,
-                                       (RequestMetricsMiddleware, {"apis": apis, "stopping": _stopping_flag()})])
+                          loggers=[PrometheusLogger()], middlewares=middlewares)
     server.app.add_exception_handler(RequestValidationError, _validation_error)
     add_metrics_route(server.app)
+    if cfg.method in RERANKERS:
+        add_routes(server.app, method=cfg.method, bounds=bounds)
+        server.app.add_middleware(MessageErrorMiddleware)
     server.uvicorn_graceful_timeout = cfg.shutdown_timeout
     return server
 
