@@ -23,6 +23,10 @@ class PoincareProjection(nn.Module):
     that every output is strictly inside the ball (``|z| <= (1 - 4e-3) / sqrt(c)`` in float32),
     however large the input. ``hidden=0`` drops the hidden layer (one linear map).
 
+    State: ``state_dict()`` holds the weights and the ball's curvature; after
+    ``load_state_dict`` the attribute ``c`` (read by :class:`~geograph.ISORetriever`) is the
+    loaded curvature (to 6 significant digits: the ball stores it in float32).
+
     Args:
         in_dim: embedding size ``D``.
         out_dim: ball dimension.
@@ -53,6 +57,7 @@ class PoincareProjection(nn.Module):
             self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
         else:
             self.mlp = nn.Linear(in_dim, out_dim)
+        self.register_load_state_dict_post_hook(_curvature_after_load)
 
     def forward(self, h: Tensor) -> Tensor:
         if not isinstance(h, Tensor) or h.shape[-1] != self.in_dim:
@@ -98,9 +103,21 @@ class IdentityPoincare(nn.Module):
         super().__init__()
         self.c = float(c)
         self.ball = geoopt.PoincareBall(c=self.c)
+        self.register_load_state_dict_post_hook(_curvature_after_load)
 
     def forward(self, h: Tensor) -> Tensor:
         return self.ball.projx(self.ball.expmap0(h))
+
+
+def _curvature_after_load(module: nn.Module, incompatible_keys) -> None:
+    """``load_state_dict`` post hook: ``c`` follows the ball's curvature, which the state carries.
+
+    The ball holds ``c`` in float32 (0.5 comes back as 0.49999997): a value within float32
+    rounding of the current ``c`` keeps it, another is read to 6 significant digits.
+    """
+    loaded = float(module.ball.c)
+    if abs(loaded - module.c) > 1e-6 * max(abs(module.c), 1e-30):
+        module.c = float(f"{loaded:.6g}")
 
 
 def conformal_volume(z: Tensor, *, p: float = 2.0, c: float = 1.0) -> Tensor:

@@ -28,8 +28,11 @@ class DenseRetriever(nn.Module):
 
     Args:
         embeddings: ``(V, D)`` passage embeddings (normalised here; stored as a buffer, so
-            ``.to(device)`` moves the corpus).
+            ``.to(device)`` moves the corpus and ``state_dict()`` carries it).
         chunk_size: passages scored per matrix product.
+        persistent: whether ``state_dict()`` carries the corpus. ``False`` is for a module that
+            holds the corpus elsewhere and rebuilds this retriever from it after
+            ``load_state_dict`` (:class:`~geograph.ISORetriever`, :class:`~geograph.G3Retriever`).
 
     Shape:
         - query ``(B, D)``; output :class:`~geograph.RetrievalOutput` with ``indices (B, k)``
@@ -42,13 +45,13 @@ class DenseRetriever(nn.Module):
         (tensor([[1, 2]]), tensor([[1.0000, 0.8000]]))
     """
 
-    def __init__(self, embeddings: Tensor, *, chunk_size: int = 65536) -> None:
+    def __init__(self, embeddings: Tensor, *, chunk_size: int = 65536, persistent: bool = True) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         if embeddings.shape[0] == 0:
             raise ValueError("embeddings is empty: the corpus needs at least one passage")
         self.chunk_size = check_positive_int(chunk_size, "chunk_size")
-        self.register_buffer("embeddings", normalize(embeddings), persistent=False)
+        self.register_buffer("embeddings", normalize(embeddings), persistent=bool(persistent))
 
     @property
     def num_passages(self) -> int:

@@ -76,7 +76,7 @@ class G3Graph(nn.Module):
         self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
         self._update_width()
-        self.register_load_state_dict_post_hook(lambda module, _: module._update_width())
+        self.register_load_state_dict_post_hook(_update_width_after_load)  # (a function: the module pickles)
 
     def _update_width(self) -> None:
         self.row_width = int(self.degree().max()) if self.num_nodes else 0
@@ -178,6 +178,10 @@ class G3Retriever(nn.Module):
     Ties: equal scores at every stage go to the lowest corpus index
     (:func:`~geograph.outputs.topk_stable`).
 
+    State: the graph is a submodule, so ``state_dict()`` carries it; the dense index over its
+    embeddings is derived, not saved, and rebuilt after every ``load_state_dict`` of the
+    retriever (a load hook): a retriever loaded with another's state answers exactly like it.
+
     Device and dtype: the graph is a submodule (``.to()`` moves it); a query on another device
     raises a ``ValueError`` naming both; the query is scored in the corpus's dtype and the
     returned scores have the query's floating dtype. ``torch.compile(model, fullgraph=True)``
@@ -219,7 +223,8 @@ class G3Retriever(nn.Module):
             raise ValueError(f"seeds ({seeds}) must not exceed candidates ({candidates})")
         if self.candidates > graph.num_nodes:
             raise ValueError(f"candidates ({candidates}) exceeds the corpus size {graph.num_nodes}")
-        self.dense = DenseRetriever(graph.embeddings)  # holds the unit embeddings
+        self.dense = DenseRetriever(graph.embeddings, persistent=False)  # the unit embeddings, derived from the graph
+        self.register_load_state_dict_post_hook(_rebuild_dense_after_load)
 
     def forward(self, query: Tensor, k: int = 5, seed_scorer: Optional[SeedScorer] = None,
                 query_texts: Optional[Sequence[str]] = None) -> RetrievalOutput:
@@ -293,3 +298,12 @@ class G3Retriever(nn.Module):
 
     def extra_repr(self) -> str:
         return f"candidates={self.candidates}, seeds={self.seeds}"
+
+
+def _update_width_after_load(module: G3Graph, incompatible_keys) -> None:
+    module._update_width()
+
+
+def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys) -> None:
+    """``load_state_dict`` post hook: the dense index follows the loaded graph's embeddings."""
+    module.dense = DenseRetriever(module.graph.embeddings, chunk_size=module.dense.chunk_size, persistent=False)
