@@ -99,7 +99,10 @@ def assert_same_as_sequential(call, module) -> None:
                 assert torch.equal(got, want), f"thread {i}: a concurrent answer differs from the sequential one"
 
 
-@pytest.mark.parametrize("name", list(CASES))
+SLOW = {"RicciFiltration-sinkhorn"}  # about 6 s on 2 cores (32 certified flows)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CASES])
 def test_eight_threads_answer_like_sequential_calls(name):
     make, call = CASES[name]
     assert_same_as_sequential(call, make())
