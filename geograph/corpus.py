@@ -1,7 +1,6 @@
 """CorpusGraph: passage embeddings plus an undirected sparse passage graph, with builders."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
@@ -9,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
+from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.ann import resolve_index, self_topk
 from geograph.functional.similarity import normalize
@@ -17,6 +17,7 @@ from geograph.outputs import true_first
 __all__ = ["CorpusGraph"]
 
 _FORMAT = 1
+_META = "graph.json"
 
 
 class CorpusGraph(nn.Module):
@@ -209,33 +210,78 @@ class CorpusGraph(nn.Module):
 
     # -- persistence --------------------------------------------------------------------
     def save(self, directory: Union[str, Path]) -> Path:
-        """Write ``embeddings.pt``, ``edge_index.pt`` and ``graph.json`` into ``directory``."""
+        """Write ``embeddings.pt``, ``edge_index.pt`` and ``graph.json`` into ``directory``.
+
+        Each file is written under a temporary name and renamed into place; ``graph.json`` (which
+        :meth:`load` needs, and which records the other files' sizes) is removed first and
+        written last, so a save killed at any point leaves either the previous graph or a
+        directory that does not load, never a mix of two.
+        """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.embeddings.cpu(), path / "embeddings.pt")
-        torch.save(self.edge_index.cpu(), path / "edge_index.pt")
+        (path / _META).unlink(missing_ok=True)  # not loadable until the new graph.json is in place
+        sizes = {"embeddings.pt": atomic_torch_save(self.embeddings.cpu(), path / "embeddings.pt"),
+                 "edge_index.pt": atomic_torch_save(self.edge_index.cpu(), path / "edge_index.pt")}
         meta = {"format": _FORMAT, "name": self.name, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
-                "dim": int(self.embeddings.shape[1]), "build": self.build_info}
-        (path / "graph.json").write_text(json.dumps(meta, indent=2))
+                "dim": int(self.embeddings.shape[1]), "files": sizes, "build": self.build_info}
+        atomic_write_json(meta, path / _META)
         return path
 
     @classmethod
-    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None) -> "CorpusGraph":
-        """Read a graph written by :meth:`save`."""
+    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None,
+             corpus_shape: Optional[tuple[int, int]] = None) -> "CorpusGraph":
+        """Read a graph written by :meth:`save`.
+
+        Args:
+            directory: the directory :meth:`save` wrote.
+            device: where to put the tensors (default CPU).
+            corpus_shape: ``(V, D)`` of the corpus the graph must fit, if known.
+
+        Raises:
+            ValueError: one line naming the file: no ``graph.json``, another format version, a
+                truncated or unreadable file, tensors whose sizes do not match ``graph.json``,
+                or a graph whose size does not match ``corpus_shape``.
+        """
         path = Path(directory)
-        meta_file = path / "graph.json"
+        meta_file = path / _META
         if not meta_file.is_file():
-            raise ValueError(f"{path} is not a saved CorpusGraph (no graph.json)")
-        meta = json.loads(meta_file.read_text())
+            raise ValueError(f"{path} is not a saved CorpusGraph (no {_META})")
+        meta = read_json(meta_file)
         if meta.get("format") != _FORMAT:
-            raise ValueError(f"{path}: unsupported CorpusGraph format {meta.get('format')!r}")
-        emb = torch.load(path / "embeddings.pt", map_location=device or "cpu", weights_only=True)
-        ei = torch.load(path / "edge_index.pt", map_location=device or "cpu", weights_only=True)
-        graph = cls(emb, ei, name=meta.get("name", "edge_index"))
+            raise ValueError(f"{meta_file}: CorpusGraph format {meta.get('format')!r}, this geograph reads format {_FORMAT}")
+        try:
+            v, e, d = int(meta["num_nodes"]), int(meta["num_edges"]), int(meta["dim"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{meta_file}: missing or bad num_nodes / num_edges / dim ({one_line(exc)})") from None
+        if corpus_shape is not None and (v, d) != tuple(corpus_shape):
+            raise ValueError(f"{meta_file}: a graph of {v} passages x {d} dimensions, the corpus is "
+                             f"{corpus_shape[0]} x {corpus_shape[1]}")
+        files = meta.get("files") or {}  # (sizes are recorded since the atomic save)
+        for name in ("embeddings.pt", "edge_index.pt"):
+            check_file_size(path / name, files.get(name), meta_file)
+        emb = read_torch(path / "embeddings.pt", device)
+        ei = read_torch(path / "edge_index.pt", device)
+        if not isinstance(emb, Tensor) or tuple(emb.shape) != (v, d) or not emb.is_floating_point():
+            raise ValueError(f"{path / 'embeddings.pt'}: expected ({v}, {d}) floating embeddings as {_META} says, "
+                             f"got {_describe(emb)}")
+        if (not isinstance(ei, Tensor) or tuple(ei.shape) != (2, 2 * e) or ei.is_floating_point()
+                or (ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= v))):
+            raise ValueError(f"{path / 'edge_index.pt'}: expected (2, {2 * e}) node ids in [0, {v}) as {_META} says, "
+                             f"got {_describe(ei)}")
+        try:
+            graph = cls(emb, ei, name=meta.get("name", "edge_index"))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {one_line(exc)}") from None
+        if graph.num_edges != e:
+            raise ValueError(f"{path / 'edge_index.pt'}: {graph.num_edges} edges after cleaning, {_META} says {e}")
         graph.build_info = meta.get("build", {})
-        if graph.num_nodes != meta["num_nodes"] or graph.num_edges != meta["num_edges"]:
-            raise ValueError(f"{path}: files do not match graph.json")
         return graph
+
+
+def _describe(x) -> str:
+    if isinstance(x, Tensor):
+        return f"a {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} tensor"
+    return f"a {type(x).__name__}"
 
 
 def _faiss_knn(z: Tensor, k: int) -> Tensor:

@@ -10,6 +10,7 @@ from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k,
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
 from geograph.functional.similarity import cosine_similarity, normalize
 from geograph.functional.transport import SinkhornOutput, sinkhorn
+from geograph.functional._numba import cache_info as numba_cache_info, warmup
 
 __all__ = [
     "cosine_similarity",
@@ -38,4 +39,6 @@ __all__ = [
     "mrr_at_k",
     "hit_all_at_k",
     "hit_answer_at_k",
+    "warmup",
+    "numba_cache_info",
 ]

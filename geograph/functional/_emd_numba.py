@@ -26,13 +26,20 @@ start is the matrix-minimum rule ordered by the previous reduced costs. The opti
 depend on the start, only the pivot count does (SciFact query graphs: 1.25 primal pivots and
 0.90 dual steps per problem, against 9.7 pivots cold).
 
-All problems of a batch run in parallel (``prange``; the kernels release the GIL and use
-numba's thread pool). Everything is compiled once and cached on disk (``cache=True``).
+All problems of a batch run in parallel (``prange`` over numba's thread pool). The entry
+points :func:`emd_batch`, :func:`curvature_batch` and :func:`flow_batch` release the GIL
+(``nogil=True``) and run one at a time per process (a lock: each already uses every numba
+thread, and numba's ``workqueue`` threading layer cannot run parallel kernels launched from
+several threads at once); see :mod:`geograph.functional._numba`. Everything is compiled once
+and cached on disk where a writable directory exists (the choice is in
+:func:`geograph.functional._numba.cache_info`).
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from geograph.functional._numba import jit, locked
 
 # a problem whose simplex did not reach optimality within the pivot cap
 STATUS_OK = 0
@@ -42,7 +49,7 @@ _WEIGHT_SUM_EPS = 1e-7  # GraphRicciCurvature: neighbour weight sum at or below 
 _FLOW_TOL = 1e-12  # a warm tree's flow above -this counts as feasible (clamped to 0)
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _build_tree(nr, nn, kb, bi, bj, deg, start, adj):
     """CSR adjacency of the basic tree: node ``i < nr`` is row i, node ``nr + j`` is column j."""
     for x in range(nn + 1):
@@ -63,7 +70,7 @@ def _build_tree(nr, nn, kb, bi, bj, deg, start, adj):
         deg[c] += 1
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _cold_start(s, d, cost, nr, nc, bi, bj, flow, iw, fw, hu, hv, hint):
     """Matrix-minimum rule: a spanning-tree basic feasible solution in ``bi, bj, flow``.
 
@@ -118,7 +125,7 @@ def _cold_start(s, d, cost, nr, nc, bi, bj, flow, iw, fw, hu, hv, hint):
             cols_left -= 1
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _tree_flows(s, d, nr, nc, bi, bj, flow, iw, fw):
     """Flows of the basis ``bi, bj`` that meet ``s`` and ``d`` (leaf peeling; some may be < 0).
 
@@ -171,7 +178,7 @@ def _tree_flows(s, d, nr, nc, bi, bj, flow, iw, fw):
     return placed == kb
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _walk(cost, nr, nc, bi, bj, iw, fw):
     """Root the basic tree at row 0: potentials ``u_i + v_j = C_ij`` (``fw[:nn]``), parent cells,
     depths and the visiting order (views into ``iw``, see :func:`_tree_views`)."""
@@ -204,7 +211,7 @@ def _walk(cost, nr, nc, bi, bj, iw, fw):
                 tail += 1
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _tree_views(iw, nn):
     """The int workspace's tree arrays: degrees, CSR start/adjacency, BFS queue, parent cell,
     depth and a node mark (about ``8 * nn`` entries)."""
@@ -215,7 +222,7 @@ def _tree_views(iw, nn):
             iw[2 * o + 2 * kb + 3 * nn : 2 * o + 2 * kb + 4 * nn])
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _cycle(ie, je, theta, nr, nc, bi, bj, flow, par, depth, bland):
     """The cycle that cell ``(ie, je)`` closes on the rooted tree.
 
@@ -255,7 +262,7 @@ def _cycle(ie, je, theta, nr, nc, bi, bj, flow, par, depth, bland):
     return best, leave
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _pivot(cost, nr, nc, bi, bj, flow, iw, fw, max_pivots):
     """Transportation simplex from the basic feasible solution ``bi, bj, flow``.
 
@@ -309,7 +316,7 @@ def _pivot(cost, nr, nc, bi, bj, flow, iw, fw, max_pivots):
     return total, status, pivots
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _dual_repair(cost, nr, nc, bi, bj, flow, iw, fw, max_steps):
     """Dual simplex steps until the basis ``bi, bj, flow`` is primal feasible.
 
@@ -370,7 +377,7 @@ def _dual_repair(cost, nr, nc, bi, bj, flow, iw, fw, max_steps):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _simplex(s, d, cost, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv, hint):
     """Exact min-cost transport of supplies ``s[:nr]`` to demands ``d[:nc]``.
 
@@ -408,8 +415,8 @@ def _simplex(s, d, cost, nr, nc, bi, bj, flow, iw, fw, max_pivots, warm, hu, hv,
     return total, status, pivots, used, max(dual, 0)
 
 
-@njit(cache=True, parallel=True)
-def emd_batch(a, b, cost, max_pivots, nchunk):
+@jit(parallel=True, nogil=True)
+def _emd_batch(a, b, cost, max_pivots, nchunk):
     """Exact OT cost of every problem ``(a[e], b[e], cost[e])``; zero-mass entries are skipped.
 
     Args: ``a (E, R)``, ``b (E, C)``, ``cost (E, R, C)`` float64, C-contiguous.
@@ -443,7 +450,7 @@ def emd_batch(a, b, cost, max_pivots, nchunk):
     return out, status
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas):
     """Floyd-Warshall distances and lazy measures of one graph (see ``curvature._measures``)."""
     n = w.shape[0]
@@ -483,7 +490,7 @@ def _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas):
         meas[x, x] = alpha
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _warm_basis(nr, nc, ri, ci, prev, sub, hu, hv, pos, bi, bj, iw):
     """A spanning tree of this problem from the previous basis ``prev`` (in node ids).
 
@@ -539,7 +546,7 @@ def _warm_basis(nr, nc, ri, ci, prev, sub, hu, hv, pos, bi, bj, iw):
     return True
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _find(root, x):
     """Union-find root of ``x`` (path halving)."""
     while root[x] != x:
@@ -548,7 +555,7 @@ def _find(root, x):
     return x
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, hu, hv, max_pivots, wk, wp, e,
                 out_stats):
     """Curvature of edge ``(x, y)`` of one graph: ``1 - W1(m_x, m_y) / d(x, y)`` (KR-compacted).
@@ -633,8 +640,8 @@ def _edge_kappa(dist, meas, x, y, iw, fw, s, d, ri, ci, sub, pos, bi, bj, flow, 
     return 1.0 - 0.5 * (mp + mn) * w1, status
 
 
-@njit(cache=True, parallel=True)
-def curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchunk):
+@jit(parallel=True, nogil=True)
+def _curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchunk):
     """Ollivier-Ricci curvature of every edge ``(g, x, y)`` of a batch of graphs.
 
     Kantorovich-Rubinstein: ``W1(m_x, m_y)`` is the transport of the positive part of
@@ -662,7 +669,7 @@ def curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchu
     return kappa, status
 
 
-@njit(cache=True, nogil=True)
+@jit(nogil=True)
 def _scratch(n):
     """Scratch arrays of :func:`_edge_kappa` for graphs of ``n`` nodes: problems with at most
     ``n`` rows and columns together (a graph's KR supports are disjoint), see :func:`_simplex`."""
@@ -671,8 +678,8 @@ def _scratch(n):
             np.empty(2 * n, dtype=np.int64), np.empty(2 * n, dtype=np.int64), np.empty(2 * n), np.empty(n), np.empty(n))
 
 
-@njit(cache=True, parallel=True)
-def flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots, warm, nchunk):
+@jit(parallel=True, nogil=True)
+def _flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots, warm, nchunk):
     """The whole normalized Ricci flow of every graph (see ``flow.ricci_flow``) in one call.
 
     Per graph: ``kappa(w)``; then up to ``iterations`` times ``w <- w - step * kappa * w``,
@@ -784,6 +791,12 @@ def flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, ma
         for q in range(4):
             totals[q] += stats[ch, q]
     return lengths, kappa, steps, converged, stuck, totals
+
+
+# the Python entry points: the compiled kernels under the process-wide lock
+emd_batch = locked(_emd_batch)
+curvature_batch = locked(_curvature_batch)
+flow_batch = locked(_flow_batch)
 
 
 def num_chunks() -> int:

@@ -33,8 +33,11 @@ class DenseRetriever(nn.Module):
 
     Args:
         embeddings: ``(V, D)`` passage embeddings (normalised here; stored as a buffer, so
-            ``.to(device)`` moves the corpus).
+            ``.to(device)`` moves the corpus and ``state_dict()`` carries it).
         chunk_size: passages scored per matrix product.
+        persistent: whether ``state_dict()`` carries the corpus. ``False`` is for a module that
+            holds the corpus elsewhere and rebuilds this retriever from it after
+            ``load_state_dict`` (:class:`~geograph.ISORetriever`, :class:`~geograph.G3Retriever`).
 
     Shape:
         - query ``(B, D)``; output :class:`~geograph.RetrievalOutput` with ``indices (B, k)``
@@ -48,7 +51,7 @@ class DenseRetriever(nn.Module):
     """
 
     def __init__(self, embeddings: Tensor, *, chunk_size: int = 4096, index: str = "exact", nlist: Optional[int] = None,
-                 nprobe: int = 64, sample: Optional[int] = None, seed: int = 0) -> None:
+                 nprobe: int = 64, sample: Optional[int] = None, seed: int = 0, persistent: bool = True) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         if embeddings.shape[0] == 0:
@@ -61,8 +64,8 @@ class DenseRetriever(nn.Module):
         self.sample = check_ivf(n, self.nlist, nprobe, sample) if self.index == "ivf" else sample
         self.seed = seed
         self._ivf = None  # the faiss index, built on first use from the embeddings buffer
-        self.register_load_state_dict_post_hook(lambda module, _: module._drop_index())
-        self.register_buffer("embeddings", normalize(embeddings), persistent=False)
+        self.register_load_state_dict_post_hook(_drop_index)
+        self.register_buffer("embeddings", normalize(embeddings), persistent=bool(persistent))
 
     @property
     def num_passages(self) -> int:
@@ -84,9 +87,6 @@ class DenseRetriever(nn.Module):
         else:
             best_s, best_i = tiled_topk(q, self.embeddings, k, block=self.chunk_size)
         return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
-
-    def _drop_index(self) -> None:
-        self._ivf = None
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the index follows the new buffers
         self._ivf = None
@@ -114,3 +114,8 @@ class DenseRetriever(nn.Module):
     def extra_repr(self) -> str:
         ivf = f", index='ivf', nlist={self.nlist}, nprobe={self.nprobe}" if self.index == "ivf" else ""
         return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}{ivf}"
+
+
+def _drop_index(module: DenseRetriever, _incompatible) -> None:
+    """After ``load_state_dict`` the IVF index is rebuilt from the loaded corpus on first use."""
+    module._ivf = None

@@ -1,7 +1,6 @@
 """G3RAG: one-step diffusion from seeds over the zero-token geometric-gain graph."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict
@@ -12,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_finite_float, check_finite_where, check_positive_int, check_same_device, check_tensor
+from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
 from geograph.functional.ann import default_nlist, resolve_index, self_topk
 from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_transition
@@ -22,6 +22,7 @@ from geograph.retrievers.dense import DenseRetriever
 __all__ = ["G3Graph", "G3Retriever"]
 
 _FORMAT = 1
+_META, _DATA = "g3graph.json", "g3graph.pt"
 
 
 #: ``max_degree`` of :meth:`G3Graph.build` and :class:`G3Retriever` unless given
@@ -90,7 +91,7 @@ class G3Graph(nn.Module):
         self.max_degree = max_degree
         self.build_info: dict = {}
         self._update_width()
-        self.register_load_state_dict_post_hook(lambda module, _: module._update_width())
+        self.register_load_state_dict_post_hook(_update_width_after_load)  # (a function: the module pickles)
 
     def _update_width(self) -> None:
         self.row_width = int(self.degree().max()) if self.num_nodes else 0
@@ -197,29 +198,67 @@ class G3Graph(nn.Module):
         return self.crow[1:] - self.crow[:-1]
 
     def save(self, directory: Union[str, Path]) -> Path:
+        """Write ``g3graph.pt`` and ``g3graph.json`` into ``directory`` (atomically, as :meth:`CorpusGraph.save`)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({"embeddings": self.embeddings.cpu(), "density": self.density.cpu(),
-                    "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.val.cpu()},
-                   path / "g3graph.pt")
+        (path / _META).unlink(missing_ok=True)  # not loadable until the new g3graph.json is in place
+        size = atomic_torch_save({"embeddings": self.embeddings.cpu(), "density": self.density.cpu(),
+                                  "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.val.cpu()},
+                                 path / _DATA)
         meta = {"format": _FORMAT, "band": self.band, "beta": self.beta, "max_degree": self.max_degree,
-                "num_nodes": self.num_nodes, "nnz": int(self.val.numel()), "build": self.build_info}
-        (path / "g3graph.json").write_text(json.dumps(meta, indent=2))
+                "num_nodes": self.num_nodes, "nnz": int(self.val.numel()), "dim": int(self.embeddings.shape[1]),
+                "files": {_DATA: size}, "build": self.build_info}
+        atomic_write_json(meta, path / _META)
         return path
 
     @classmethod
-    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None) -> "G3Graph":
+    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None,
+             corpus_shape: Optional[tuple[int, int]] = None) -> "G3Graph":
+        """Read a graph written by :meth:`save`.
+
+        Raises:
+            ValueError: one line naming the file: no ``g3graph.json``, another format version, a
+                truncated or unreadable file, tensors whose sizes do not match ``g3graph.json``
+                or each other, or a graph whose ``(N, D)`` is not ``corpus_shape`` (when given).
+        """
         path = Path(directory)
-        if not (path / "g3graph.json").is_file():
-            raise ValueError(f"{path} is not a saved G3Graph (no g3graph.json)")
-        meta = json.loads((path / "g3graph.json").read_text())
+        meta_file, data = path / _META, path / _DATA
+        if not meta_file.is_file():
+            raise ValueError(f"{path} is not a saved G3Graph (no {_META})")
+        meta = read_json(meta_file)
         if meta.get("format") != _FORMAT:
-            raise ValueError(f"{path}: unsupported G3Graph format {meta.get('format')!r}")
-        blob = torch.load(path / "g3graph.pt", map_location=device or "cpu", weights_only=True)
-        n = meta["num_nodes"]
-        t = csr(blob["crow"], blob["col"], blob["val"], n)
-        band = tuple(meta["band"]) if meta["band"] is not None else None
-        graph = cls(blob["embeddings"], t, blob["density"], band=band, beta=meta["beta"], max_degree=meta["max_degree"])
+            raise ValueError(f"{meta_file}: G3Graph format {meta.get('format')!r}, this geograph reads format {_FORMAT}")
+        try:
+            n, nnz = int(meta["num_nodes"]), int(meta["nnz"])
+            band = tuple(meta["band"]) if meta["band"] is not None else None
+            beta, max_degree = meta["beta"], meta["max_degree"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{meta_file}: missing or bad fields ({one_line(exc)})") from None
+        check_file_size(data, (meta.get("files") or {}).get(_DATA), meta_file)
+        blob = read_torch(data, device)
+        want = {"embeddings": None, "density": (n,), "crow": (n + 1,), "col": (nnz,), "val": (nnz,)}
+        if not isinstance(blob, dict) or set(blob) != set(want) or not all(isinstance(t, Tensor) for t in blob.values()):
+            raise ValueError(f"{data}: expected the tensors {sorted(want)}, got {_keys(blob)}")
+        emb = blob["embeddings"]
+        d = meta.get("dim")  # (recorded since the atomic save)
+        if d is None:
+            d = emb.shape[1] if emb.dim() == 2 else -1
+        want["embeddings"] = (n, d)
+        for key, shape in want.items():
+            if tuple(blob[key].shape) != shape:
+                raise ValueError(f"{data}: {key} has shape {tuple(blob[key].shape)}, {_META} says {shape}")
+        crow, col = blob["crow"], blob["col"]
+        if (int(crow[0]) != 0 or int(crow[-1]) != nnz or bool((crow[1:] < crow[:-1]).any())
+                or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))):
+            raise ValueError(f"{data}: the CSR arrays (crow, col) are not a valid {n} x {n} matrix with {nnz} entries")
+        if corpus_shape is not None and tuple(emb.shape) != tuple(corpus_shape):
+            raise ValueError(f"{data}: a graph of {n} passages x {emb.shape[1]} dimensions, the corpus is "
+                             f"{corpus_shape[0]} x {corpus_shape[1]}")
+        t = csr(crow, col, blob["val"], n)
+        try:
+            graph = cls(emb, t, blob["density"], band=band, beta=beta, max_degree=max_degree)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {one_line(exc)}") from None
         graph.build_info = meta.get("build", {})
         return graph
 
@@ -252,6 +291,10 @@ class G3Retriever(nn.Module):
     ``(B, seeds, row_width)`` block and scattered into ``y``): no sparse kernel, no host read.
     Ties: equal scores at every stage go to the lowest corpus index
     (:func:`~geograph.outputs.topk_stable`).
+
+    State: the graph is a submodule, so ``state_dict()`` carries it; the dense index over its
+    embeddings is derived, not saved, and rebuilt after every ``load_state_dict`` of the
+    retriever (a load hook): a retriever loaded with another's state answers exactly like it.
 
     Device and dtype: the graph is a submodule (``.to()`` moves it); a query on another device
     raises a ``ValueError`` naming both; the query is scored in the corpus's dtype and the
@@ -294,7 +337,8 @@ class G3Retriever(nn.Module):
             raise ValueError(f"seeds ({seeds}) must not exceed candidates ({candidates})")
         if self.candidates > graph.num_nodes:
             raise ValueError(f"candidates ({candidates}) exceeds the corpus size {graph.num_nodes}")
-        self.dense = DenseRetriever(graph.embeddings)  # holds the unit embeddings
+        self.dense = DenseRetriever(graph.embeddings, persistent=False)  # the unit embeddings, derived from the graph
+        self.register_load_state_dict_post_hook(_rebuild_dense_after_load)
 
     def forward(self, query: Tensor, k: int = 5, seed_scorer: Optional[SeedScorer] = None,
                 query_texts: Optional[Sequence[str]] = None) -> RetrievalOutput:
@@ -368,3 +412,16 @@ class G3Retriever(nn.Module):
 
     def extra_repr(self) -> str:
         return f"candidates={self.candidates}, seeds={self.seeds}"
+
+
+def _update_width_after_load(module: G3Graph, incompatible_keys) -> None:
+    module._update_width()
+
+
+def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys) -> None:
+    """``load_state_dict`` post hook: the dense index follows the loaded graph's embeddings."""
+    module.dense = DenseRetriever(module.graph.embeddings, chunk_size=module.dense.chunk_size, persistent=False)
+
+
+def _keys(blob) -> str:
+    return f"keys {sorted(map(str, blob))}" if isinstance(blob, dict) else f"a {type(blob).__name__}"

@@ -71,8 +71,13 @@ class ISORetriever(nn.Module):
     Ties: equal dense scores at the ``max_nodes`` cap and equal final scores are broken by the
     lowest corpus index (:func:`~geograph.outputs.topk_stable`).
 
-    State: the graph is a submodule and ``phi`` / the kept edges are buffers, so ``.to()``,
-    ``.cuda()`` and ``state_dict()`` move or save everything; the graph and the projection must
+    State: the graph and the projection are submodules, so ``.to()``, ``.cuda()`` and
+    ``state_dict()`` move or save everything the answers depend on. What is derived from them
+    (``phi``, the kept edges, the largest degree and the dense index over the graph's
+    embeddings) is not saved: :meth:`refresh` rebuilds it at construction and after every
+    ``load_state_dict`` of the retriever (a load hook), so a retriever loaded with another's
+    state answers exactly like it. Loading a state into ``graph`` or ``projection`` alone
+    needs a :meth:`refresh` call afterwards. The graph and the projection must
     sit on one device at construction, and a query on another device than the module raises a
     ``ValueError`` naming both. Dense scores are computed in the corpus's dtype; the returned
     scores have the query's floating dtype.
@@ -153,21 +158,26 @@ class ISORetriever(nn.Module):
         self.lambda_g = check_finite_float(lambda_g, "lambda_g")
         self.lambda_d = check_finite_float(lambda_d, "lambda_d")
         self.max_iter = check_positive_int(max_iter, "max_iter")
-        self.dense = DenseRetriever(graph.embeddings)
         self.register_buffer("phi", torch.empty(0), persistent=False)
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
         self.refresh()
+        self.register_load_state_dict_post_hook(_refresh_after_load)
 
     @torch.no_grad()
     def refresh(self, chunk_size: int = 65536) -> None:
-        """Recompute ``phi`` and the kept edges (after changing the projection or ``beta``).
+        """Recompute ``phi``, the kept edges and the dense index from the graph and the projection.
 
-        Host reads here are offline (once per graph and projection): the finiteness check, the
-        pruned share, the 2-hop walk's size and the graph's largest degree (the a priori
-        padded width of :meth:`local`).
+        Called at construction and by ``load_state_dict``; call it after changing the
+        projection, ``beta`` or ``p``, or after loading a state into ``graph`` or ``projection``
+        alone. Host reads here are offline (once per graph and projection): the finiteness
+        check, the pruned share, the 2-hop walk's size and the graph's largest degree (the a
+        priori padded width of :meth:`local`).
         """
         g = self.graph
         emb = g.embeddings
+        old = self._modules.get("dense")
+        kw = {} if old is None else {"chunk_size": old.chunk_size}
+        self.dense = DenseRetriever(emb, persistent=False, **kw)  # derived from the graph: not in state_dict()
         self._max_degree = int(g.degree().max()) if g.num_nodes else 0
         # the projection's dtype; the identity signal (whose only parameter is geoopt's float32
         # curvature) keeps the embeddings' dtype
@@ -273,6 +283,11 @@ class ISORetriever(nn.Module):
     def extra_repr(self) -> str:
         return (f"nodes={self.graph.num_nodes}, m={self.m}, L={self.L}, hops={self.hops}, max_nodes={self.max_nodes}, "
                 f"beta={self.beta}, p={self.p}, tau={self.tau}, alpha={self.alpha}")
+
+
+def _refresh_after_load(module: ISORetriever, incompatible_keys) -> None:
+    """``load_state_dict`` post hook: the derived state follows the loaded graph and projection."""
+    module.refresh()
 
 
 def _minmax(x: Tensor, mask: Tensor) -> Tensor:

@@ -1,0 +1,224 @@
+"""How geograph compiles its numba kernels: where the on-disk cache goes, one lock, warm-up.
+
+Cache (chosen once per process, when the first kernel module is imported, and logged on the
+``geograph`` logger): numba's ``cache=True`` needs a writable directory, and with none it fails
+at import with ``RuntimeError: cannot cache function ...: no locator available`` (a package on a
+read-only mount with a read-only ``$HOME``, as Kubernetes' ``readOnlyRootFilesystem`` gives).
+The first writable one of these is used:
+
+1. ``$NUMBA_CACHE_DIR`` when set (numba's own override);
+2. the package's ``__pycache__`` (numba's default);
+3. ``$GEOGRAPH_CACHE/numba`` when ``$GEOGRAPH_CACHE`` is set (geograph's cache root);
+4. numba's user-wide cache (``~/.cache/numba``);
+5. ``<tempdir>/geograph-numba-<uid>``, created private (mode 0700; one owned by another user or
+   open to others is not used: a fresh private temporary directory is);
+6. none: the kernels compile in memory in every process (a warning).
+
+The choice only applies to geograph's kernels (``numba.config.CACHE_DIR`` is set while they are
+decorated, then restored). :func:`cache_info` reports it.
+
+Threads: the parallel entry points (:func:`locked`) release the GIL while they run and run one
+at a time per process. Each already spreads its work over every numba thread, and numba's
+``workqueue`` threading layer (what numba falls back to when neither TBB nor OpenMP loads) does
+not support parallel kernels launched from several threads at once (it aborts the process);
+the lock makes concurrent calls safe on every layer, and releasing the GIL lets the caller's
+other Python threads (a server's I/O, torch work) run during a solve.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import stat
+import tempfile
+import threading
+import time
+from typing import Callable, Optional
+
+__all__ = ["cache_info", "jit", "locked", "warmup"]
+
+logger = logging.getLogger("geograph")
+
+#: held by every parallel numba entry point while it runs (see the module docstring)
+KERNEL_LOCK = threading.Lock()
+
+
+def _writable(path: str) -> bool:
+    """numba's own test: the directory can be created and a file written in it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _private_tempdir() -> Optional[str]:
+    """``<tempdir>/geograph-numba-<uid>`` if it is ours and private, else a fresh private one."""
+    try:
+        base = tempfile.gettempdir()
+    except (OSError, FileNotFoundError):  # no usable temporary directory
+        return None
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = os.path.join(base, f"geograph-numba-{uid if uid is not None else 'user'}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+        ours = stat.S_ISDIR(st.st_mode) and (uid is None or st.st_uid == uid) and not st.st_mode & 0o077
+    except OSError:
+        ours = False
+    if ours and _writable(path):
+        return path
+    try:  # someone else's (a cache there would be code we load), or too open: one for this process
+        return tempfile.mkdtemp(prefix="geograph-numba-")
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _choose() -> tuple[str, Optional[str]]:
+    import numba
+
+    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    explicit = numba.config.CACHE_DIR  # $NUMBA_CACHE_DIR, read when numba was imported
+    if explicit:
+        if _writable(explicit):
+            return "NUMBA_CACHE_DIR", explicit
+        logger.warning("geograph: NUMBA_CACHE_DIR=%s is not writable; looking for another numba cache directory",
+                       explicit)
+    if _writable(package):
+        return "package", package
+    root = os.environ.get("GEOGRAPH_CACHE")
+    if root and _writable(os.path.join(root, "numba")):
+        return "GEOGRAPH_CACHE", os.path.join(root, "numba")
+    try:
+        from numba.misc.appdirs import AppDirs
+
+        user = AppDirs(appname="numba", appauthor=False).user_cache_dir
+    except Exception:  # noqa: BLE001 - numba internals moved: skip this candidate
+        user = None
+    if user and _writable(user):
+        return "user", user
+    tmp = _private_tempdir()
+    if tmp is not None:
+        return "temp", tmp
+    return "none", None
+
+
+def cache_info() -> dict:
+    """Where geograph's numba kernels are cached: ``{"source": ..., "directory": ...}``.
+
+    ``source`` is ``"NUMBA_CACHE_DIR"``, ``"package"``, ``"GEOGRAPH_CACHE"``, ``"user"``,
+    ``"temp"`` or ``"none"`` (compiled in memory, ``directory`` is ``None``); see the module
+    docstring for the order.
+    """
+    source, directory = _choose()
+    return {"source": source, "directory": directory}
+
+
+_logged = False
+
+
+def _log_choice() -> None:
+    global _logged
+    if _logged:
+        return
+    _logged = True
+    source, directory = _choose()
+    if source == "none":
+        logger.warning("geograph: no writable directory for numba's cache (package, $GEOGRAPH_CACHE, ~/.cache, "
+                       "the temporary directory): the kernels compile in memory in every process; set "
+                       "NUMBA_CACHE_DIR to a writable directory to keep them")
+    elif source == "package":
+        logger.debug("geograph: numba kernels cached in %s", directory)
+    else:
+        logger.info("geograph: numba kernels cached in %s (%s; the package's __pycache__ is not writable%s)",
+                    directory, source, "" if source != "NUMBA_CACHE_DIR" else " or not used")
+
+
+@contextlib.contextmanager
+def _cache_dir(path: str):
+    import numba
+
+    old = numba.config.CACHE_DIR
+    numba.config.CACHE_DIR = path
+    try:
+        yield
+    finally:
+        numba.config.CACHE_DIR = old
+
+
+def jit(**flags) -> Callable:
+    """``numba.njit(**flags)`` with the on-disk cache of :func:`cache_info` (or none)."""
+    from numba import njit
+
+    source, directory = _choose()
+    _log_choice()
+
+    def decorate(fn):
+        if directory is None:
+            return njit(cache=False, **flags)(fn)
+        if source == "package":
+            return njit(cache=True, **flags)(fn)
+        with _cache_dir(directory):  # numba picks the locator when the function is decorated
+            return njit(cache=True, **flags)(fn)
+
+    return decorate
+
+
+def locked(kernel) -> Callable:
+    """A Python entry point that runs the compiled ``kernel`` under :data:`KERNEL_LOCK`.
+
+    The kernel should be compiled with ``nogil=True``: waiting threads then sleep on the lock
+    without holding the GIL, and the running one does not hold it either.
+    """
+
+    @functools.wraps(kernel.py_func)
+    def call(*args):
+        with KERNEL_LOCK:
+            return kernel(*args)
+
+    call.kernel = kernel
+    return call
+
+
+def warmup() -> dict:
+    """Compile (or load from the cache) every numba kernel geograph runs, on tiny inputs.
+
+    Runs the exact Ricci flow, the exact Ollivier-Ricci curvature and the exact batched OT
+    through their public functions, so every signature a later call uses is compiled: the
+    first real request does not pay for compilation (seconds per kernel without a cache).
+    Call it at start-up (a server before it reports healthy); repeated calls are cheap.
+
+    Returns:
+        ``{"seconds": ..., "threading_layer": ..., "threads": ..., **cache_info()}``.
+
+    Example:
+        >>> info = warmup()
+        >>> sorted(info)
+        ['directory', 'seconds', 'source', 'threading_layer', 'threads']
+    """
+    import numba
+    import torch
+
+    from geograph.functional.curvature import ollivier_ricci
+    from geograph.functional.flow import ricci_flow
+    from geograph.functional.transport import emd
+
+    t0 = time.perf_counter()
+    n = 4
+    adj = torch.ones(1, n, n, dtype=torch.bool) & ~torch.eye(n, dtype=torch.bool)
+    w = torch.ones(1, n, n, dtype=torch.float64)
+    ricci_flow(adj, w, iterations=2, solver="exact")
+    ollivier_ricci(w, adj, solver="exact")
+    c = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]], dtype=torch.float64)
+    half = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    emd(c, half, half)
+    return {"seconds": time.perf_counter() - t0, "threading_layer": numba.threading_layer(),
+            "threads": numba.get_num_threads(), **cache_info()}

@@ -1,0 +1,231 @@
+"""The compiled (numba) kernels at run time: read-only installs, the cache choice, warm-up, threads, the GIL."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from geograph import RicciFiltration
+from geograph.functional import _numba
+from geograph.functional._numba import cache_info, warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RICCI_SCRIPT = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+import torch, geograph
+from geograph import RicciFiltration
+from geograph.functional import numba_cache_info
+g = torch.Generator().manual_seed(0)
+q, docs = torch.randn(3, 8, generator=g), torch.randn(3, 7, 8, generator=g)
+out = RicciFiltration(solver="exact", iterations=5)(q, docs)
+print(json.dumps({"file": geograph.__file__, "cache": numba_cache_info(), "keep": out.keep.tolist(),
+                  "length": out.query_edge_length.tolist()}))
+"""
+
+
+def ricci_here() -> dict:
+    g = torch.Generator().manual_seed(0)
+    q, docs = torch.randn(3, 8, generator=g), torch.randn(3, 7, 8, generator=g)
+    out = RicciFiltration(solver="exact", iterations=5)(q, docs)
+    return {"keep": out.keep.tolist(), "length": out.query_edge_length.tolist()}
+
+
+def read_only_copy() -> Path:
+    """The package copied into a world-readable, nobody-writable directory (the caller removes it)."""
+    # a fixed path per package content, so that reruns find the kernels compiled by the last run
+    # in the temporary cache (numba keys a cache directory on the source's path)
+    digest = hashlib.sha1()
+    for f in sorted((ROOT / "geograph").rglob("*.py")):
+        digest.update(str(f.relative_to(ROOT)).encode() + f.read_bytes())
+    top = Path(tempfile.gettempdir()) / f"geograph-ro-{digest.hexdigest()[:12]}"
+    if top.exists():
+        make_writable_and_remove(top)
+    top.mkdir()
+    shutil.copytree(ROOT / "geograph", top / "geograph",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc"))
+    for path in [top, *top.rglob("*")]:
+        mode = path.stat().st_mode
+        path.chmod((mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (0o555 if path.is_dir() else 0))
+                   & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    return top
+
+
+def make_writable_and_remove(top: Path) -> None:
+    for path in [top, *top.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def as_unprivileged(cmd: list[str]) -> list[str]:
+    """Run as nobody when we are root (CI); a normal user already cannot write the read-only copy."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot drop to an unprivileged user")
+        return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    return cmd
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ricci_exact_on_a_read_only_install_with_a_read_only_home():
+    """The package on a read-only path, $HOME unwritable, an unprivileged user: the exact path runs.
+
+    Before the cache choice, importing the kernels raised ``RuntimeError: cannot cache function
+    '_build_tree': no locator available``. Here numba's own locators all fail (no writable
+    __pycache__, no writable ~/.cache), so the kernels go to a private temporary directory.
+    """
+    top = read_only_copy()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "XDG_", "GEOGRAPH_"))}
+        env.update(PYTHONPATH=str(top), HOME=str(top / "geograph"), PYTHONDONTWRITEBYTECODE="1",
+                   HF_HUB_OFFLINE="1")
+        cmd = as_unprivileged([sys.executable, "-c", RICCI_SCRIPT])
+        probe = subprocess.run(as_unprivileged(["sh", "-c", f"mkdir {top}/geograph/functional/__pycache__ || "
+                                                             f"touch {top}/geograph/x || echo read-only"]),
+                               capture_output=True, text=True, env=env)
+        assert probe.stdout.strip() == "read-only", "the copy is writable: the test would check nothing"
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(top), timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["file"] == str(top / "geograph" / "__init__.py")  # the copy, not the editable install
+        assert got["cache"]["source"] == "temp", got["cache"]
+        assert "numba kernels cached in" in proc.stderr  # the choice is logged
+        want = ricci_here()
+        assert got["keep"] == want["keep"] and got["length"] == want["length"]
+    finally:
+        make_writable_and_remove(top)
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    """Re-run the cache choice with a patched environment (the real one is cached per process)."""
+    _numba._choose.cache_clear()
+    yield
+    _numba._choose.cache_clear()
+
+
+def test_cache_choice_order(tmp_path, monkeypatch, fresh_choice):
+    import numba
+
+    package = os.path.join(os.path.dirname(_numba.__file__), "__pycache__")
+    writable = {str(tmp_path / "numba-env"), package, str(tmp_path / "gg" / "numba")}
+    monkeypatch.setattr(_numba, "_writable", lambda p: str(p) in writable)
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba-env"))
+    monkeypatch.setenv("GEOGRAPH_CACHE", str(tmp_path / "gg"))
+    assert cache_info() == {"source": "NUMBA_CACHE_DIR", "directory": str(tmp_path / "numba-env")}
+    _numba._choose.cache_clear()
+    writable.discard(str(tmp_path / "numba-env"))  # set but unwritable: skipped
+    assert cache_info()["source"] == "package"
+    _numba._choose.cache_clear()
+    writable.discard(package)  # a read-only install
+    assert cache_info() == {"source": "GEOGRAPH_CACHE", "directory": str(tmp_path / "gg" / "numba")}
+    _numba._choose.cache_clear()
+    writable.clear()  # nothing writable but the temporary directory
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(_numba, "_writable", lambda p: str(p).startswith(str(tmp_path / "tmp")))
+    info = cache_info()
+    assert info["source"] == "temp" and info["directory"].startswith(str(tmp_path / "tmp"))
+    assert stat.S_IMODE(os.stat(info["directory"]).st_mode) == 0o700
+    _numba._choose.cache_clear()
+    monkeypatch.setattr(_numba, "_writable", lambda p: False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    assert cache_info() == {"source": "none", "directory": None}
+
+
+def test_private_tempdir_refuses_a_shared_one(tmp_path, monkeypatch):
+    """A cache dir that others can write is code anyone could plant: a fresh private one is used."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = tmp_path / f"geograph-numba-{os.getuid()}"
+    shared.mkdir()
+    shared.chmod(0o777)
+    got = _numba._private_tempdir()
+    assert got is not None and Path(got) != shared and stat.S_IMODE(os.stat(got).st_mode) == 0o700
+    shared.chmod(0o700)
+    assert Path(_numba._private_tempdir()) == shared
+
+
+def test_jit_without_a_cache_compiles_in_memory(monkeypatch):
+    from numba.core.caching import NullCache
+
+    monkeypatch.setattr(_numba, "_choose", lambda: ("none", None))
+
+    @_numba.jit(nogil=True)
+    def twice(x):
+        return 2 * x
+
+    assert twice(21) == 42 and isinstance(twice._cache, NullCache)
+
+
+def test_warmup_compiles_what_the_modules_call():
+    """After warmup(), Ricci-Filtration (exact, and Sinkhorn's exact re-solves) compiles nothing new."""
+    from geograph.functional._emd_numba import curvature_batch, emd_batch, flow_batch
+
+    info = warmup()
+    assert info["source"] == cache_info()["source"] and info["threading_layer"] in {"tbb", "omp", "workqueue"}
+    before = {f.__name__: len(f.kernel.signatures) for f in (flow_batch, curvature_batch, emd_batch)}
+    assert all(before.values()), before
+    g = torch.Generator().manual_seed(1)
+    q, docs = torch.randn(2, 8, generator=g), torch.randn(2, 9, 8, generator=g)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    RicciFiltration(solver="exact", iterations=3)(q, docs, mask)
+    RicciFiltration(solver="sinkhorn", iterations=2, cert_tol=0.0)(q, docs, mask)  # every edge re-solved exactly
+    RicciFiltration(solver="exact", iterations=3)(q.double(), docs.double())
+    after = {f.__name__: len(f.kernel.signatures) for f in (flow_batch, curvature_batch, emd_batch)}
+    assert after == before
+
+
+def test_parallel_entry_points_release_the_gil():
+    """While one thread is inside the exact flow, another thread runs Python code.
+
+    No timing threshold: the solving thread records when it entered and left the kernel, the
+    other thread timestamps its loop iterations; holding the GIL would leave none in between.
+    (numba's parallel regions run without the GIL even in a kernel compiled without
+    ``nogil=True``; the serial code between them holds it unless the kernel has ``nogil=True``,
+    hence the flag check as well.)
+    """
+    import numpy as np
+
+    from geograph.functional._emd_numba import curvature_batch, emd_batch, flow_batch, num_chunks
+    from geograph.functional.transport import _MAX_PIVOTS
+
+    for f in (flow_batch, curvature_batch, emd_batch):
+        assert f.kernel.targetoptions.get("nogil") is True and f.kernel.targetoptions.get("parallel"), f.__name__
+    warmup()
+    rng = np.random.default_rng(0)
+    n, b = 16, 48
+    adj = rng.random((b, n, n)) < 0.5
+    adj = np.triu(adj, 1)
+    adj = adj | adj.transpose(0, 2, 1)
+    mask = np.ones((b, n), dtype=bool)
+    w = np.ones((b, n, n))
+    span, stamps, done = [], [], threading.Event()
+
+    def solve():
+        t0 = time.perf_counter()
+        flow_batch(w, adj, mask, 0.5, 2.0, 20, 1.0, 0.0, _MAX_PIVOTS, True, num_chunks())
+        span.extend([t0, time.perf_counter()])
+        done.set()
+
+    t = threading.Thread(target=solve)
+    t.start()
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    t.join()
+    inside = [s for s in stamps if span[0] < s < span[1]]
+    assert len(inside) > 10, f"{len(inside)} Python steps ran during a {span[1] - span[0]:.3f} s solve"
