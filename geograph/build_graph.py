@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -9,9 +10,18 @@ from geograph.console import UsageError, make_parser
 
 DESCRIPTION = """\
 Embed the passages of a BEIR-format folder with all-MiniLM-L6-v2 (cached on disk) and save a
-CorpusGraph over them: a k-NN graph (--knn K) or a title-mention graph (--mentions: passage u
-links to v when u's text mentions v's title). Load it with CorpusGraph.load(OUT), use it in
-ISORetriever, or train f_theta on it with python -m train fit --data.graph_dir OUT."""
+graph over them: a CorpusGraph for ISO-RAG, a k-NN graph (--knn K) or a title-mention graph
+(--mentions: passage u links to v when u's text mentions v's title), or G3RAG's gain graph
+(--g3). Load it with CorpusGraph.load(OUT) / G3Graph.load(OUT), serve it with
+geograph serve --graph OUT, or train f_theta on a CorpusGraph with
+python -m train fit --data.graph_dir OUT.
+
+Corpora of millions: --index ivf (or auto: exact up to 50,000 passages) builds the k-NN and G3
+graphs from an IVF cell join (--nlist cells trained on --sample passages, each joined with its
+--nprobe nearest; exact scores), G3 from --candidates cosine candidates per passage with a
+per-row certificate (rows it cannot prove are recomputed exactly) and a density estimated
+from --density-sample columns. A build interrupted by Ctrl-C writes nothing; the save itself
+writes the graph's metadata last, so an interrupted save never leaves a graph that loads."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--knn", type=int, metavar="K", help="k-NN graph over the passage embeddings, 1 <= K < passages")
     kind.add_argument("--mentions", action="store_true", help="passage -> passage whose title it mentions")
+    kind.add_argument("--g3", action="store_true", help="G3RAG's geometric-gain graph (a G3Graph)")
+    idx = p.add_argument_group("index (--knn and --g3)")
+    idx.add_argument("--index", default="exact", choices=["exact", "ivf", "auto"],
+                     help="candidate pairs: every pair (exact), an IVF cell join, or auto (default: exact)")
+    idx.add_argument("--nlist", type=int, help="IVF cells (default: about 4 sqrt(N), a power of two)")
+    idx.add_argument("--nprobe", type=int, default=32, help="cells each cell is joined with (default: 32)")
+    idx.add_argument("--sample", type=int, help="passages the IVF cells are trained on (default: 256 per cell)")
+    g3 = p.add_argument_group("G3 (--g3)")
+    g3.add_argument("--max-degree", type=int, default=128, help="strongest edges kept per passage (default: 128)")
+    g3.add_argument("--beta", type=float, default=0.4, help="density penalty (default: 0.4)")
+    g3.add_argument("--band", type=float, nargs=2, default=(0.1, 0.7), metavar=("LO", "HI"),
+                    help="cosine band of the edges (default: 0.1 0.7)")
+    g3.add_argument("--candidates", type=int, help="cosine candidates per passage with --index ivf (default: 512)")
+    g3.add_argument("--density-sample", type=int,
+                    help="columns sampled for the density (default: exact; 4096 with --index ivf; 0 = exact)")
     p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the graph to")
     return p
@@ -39,6 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         n = len(dataset.doc_ids)
         if args.knn is not None and not 1 <= args.knn < n:
             raise UsageError(f"--knn must be at least 1 and below the number of passages ({n}), got {args.knn}")
+        _check_index_options(args, n)
         if args.mentions:  # the links depend on the texts only: check them before embedding
             import torch
 
@@ -51,13 +77,56 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as e:
         return e.exit(parser.prog)
 
+    import logging
+
     from geograph.corpus import CorpusGraph
 
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     emb = Encoder(cache=args.cache, progress=True).encode(dataset.passages())
-    if args.knn is not None:
-        graph = CorpusGraph.from_knn(emb, args.knn)
-    else:
-        graph = CorpusGraph.from_mentions(emb, dataset.titles, dataset.texts)
+    ivf = dict(index=args.index, nlist=args.nlist, nprobe=args.nprobe, sample=args.sample, progress=True)
+    try:
+        if args.knn is not None:
+            graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
+        elif args.g3:
+            from geograph.retrievers.g3 import G3Graph
+
+            graph = G3Graph.build(emb, max_degree=args.max_degree, beta=args.beta, band=tuple(args.band),
+                                  candidates=args.candidates, density_sample=args.density_sample, **ivf)
+        else:
+            graph = CorpusGraph.from_mentions(emb, dataset.titles, dataset.texts)
+    except ValueError as e:  # an index option the corpus cannot take
+        return UsageError(str(e)).exit(parser.prog)
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 130
     graph.save(args.out)
+    if getattr(graph, "build_info", None):
+        print(f"build: {graph.build_info}")
     print(f"{graph} -> {args.out}")
     return 0
+
+
+def _check_index_options(args, n: int) -> None:
+    """The index options, checked against the corpus before embedding (one line naming the option)."""
+    if args.index == "exact" and any(v is not None for v in (args.nlist, args.sample)):
+        raise UsageError("--nlist and --sample apply to --index ivf or auto")
+    if args.mentions and args.index != "exact":
+        raise UsageError("--index applies to --knn and --g3, not --mentions")
+    if args.g3:
+        if args.max_degree < 1:
+            raise UsageError(f"--max-degree must be at least 1, got {args.max_degree}")
+        if args.candidates is not None and args.candidates < min(args.max_degree, n - 1):
+            raise UsageError(f"--candidates ({args.candidates}) must be at least --max-degree ({args.max_degree})")
+        lo, hi = args.band
+        if not -1.0 <= lo < hi <= 1.0:
+            raise UsageError(f"--band must satisfy -1 <= LO < HI <= 1, got {lo} {hi}")
+    elif args.candidates is not None or args.density_sample is not None:
+        raise UsageError("--candidates and --density-sample apply to --g3")
+    if args.index != "exact":
+        from geograph.functional.ann import check_ivf, default_nlist
+
+        nlist = args.nlist if args.nlist is not None else default_nlist(n)
+        try:
+            check_ivf(n, nlist, args.nprobe, args.sample)
+        except ValueError as e:
+            raise UsageError(f"--{str(e).split('=')[0].split()[-1]}: {e}") from None

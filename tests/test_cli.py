@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from geograph.cli import main
 from geograph.data import DEMO_PATH
@@ -115,7 +116,18 @@ def _cases(tmp: Path):
         (["build-graph", "--data", DEMO, "--knn", "111", *g], "--knn", "below the number of passages (111)"),
         (["build-graph", "--data", DEMO, "--knn", "5000", *g], "--knn", "got 5000"),
         (["build-graph", "--data", unlinked, "--mentions", *g], "--mentions", "use --knn K"),
-        (["build-graph", "--data", DEMO, *g], "--knn", "one of the arguments --knn --mentions is required"),
+        (["build-graph", "--data", DEMO, *g], "--knn", "one of the arguments --knn --mentions --g3 is required"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "4", "--nprobe", "9", *g],
+         "--nprobe", "exceeds nlist=4"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "200", *g], "--nlist",
+         "exceeds the number of passages (111)"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "2", "--sample", "20", *g],
+         "--sample", "too small"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--nlist", "2", *g], "--nlist", "apply to --index ivf"),
+        (["build-graph", "--data", DEMO, "--mentions", "--index", "ivf", *g], "--index", "not --mentions"),
+        (["build-graph", "--data", DEMO, "--g3", "--candidates", "8", "--max-degree", "16", *g], "--candidates",
+         "at least --max-degree"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--candidates", "8", *g], "--candidates", "apply to --g3"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--out", str(not_beir / "notes.txt")], "--out", "is a file"),
     ]
 
@@ -132,6 +144,22 @@ def test_every_mistake_is_one_line_naming_the_argument(tmp_path, capsys, no_embe
         assert len(lines) == 1, (argv, out.err)
         assert arg in lines[0] and text in lines[0], (argv, lines[0])
         assert "Traceback" not in out.err and out.out == "", argv
+
+
+@pytest.mark.skipif(not has_package("sentence_transformers"), reason="text extra not installed")
+def test_build_graph_g3_with_ivf_saves_a_loadable_g3graph(tmp_path, capsys):
+    from geograph.retrievers import G3Graph
+
+    out = tmp_path / "g3"
+    argv = ["build-graph", "--data", DEMO, "--g3", "--max-degree", "8", "--index", "ivf", "--nlist", "2", "--nprobe", "2",
+            "--candidates", "40", "--cache", str(tmp_path / "c"), "--out", str(out)]
+    assert main(argv) == 0
+    graph = G3Graph.load(out)
+    assert graph.num_nodes == 111 and graph.max_degree == 8
+    # every cell meets every cell (nprobe = nlist): the graph equals the exact build
+    exact = G3Graph.build(graph.embeddings, max_degree=8)
+    assert torch.equal(graph.col, exact.col) and torch.allclose(graph.val, exact.val, atol=1e-6)
+    assert graph.build_info["index"] == "ivf" and "build:" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not has_package("sentence_transformers"), reason="text extra not installed")
