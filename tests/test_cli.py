@@ -121,7 +121,7 @@ def _cases(tmp: Path):
          "--nprobe", "exceeds nlist=4"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "200", *g], "--nlist",
          "exceeds the number of passages (111)"),
-        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "2", "--sample", "20", *g],
+        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "2", "--nprobe", "2", "--sample", "20", *g],
          "--sample", "too small"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--nlist", "2", *g], "--nlist", "apply to --index ivf"),
         (["build-graph", "--data", DEMO, "--mentions", "--index", "ivf", *g], "--index", "not --mentions"),
