@@ -14,6 +14,15 @@ def default_encoder():
     return Encoder(cache=False)
 
 
+def resolve_encoder(owner: Any) -> Any:
+    """``owner.encoder`` when given, else the default encoder, made once and kept in ``owner._encoder``."""
+    if owner.encoder is not None:
+        return owner.encoder
+    if owner._encoder is None:
+        owner._encoder = default_encoder()
+    return owner._encoder
+
+
 def embed(encoder: Any, texts: Sequence[str], *, query: bool = False) -> Tensor:
     """``(len(texts), D)`` float embeddings of ``texts``.
 

@@ -26,7 +26,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("geograph.integrations.langchain needs the langchain extra: pip install 'geograph[langchain]'") from e
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
-from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, retrieve
+from geograph.integrations._common import check_top, cut, resolve_encoder, embed, rerank, retrieve
 
 
 def _scored(doc: Document, score: float) -> Document:
@@ -57,11 +57,7 @@ class GeographCompressor(BaseDocumentCompressor):
         return check_top(v, "top_n")
 
     def _enc(self):
-        if self.encoder is not None:
-            return self.encoder
-        if self._encoder is None:
-            self._encoder = default_encoder()
-        return self._encoder
+        return resolve_encoder(self)
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Optional[Callbacks] = None) -> Sequence[Document]:
@@ -109,10 +105,5 @@ class GeographRetriever(BaseRetriever):
         return check_top(v, "k")
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        enc = self.encoder
-        if enc is None:
-            if self._encoder is None:
-                self._encoder = default_encoder()
-            enc = self._encoder
-        [ranked] = retrieve(self.module, embed(enc, [query], query=True), self.k)
+        [ranked] = retrieve(self.module, embed(resolve_encoder(self), [query], query=True), self.k)
         return [_scored(self.corpus[j], s) for j, s in ranked]

@@ -26,7 +26,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install 'geograph[llamaindex]'") from e
 import torch
 
-from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, retrieve
+from geograph.integrations._common import check_top, cut, resolve_encoder, embed, rerank, retrieve
 
 
 class GeographPostprocessor(BaseNodePostprocessor):
@@ -55,11 +55,7 @@ class GeographPostprocessor(BaseNodePostprocessor):
         return "GeographPostprocessor"
 
     def _enc(self):
-        if self.encoder is not None:
-            return self.encoder
-        if self._encoder is None:
-            self._encoder = default_encoder()
-        return self._encoder
+        return resolve_encoder(self)
 
     def _postprocess_nodes(self, nodes: List[NodeWithScore],
                            query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
