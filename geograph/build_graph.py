@@ -43,9 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     g3.add_argument("--beta", type=float, default=0.4, help="density penalty (default: 0.4)")
     g3.add_argument("--band", type=float, nargs=2, default=(0.1, 0.7), metavar=("LO", "HI"),
                     help="cosine band of the edges (default: 0.1 0.7)")
-    g3.add_argument("--candidates", type=int, help="cosine candidates per passage with --index ivf (default: 512)")
+    g3.add_argument("--candidates", type=int, help="candidates per passage with --index ivf (default: max-degree + a quarter; 512 with --ranking cosine)")
     g3.add_argument("--density-sample", type=int,
-                    help="columns sampled for the density (default: exact; 4096 with --index ivf; 0 = exact)")
+                    help="columns sampled for the density (default: exact; 8192 with --index ivf; 0 = exact)")
     p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the graph to")
     return p

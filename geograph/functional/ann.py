@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -50,6 +50,18 @@ log = logging.getLogger("geograph.ann")
 MIN_POINTS_PER_CELL = 39
 
 
+Transform = Callable[[Tensor], Tensor]
+
+
+def _rank(s: Tensor, transform: Optional[Transform], target: Optional[Tensor], cols: Tensor) -> Tensor:
+    """``transform(s) * target[cols]`` (each part optional); ``cols`` index the last dimension or match ``s``."""
+    if transform is not None:
+        s = transform(s)
+    if target is not None:
+        s = s * target[cols]
+    return s
+
+
 def resolve_index(index: str, n: int, what: str = "build") -> str:
     """``"exact"`` or ``"ivf"`` for ``index`` on ``n`` passages (``"auto"``: exact up to
     :data:`AUTO_EXACT_MAX`), logged."""
@@ -62,24 +74,25 @@ def resolve_index(index: str, n: int, what: str = "build") -> str:
 
 
 def self_topk(z: Tensor, k: int, *, index: str = "exact", nlist: Optional[int] = None, nprobe: int = 32,
-              sample: Optional[int] = None, seed: int = 0, block: int = DEFAULT_BLOCK, cap: Optional[float] = None,
+              sample: Optional[int] = None, seed: int = 0, block: int = DEFAULT_BLOCK,
+              transform: Optional[Transform] = None, target: Optional[Tensor] = None,
               progress: Union[bool, str] = False, timings: Optional[dict] = None) -> tuple[Tensor, Tensor]:
     """Top-``k`` most similar other rows of every row of ``z``: exact by tiles, or by the IVF join.
 
     ``index`` is ``"exact"`` (:func:`~geograph.functional.allpairs.tiled_topk`), ``"ivf"``
-    (:func:`ivf_self_topk`) or ``"auto"`` (:func:`resolve_index`). ``cap``: only pairs of score
-    at most ``cap`` are ranked (G3's band ceiling). Returns ``(values, indices)`` ``(N, k)``, best
+    (:func:`ivf_self_topk`) or ``"auto"`` (:func:`resolve_index`). Pairs are ranked by
+    ``transform(s) * target[j]`` (see :func:`ivf_self_topk`; default: the inner product). Returns ``(values, indices)`` ``(N, k)``, best
     first, ties lowest index (``-inf`` / ``-1`` where a row has fewer than ``k``).
     """
     index = resolve_index(index, z.shape[0], "self top-k")
     if index == "exact":
-        score = None if cap is None else (lambda s, cols: s.masked_fill(s > cap, float("-inf")))
+        score = None if transform is None and target is None else (lambda s, cols: _rank(s, transform, target, cols))
         clock = _Clock(timings)
         v, i, _ = tiled_pairs(z, z, k, block=block, exclude=True, score=score, progress=progress)
         clock("exact")
         return v, torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
-    return ivf_self_topk(z, k, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, block=block, cap=cap,
-                         progress=progress, timings=timings)
+    return ivf_self_topk(z, k, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, block=block,
+                         transform=transform, target=target, progress=progress, timings=timings)
 
 
 def default_nlist(n: int) -> int:
@@ -175,7 +188,8 @@ def ivf_self_topk(
     seed: int = 0,
     refine: bool = True,
     block: int = DEFAULT_BLOCK,
-    cap: Optional[float] = None,
+    transform: Optional[Transform] = None,
+    target: Optional[Tensor] = None,
     progress: Union[bool, str] = False,
     timings: Optional[dict] = None,
 ) -> tuple[Tensor, Tensor]:
@@ -194,7 +208,11 @@ def ivf_self_topk(
         seed: the sample and the k-means seed.
         refine: one neighbours-of-neighbours round (:func:`refine_neighbours`).
         block: largest tile side.
-        cap: only pairs of score at most ``cap`` are ranked (``None``: all).
+        transform: an elementwise map of the inner products (symmetric in the pair; ``-inf``
+            = never ranked), e.g. a ceiling or G3's ``f(x)`` in its band.
+        target: ``(N,)`` positive factors of the pair's target: row ``i`` ranks ``j`` by
+            ``transform(s_ij) * target[j]`` (G3's density penalty); each computed tile serves
+            both directions, each with its own target.
         progress: a progress bar over the cells.
         timings: a dict that receives the seconds of each stage (``train``, ``assign``,
             ``join``, ``own_probes``, ``refine``).
@@ -243,18 +261,21 @@ def ivf_self_topk(
         for r0 in range(a0, a1, step):
             r1 = min(a1, r0 + step)
             s = zs[r0:r1] @ kc.T
+            if transform is not None:
+                s = transform(s)
             rows = torch.arange(r0, r1, device=z.device)
             s.masked_fill_(rows.unsqueeze(1) == cols, float("-inf"))
-            if cap is not None:
-                s.masked_fill_(s > cap, float("-inf"))
             # these rows of cell a against every cell a meets
-            tv, ti = merge_topk(s, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
+            fwd = s if target is None else s * target[col_ids]
+            tv, ti = merge_topk(fwd, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
             best_v[r0:r1], best_i[r0:r1] = merge_topk(torch.cat([best_v[r0:r1], tv], 1),
                                                       torch.cat([best_i[r0:r1], ti], 1), k)
             # the other side: each row of a met cell b > a against these rows of a (each pair once)
             other = cols >= a1
             if bool(other.any()):
                 st = s.T[other]
+                if target is not None:
+                    st = st * target[order[rows]]
                 tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
                 tgt = cols[other]
                 best_v[tgt], best_i[tgt] = merge_topk(torch.cat([best_v[tgt], tv], 1), torch.cat([best_i[tgt], ti], 1), k)
@@ -263,14 +284,14 @@ def ivf_self_topk(
     if bar is not None:
         bar.close()
     clock("join")
-    _own_probes(zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, cap)
+    _own_probes(zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target)
     clock("own_probes")
     vals = torch.empty_like(best_v)
     out_i = torch.empty_like(best_i)
     vals[order], out_i[order] = best_v, best_i
     del zs, best_v, best_i
     if refine:
-        vals, out_i = refine_neighbours(z, vals, out_i, block=block, cap=cap)
+        vals, out_i = refine_neighbours(z, vals, out_i, block=block, transform=transform, target=target)
         clock("refine")
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
     vals, out_i = sort_topk(vals, out_i)
@@ -294,7 +315,8 @@ class _Clock:
 
 
 def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pairs: list[Tensor], ptr: list[int],
-                nprobe: int, best_v: Tensor, best_i: Tensor, block: int, cap: Optional[float]) -> None:
+                nprobe: int, best_v: Tensor, best_i: Tensor, block: int, transform: Optional[Transform],
+                target: Optional[Tensor]) -> None:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it."""
     nlist = centroids.shape[0]
@@ -321,15 +343,14 @@ def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pair
         step = max(1, (block * block) // members.numel())
         for r0 in range(0, r.numel(), step):
             rr = r[r0 : r0 + step]
-            s = zs[rr] @ zs[members].T
-            if cap is not None:
-                s.masked_fill_(s > cap, float("-inf"))
+            s = _rank(zs[rr] @ zs[members].T, transform, target, ids)
             tv, ti = merge_topk(s, ids.expand(s.shape[0], -1), min(k, s.shape[1]))
             best_v[rr], best_i[rr] = merge_topk(torch.cat([best_v[rr], tv], 1), torch.cat([best_i[rr], ti], 1), k)
 
 
 def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int = 8,
-                      block: int = DEFAULT_BLOCK, cap: Optional[float] = None) -> tuple[Tensor, Tensor]:
+                      block: int = DEFAULT_BLOCK, transform: Optional[Transform] = None,
+                      target: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """One NN-descent round: each row's list meets its best ``width`` neighbours' best ``width`` neighbours, re-scored exactly.
 
     Args:
@@ -337,8 +358,7 @@ def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int 
         values, indices: ``(N, k)`` current lists (``-1`` = empty slot), best first.
         width: neighbours expanded per row (at most ``k``).
         block: bounds the gathered candidate vectors of one step (``block^2`` numbers).
-        cap: only pairs of score at most ``cap`` enter.
-        cap: only pairs of score at most ``cap`` enter.
+        transform, target: how a pair is ranked (:func:`ivf_self_topk`).
 
     Returns:
         the improved ``(values, indices)``, unordered within a row (:func:`sort_topk` orders them).
@@ -356,7 +376,7 @@ def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int 
         rows = torch.arange(r0, r1, device=z.device).unsqueeze(1)
         cand = cand.masked_fill(cand == rows, -1)
         sc = torch.einsum("rd,rcd->rc", z[r0:r1], z[cand.clamp_min(0)])
-        sc = sc.masked_fill((cand < 0) if cap is None else (cand < 0) | (sc > cap), float("-inf"))
+        sc = _rank(sc, transform, target, cand.clamp_min(0)).masked_fill(cand < 0, float("-inf"))
         # one entry per id: the list's own entries first (stable sort by id), later copies dropped
         ids = torch.cat([out_i[r0:r1], cand], 1)
         vv = torch.cat([out_v[r0:r1], sc], 1)

@@ -10,13 +10,13 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs, tiled_topk
+from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs, tiled_topk
 from geograph.functional.graphs import csr_rowptr
 from geograph.functional.similarity import normalize
 from geograph.outputs import topk_stable
 
 __all__ = ["gain_density", "gain_transition", "gain_edges", "gain_bound", "check_band", "csr", "DensityInfo",
-           "GainEdges", "candidate_cap"]
+           "GainEdges", "candidate_cap", "gain_rank"]
 
 
 def csr(crow: Tensor, col: Tensor, val: Tensor, n: int) -> Tensor:
@@ -202,10 +202,19 @@ def gain_bound(x: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
     return torch.where((top >= lo) & (top > 0), f, torch.zeros_like(f))
 
 
-def candidate_cap(band: Optional[tuple[float, float]]) -> Optional[float]:
-    """The largest cosine worth ranking for G3's candidate lists: the band's ``hi`` (``None``: no cap;
-    the weight of ``x = 1`` is 0 anyway)."""
-    return None if band is None else band[1]
+def candidate_cap(band: Optional[tuple[float, float]]):
+    """The ranking of G3's cosine candidate lists: the cosine itself up to the band's ceiling ``hi``
+    (pairs above it weigh 0 and are never ranked); ``None`` for ``band=None``."""
+    if band is None:
+        return None
+    hi = band[1]
+    return lambda s: s.masked_fill(s > hi, float("-inf"))
+
+
+def gain_rank(band: Optional[tuple[float, float]]):
+    """The ranking of G3's weight candidate lists: ``f(x) = x sqrt(1 - x^2)`` inside the band, 0
+    outside (times the target's penalty, applied by the caller)."""
+    return lambda s: _weights(s, 1.0, band)  # in place: callers pass a fresh block of products
 
 
 def _weights(s: Tensor, penalty_cols: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
@@ -213,7 +222,10 @@ def _weights(s: Tensor, penalty_cols: Tensor, band: Optional[tuple[float, float]
     ok = (s > 0) & (s < 1) if band is None else (s >= band[0]) & (s <= band[1])
     w = s.masked_fill_(~ok, 0.0)
     root = (w * w).neg_().add_(1.0).clamp_min_(0.0).sqrt_()
-    return w.mul_(root).mul_(penalty_cols).clamp_min_(0.0)
+    w.mul_(root)
+    if not (isinstance(penalty_cols, float) and penalty_cols == 1.0):
+        w.mul_(penalty_cols)
+    return w.clamp_min_(0.0)
 
 
 @dataclass(frozen=True)
@@ -241,6 +253,7 @@ def gain_edges(
     band: Optional[tuple[float, float]],
     max_degree: int,
     candidates: Optional[tuple[Tensor, Tensor]] = None,
+    ranking: str = "cosine",
     block: Optional[int] = None,
     redo: bool = True,
     progress: Union[bool, str] = False,
@@ -256,12 +269,18 @@ def gain_edges(
     below its smallest kept weight. (With exact lists that is a proof; with ANN lists a proof
     up to the index's misses.) Rows not certified are recomputed exactly when ``redo``.
 
+    ``ranking="weight"``: the lists hold each row's top-``K'`` **weights** (``W_ij``, ranked by
+    the weight itself, :func:`gain_rank` times the penalty) instead of cosines; a row is then
+    certified when its ``K'``-th weight is 0 or below its kept ``max_degree``-th weight: exact
+    for exact lists, exact up to the index's misses for IVF lists (which the bench measures).
+
     Args:
         z: ``(N, D)`` unit rows.
         penalty: ``(N,)`` ``e^{-beta rho}`` of every passage.
         band: the cosine band, or ``None`` (``0 < x < 1``).
         max_degree: edges kept per row.
         candidates: ``(values, indices)`` top-``K'`` cosine lists, or ``None``.
+        ranking: what the lists rank, ``"cosine"`` or ``"weight"``.
         block: tile side.
         redo: recompute uncertified rows exactly.
         progress: progress bars.
@@ -288,16 +307,22 @@ def gain_edges(
         r, c, v = exact(None)
         ones = torch.ones(n, dtype=torch.bool, device=z.device)
         return GainEdges(r, c, v, certified=ones, redone=~ones)
+    if ranking not in ("cosine", "weight"):
+        raise ValueError(f"ranking must be 'cosine' or 'weight', got {ranking!r}")
     x, ids = candidates
     kc = ids.shape[1]
     valid = (ids >= 0) & torch.isfinite(x)
-    w = _weights(x.clone(), penalty[ids.clamp_min(0)], band).masked_fill_(~valid, 0.0)
-    from geograph.functional.allpairs import merge_topk, sort_topk
-
+    if ranking == "cosine":
+        w = _weights(x.clone(), penalty[ids.clamp_min(0)], band).masked_fill_(~valid, 0.0)
+    else:
+        w = x.masked_fill(~valid, 0.0).clamp_min(0.0)
     k = min(max_degree, kc)
     kv, ki = sort_topk(*merge_topk(w, torch.where(valid, ids, torch.full_like(ids, n)), k))
     full = valid.all(1)
-    bound = gain_bound(x[:, -1], band)
+    if ranking == "cosine":
+        bound = gain_bound(x[:, -1], band)
+    else:
+        bound = w[:, -1]  # lists are best first; a row that is not full is not certified
     enough = (kv[:, -1] > 0) if k == max_degree else torch.zeros(n, dtype=torch.bool, device=z.device)
     certified = full & ((bound == 0) | (enough & (bound < kv[:, -1])))
     if kc >= n - 1:  # every other passage is a candidate
@@ -322,6 +347,7 @@ def gain_transition(
     block: Optional[int] = None,
     density: Optional[Tensor] = None,
     candidates: Optional[tuple[Tensor, Tensor]] = None,
+    ranking: str = "cosine",
     progress: Union[bool, str] = False,
     return_edges: bool = False,
 ):
@@ -353,8 +379,9 @@ def gain_transition(
         max_degree: strongest edges kept per row; ``None`` = all.
         block: tile side (``max_degree``), or rows per block (``None``: default ``2^26 // N``).
         density: precomputed :func:`gain_density` (saves one pass).
-        candidates: ``(values, indices)`` top-``K'`` cosine lists of every passage (needs
-            ``max_degree <= K'``).
+        candidates: ``(values, indices)`` top-``K'`` cosine (or weight) lists of every passage
+            (needs ``max_degree <= K'``).
+        ranking: what ``candidates`` rank: ``"cosine"`` or ``"weight"`` (:func:`gain_edges`).
         progress: progress bars.
         return_edges: also return the :class:`GainEdges` (certificate per row).
 
@@ -395,8 +422,8 @@ def gain_transition(
     penalty = torch.exp(-beta * rho)
     edges = None
     if max_degree is not None and max_degree < n:
-        edges = gain_edges(z, penalty, band=band, max_degree=max_degree, candidates=candidates, block=block,
-                           progress=progress)
+        edges = gain_edges(z, penalty, band=band, max_degree=max_degree, candidates=candidates, ranking=ranking,
+                           block=block, progress=progress)
         rows, cols, vals = edges.rows, edges.cols, edges.vals
     else:
         rows, cols, vals = _full_rows(z, penalty, band, _block_rows(block, n))
