@@ -43,7 +43,9 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
 
         from geograph.retrievers import DenseRetriever
         from geograph.serve.corpus import TextEncoder, read_corpus
+        from geograph.serve.server import worker_signals
 
+        worker_signals()
         s = self.settings
         self.device = torch.device(device)
         self.dataset = read_corpus(s["corpus"])
