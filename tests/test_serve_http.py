@@ -143,6 +143,17 @@ class Server:
             pass
 
 
+def wait_for_lines(server, fragment, n, seconds=10):
+    """The server's output lines holding ``fragment`` once there are ``n`` (the output is read
+    by a thread: a line written before /health said ok may still be in the pipe)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = [x for x in b"".join(server.log).decode(errors="replace").splitlines() if fragment in x]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
+
+
 def post(session, url, body, timeout=120):
     r = session.post(url, json=body, timeout=timeout)
     return r.status_code, (r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text)
@@ -415,6 +426,9 @@ def test_maniscope_sigint_stops_every_process(maniscope):
 def test_property_every_method_and_sigterm(env, text_encoder, method, n, max_pool):
     server = Server(env, method, "--max-batch-size", "16", "--batch-timeout", "0.02")
     try:
+        if method == "ricci":  # healthy implies every worker compiled or loaded the numba kernels
+            warmed = wait_for_lines(server, "numba kernels ready in", 2)
+            assert {"worker retrieve", "worker rerank"} <= {" ".join(x.split()[2:4]) for x in warmed}, warmed
         sizes = check_property(server, Requests(env, text_encoder, method, seed=3), n, max_pool, method)
         print(f"\n{method}: {n} requests, mean batch {sum(sizes) / len(sizes):.1f}, max {max(sizes)}")
         data, emb = env["data"], env["emb"]
