@@ -134,6 +134,9 @@ def _server_class():
                 # the logger loops on a queue of the manager for ever: stopped after the manager,
                 # it dies in an EOFError traceback
                 stop_processes(getattr(self, "logger_processes", []), self.uvicorn_graceful_timeout)
+                if not live:  # the API servers are drained: stop the workers together (LitServe
+                    # stops them one after another, up to 5 s each while one finishes a batch)
+                    stop_processes(self.inference_workers, 5)
                 super()._perform_graceful_shutdown(manager, live, shutdown_reason)
 
         _STATE["server_class"] = GeoLitServer
