@@ -480,16 +480,73 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
         server.kill()
 
 
-def _fire_tolerant(url, calls):
+def _fire_tolerant(url, calls, timeout=30):
     def one(call):
         try:
-            r = requests.post(url + call[0], json=call[1], timeout=30)
+            r = requests.post(url + call[0], json=call[1], timeout=timeout)
             return r.status_code, (r.json() if r.status_code == 200 else r.text)
         except requests.RequestException:
             return None, None
 
     with ThreadPoolExecutor(32) as pool:
         return list(pool.map(one, calls))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_hung_worker_gets_504_and_a_killed_worker_stops_the_server_with_status_1(env):
+    """request_timeout: requests to a stopped (SIGSTOP) worker get 504 at their deadline while the
+    other endpoint's worker answers; then SIGKILL of that worker under load: every in-flight
+    request ends with a status (none hangs, none of the dead endpoint's is 200), /health stops
+    saying ok, the server exits with status 1 naming the worker, and no process remains."""
+    deadline = 3.0
+    server = Server(env, "maniscope", "--request-timeout", str(deadline), "--shutdown-timeout", "3")
+    try:
+        q = unit(env["emb"][0] + 0.1).tolist()
+        ids = env["data"].doc_ids[:5]
+        retrieve, rerank = ("/retrieve", {"query_embedding": q, "k": 3}), ("/rerank", {"query_embedding": q, "candidate_ids": ids})
+        assert [s for s, _ in _fire_tolerant(server.url, [retrieve, rerank])] == [200, 200]
+        main = psutil.Process(server.proc.pid)
+        workers = [p for p in main.children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) >= 3, [p.cmdline() for p in workers]  # logger, /retrieve worker, /rerank worker
+        # LitServe starts the logger, then the workers of each API in order: /retrieve's is the second
+        victim = sorted(workers, key=lambda p: p.create_time())[1]
+        victim.suspend()
+        t = time.monotonic()
+        got = _fire_tolerant(server.url, [retrieve] * 4 + [rerank] * 4, timeout=60)
+        seconds = time.monotonic() - t
+        assert [s for s, _ in got] == [504] * 4 + [200] * 4, (got, server.output())
+        assert "request_timeout (3 s)" in got[0][1]
+        assert seconds < deadline + 5, seconds
+        # under load: kill the hung worker while requests to both endpoints are in flight
+        results = []
+        t = time.monotonic()
+        load = threading.Thread(target=lambda: results.extend(_fire_tolerant(server.url, [retrieve, rerank] * 16, timeout=60)))
+        load.start()
+        time.sleep(0.5)
+        victim.kill()
+        health = []
+        while server.proc.poll() is None and time.monotonic() - t < 60:
+            try:
+                health.append(requests.get(server.url + "/health", timeout=2).text)
+            except requests.RequestException:
+                health.append(None)
+            time.sleep(0.2)
+        load.join(timeout=60)
+        assert not load.is_alive() and len(results) == 32
+        assert server.proc.wait(timeout=60) == 1, server.output()
+        statuses = [s for s, _ in results]
+        assert all(s in (200, 503, 504) for s in statuses), (statuses, server.output())  # none hung or was cut
+        assert all(s != 200 for s in statuses[0::2]), statuses  # the dead worker's endpoint
+        assert health and health[-1] != "ok", health
+        assert "inference worker retrieve_0" in server.output() and "died (signal SIGKILL)" in server.output()
+        alive = [p for p in [main, *workers] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        psutil.wait_procs(alive, timeout=10)
+        assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        print(f"\nworker killed under load: exit 1 after {time.monotonic() - t:.1f} s; in flight: "
+              f"{ {s: statuses.count(s) for s in set(statuses)} }; /health {health[:1]} -> {health[-1:]}")
+    finally:
+        server.kill()
 
 
 def test_cache_directory_gained_no_files(env):

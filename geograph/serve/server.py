@@ -21,6 +21,7 @@ group: the workers and the logger ignore SIGINT and the main process coordinates
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -36,6 +37,9 @@ from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
 
 
 log = logging.getLogger("geograph.serve")
+
+#: the routes whose answers come from an inference worker (the deadline applies to them)
+INFERENCE_ROUTES = ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank")
 
 
 class StartupError(RuntimeError):
@@ -87,14 +91,14 @@ def build_server(cfg: ServeConfig):
     if cfg.method in RERANKERS:
         apis.append(RerankAPI(settings))
     devices = cfg.devices
-    # the last middleware runs first: metrics count every answer, 401s included; LitServe's
-    # payload limit is outside them all, and the interop error bodies are rewritten last
-    middlewares = [JSONOnlyMiddleware]
+    # the last middleware runs first: metrics count every answer, 401s and 504s included;
+    # LitServe's payload limit is outside them all, and the interop error bodies are rewritten last
+    middlewares = [(DeadlineMiddleware, {"seconds": cfg.request_timeout}), JSONOnlyMiddleware]
     if key is not None:
         middlewares.append((APIKeyMiddleware, {"key": key, "public": cfg.public}))
     middlewares.append((RequestMetricsMiddleware, {"apis": apis, "stopping": _stopping_flag()}))
     server = _server_class()(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=cfg.workers_per_device,
-                          timeout=cfg.timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
+                          timeout=cfg.request_timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
                           loggers=[PrometheusLogger()], middlewares=middlewares)
     server.app.add_exception_handler(RequestValidationError, _validation_error)
     add_metrics_route(server.app)
@@ -212,6 +216,42 @@ def worker_signals() -> None:
 def _exit_on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the exit short (SIGKILL still does)
     raise SystemExit(0)
+
+
+class DeadlineMiddleware:
+    """ASGI middleware: a POST to an inference route still unanswered after ``seconds`` gets 504.
+
+    LitServe's own ``timeout`` only drops a request that waited that long in the queue, when a
+    worker takes it; a request whose worker hangs or dies is never answered. Here the request's
+    handler is cancelled at its deadline (the API server forgets it) and the client gets
+    ``504 {"detail": "no answer within request_timeout (S s)"}``.
+    """
+
+    def __init__(self, app, seconds: float) -> None:
+        self.app, self.seconds = app, float(seconds)
+
+    async def __call__(self, scope, receive, send) -> None:
+        import asyncio
+
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in INFERENCE_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        started = [False]
+
+        async def send_(message):
+            if message["type"] == "http.response.start":
+                started[0] = True
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, receive, send_), self.seconds)
+        except asyncio.TimeoutError:
+            if started[0]:  # the answer is on its way already: it cannot become a 504
+                return
+            body = json.dumps({"detail": f"no answer within request_timeout ({self.seconds:g} s)"}).encode()
+            await send({"type": "http.response.start", "status": 504,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
 
 
 def _validation_error(request, exc):
