@@ -7,8 +7,9 @@
 * bounded load: 2000 requests from 32 clients, 0 wrong answers, 0 5xx (req/s, p50/p99 printed);
 * bad input: a 4xx naming the field, then the next good request is answered;
 * ``/metrics``: exact counter deltas for a known burst;
-* lifecycle: every server is stopped with SIGTERM or SIGINT to its main process only; no process
-  of its tree remains and the port is closed;
+* lifecycle: every server is stopped with SIGTERM to its main process or SIGINT to its process
+  group (a terminal's Ctrl-C); no process of its tree remains, the port is closed, the exit
+  status is 0 and the output holds no traceback and no leaked-semaphore warning;
 * the on-disk embedding cache (pre-warmed with the demo corpus) gains no file.
 """
 import json
@@ -90,7 +91,8 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env["env"],
                                      start_new_session=True)
         self.log = []
-        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
+        self.reader = threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True)
+        self.reader.start()
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,12 +113,16 @@ class Server:
         main = psutil.Process(self.proc.pid)
         return [main, *main.children(recursive=True)]
 
-    def stop(self, sig=signal.SIGTERM):
-        """Signal the main process only; seconds until the whole tree is gone and the port closed."""
+    def stop(self, sig=signal.SIGTERM, group=False):
+        """Signal the main process (or its whole process group, as a terminal's Ctrl-C does);
+        seconds until the whole tree is gone and the port closed."""
         procs = self.tree()
         assert len(procs) >= 4, [p.cmdline() for p in procs]  # main, manager, worker(s), API server(s)
         t = time.monotonic()
-        os.kill(self.proc.pid, sig)
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            os.kill(self.proc.pid, sig)
         self.proc.wait(timeout=60)
         _, alive = psutil.wait_procs(procs, timeout=10)
         seconds = time.monotonic() - t
@@ -125,6 +131,9 @@ class Server:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", self.port)) != 0, "the port still accepts connections"
         assert self.proc.returncode == 0, self.output()
+        self.reader.join(timeout=10)  # the output up to the last process's exit (the resource tracker's)
+        log = b"".join(self.log).decode(errors="replace")
+        assert "Traceback" not in log and "leaked semaphore" not in log, f"a clean stop printed:\n{log[-4000:]}"
         return seconds
 
     def kill(self):
@@ -132,6 +141,17 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def wait_for_lines(server, fragment, n, seconds=10):
+    """The server's output lines holding ``fragment`` once there are ``n`` (the output is read
+    by a thread: a line written before /health said ok may still be in the pipe)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = [x for x in b"".join(server.log).decode(errors="replace").splitlines() if fragment in x]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
 
 
 def post(session, url, body, timeout=120):
@@ -397,7 +417,7 @@ def test_cohere_v2_rerank_on_maniscope(maniscope, env, text_encoder):
 
 
 def test_maniscope_sigint_stops_every_process(maniscope):
-    seconds = maniscope.stop(signal.SIGINT)
+    seconds = maniscope.stop(signal.SIGINT, group=True)
     print(f"\nSIGINT: process tree gone in {seconds:.1f} s")
     assert seconds < 20
 
@@ -406,6 +426,9 @@ def test_maniscope_sigint_stops_every_process(maniscope):
 def test_property_every_method_and_sigterm(env, text_encoder, method, n, max_pool):
     server = Server(env, method, "--max-batch-size", "16", "--batch-timeout", "0.02")
     try:
+        if method == "ricci":  # healthy implies every worker compiled or loaded the numba kernels
+            warmed = wait_for_lines(server, "numba kernels ready in", 2)
+            assert {"worker retrieve", "worker rerank"} <= {" ".join(x.split()[2:4]) for x in warmed}, warmed
         sizes = check_property(server, Requests(env, text_encoder, method, seed=3), n, max_pool, method)
         print(f"\n{method}: {n} requests, mean batch {sum(sizes) / len(sizes):.1f}, max {max(sizes)}")
         data, emb = env["data"], env["emb"]
@@ -457,16 +480,73 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
         server.kill()
 
 
-def _fire_tolerant(url, calls):
+def _fire_tolerant(url, calls, timeout=30):
     def one(call):
         try:
-            r = requests.post(url + call[0], json=call[1], timeout=30)
+            r = requests.post(url + call[0], json=call[1], timeout=timeout)
             return r.status_code, (r.json() if r.status_code == 200 else r.text)
         except requests.RequestException:
             return None, None
 
     with ThreadPoolExecutor(32) as pool:
         return list(pool.map(one, calls))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_hung_worker_gets_504_and_a_killed_worker_stops_the_server_with_status_1(env):
+    """request_timeout: requests to a stopped (SIGSTOP) worker get 504 at their deadline while the
+    other endpoint's worker answers; then SIGKILL of that worker under load: every in-flight
+    request ends with a status (none hangs, none of the dead endpoint's is 200), /health stops
+    saying ok, the server exits with status 1 naming the worker, and no process remains."""
+    deadline = 3.0
+    server = Server(env, "maniscope", "--request-timeout", str(deadline), "--shutdown-timeout", "3")
+    try:
+        q = unit(env["emb"][0] + 0.1).tolist()
+        ids = env["data"].doc_ids[:5]
+        retrieve, rerank = ("/retrieve", {"query_embedding": q, "k": 3}), ("/rerank", {"query_embedding": q, "candidate_ids": ids})
+        assert [s for s, _ in _fire_tolerant(server.url, [retrieve, rerank])] == [200, 200]
+        main = psutil.Process(server.proc.pid)
+        workers = [p for p in main.children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) >= 3, [p.cmdline() for p in workers]  # logger, /retrieve worker, /rerank worker
+        # LitServe starts the logger, then the workers of each API in order: /retrieve's is the second
+        victim = sorted(workers, key=lambda p: p.create_time())[1]
+        victim.suspend()
+        t = time.monotonic()
+        got = _fire_tolerant(server.url, [retrieve] * 4 + [rerank] * 4, timeout=60)
+        seconds = time.monotonic() - t
+        assert [s for s, _ in got] == [504] * 4 + [200] * 4, (got, server.output())
+        assert "request_timeout (3 s)" in got[0][1]
+        assert seconds < deadline + 5, seconds
+        # under load: kill the hung worker while requests to both endpoints are in flight
+        results = []
+        t = time.monotonic()
+        load = threading.Thread(target=lambda: results.extend(_fire_tolerant(server.url, [retrieve, rerank] * 16, timeout=60)))
+        load.start()
+        time.sleep(0.5)
+        victim.kill()
+        health = []
+        while server.proc.poll() is None and time.monotonic() - t < 60:
+            try:
+                health.append(requests.get(server.url + "/health", timeout=2).text)
+            except requests.RequestException:
+                health.append(None)
+            time.sleep(0.2)
+        load.join(timeout=60)
+        assert not load.is_alive() and len(results) == 32
+        assert server.proc.wait(timeout=60) == 1, server.output()
+        statuses = [s for s, _ in results]
+        assert all(s in (200, 503, 504) for s in statuses), (statuses, server.output())  # none hung or was cut
+        assert all(s != 200 for s in statuses[0::2]), statuses  # the dead worker's endpoint
+        assert health and health[-1] != "ok", health
+        assert "inference worker retrieve_0" in server.output() and "died (signal SIGKILL)" in server.output()
+        alive = [p for p in [main, *workers] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        psutil.wait_procs(alive, timeout=10)
+        assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        print(f"\nworker killed under load: exit 1 after {time.monotonic() - t:.1f} s; in flight: "
+              f"{ {s: statuses.count(s) for s in set(statuses)} }; /health {health[:1]} -> {health[-1:]}")
+    finally:
+        server.kill()
 
 
 def test_cache_directory_gained_no_files(env):

@@ -16,13 +16,16 @@ under ``params`` or ``--param KEY=VALUE``. Endpoints (JSON schema in the README)
   request's own dense pool of ``candidates``, default ``--candidates``);
 * ``POST /v2/rerank`` (Cohere v2) and ``POST /v1/rerank`` (Cohere v1, Jina), rerankers only: the
   de facto rerank API over the ``/rerank`` handler (:mod:`~geograph.serve.interop`);
-* ``GET /health``: ``ok`` once the workers are up; ``GET /metrics``: Prometheus text format.
+* ``GET /health``: ``ok`` once the workers are up (Ricci-Filtration's with its numba kernels
+  compiled); ``GET /metrics``: Prometheus text format.
 
 With an API key (``--api-key`` or ``$GEOGRAPH_API_KEY``) every endpoint but ``/health`` needs
 ``Authorization: Bearer <key>`` (:mod:`~geograph.serve.auth`; ``public`` opens ``/metrics``, ``/docs``).
 
 A response depends only on its own request and the configuration, never on its batch-mates.
-SIGTERM/SIGINT stop every process the server started.
+A request unanswered after ``request_timeout`` seconds gets 504. SIGTERM/SIGINT stop every
+process the server started, quietly (status 0); an inference worker that dies stops the server
+with status 1, for its supervisor to restart it.
 
 Package layout, one job per file: :mod:`~geograph.serve.schema` (request validation),
 :mod:`~geograph.serve.config` (config file and flags), :mod:`~geograph.serve.corpus` (corpus

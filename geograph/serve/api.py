@@ -13,7 +13,7 @@ needs is packed into one tensor first.
 # no `from __future__ import annotations`: LitServe reads decode_request's annotation as a class
 from typing import Any, Optional
 
-from geograph.serve.models import RERANKERS, build_model
+from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
 
 try:
     import litserve as ls
@@ -25,7 +25,9 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
     """One endpoint (``/rerank`` or ``/retrieve``) of one method; LitServe batches its requests.
 
     ``setup`` (in the worker process) embeds the corpus through the on-disk cache, builds
-    the module (or loads its artefacts) and the text encoder; ``predict`` answers a batch.
+    the module (or loads its artefacts) and the text encoder, and for Ricci-Filtration compiles
+    the numba kernels (:func:`geograph.functional.warmup`), all before LitServe marks the worker
+    ready (``/health`` says ``ok`` only then); ``predict`` answers a batch.
 
     Args:
         endpoint: ``"retrieve"`` or ``"rerank"``.
@@ -43,7 +45,9 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
 
         from geograph.retrievers import DenseRetriever
         from geograph.serve.corpus import TextEncoder, read_corpus
+        from geograph.serve.server import worker_signals
 
+        worker_signals()
         s = self.settings
         self.device = torch.device(device)
         self.dataset = read_corpus(s["corpus"])
@@ -55,6 +59,21 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.model = build_model(self.method, self.corpus, s["params"], graph=s["graph"], projection=s["projection"])
         self.dense = DenseRetriever(self.corpus) if self.method in RERANKERS else None
         self.ids = list(self.dataset.doc_ids)
+        if self.method in KERNEL_METHODS:
+            self._warm_kernels()
+
+    def _warm_kernels(self) -> None:
+        """Compile (or load from the cache) the numba kernels before the worker reports ready,
+        so the first request does not pay for them (seconds without a cache); one line says so."""
+        import os
+        import sys
+
+        from geograph.functional import warmup
+
+        info = warmup()
+        print(f"geograph serve: worker {self.endpoint} (pid {os.getpid()}): numba kernels ready in {info['seconds']:.1f} s "
+              f"(cache: {info['source']} {info['directory']}; threading layer {info['threading_layer']}, "
+              f"{info['threads']} threads)", file=sys.stderr, flush=True)
 
     # LitServe hooks -----------------------------------------------------------------------
     def batch(self, inputs):

@@ -48,7 +48,7 @@ class ServeConfig(BaseModel):
     max_candidates: int = Field(1000, ge=1, description="largest candidate list of /rerank")
     max_k: int = Field(1000, ge=1)
     max_payload_mb: float = Field(10.0, gt=0)
-    timeout: float = Field(60.0, gt=0, description="seconds a request may wait for its answer")
+    request_timeout: float = Field(60.0, gt=0, description="seconds from a request's arrival to its answer; then 504")
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Union[int, Literal["auto"]] = "auto"
     workers_per_device: int = Field(1, ge=1)
@@ -120,7 +120,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-candidates", type=int, help="largest candidate list of /rerank (1000)")
     p.add_argument("--max-k", type=int, help="largest k (1000)")
     p.add_argument("--max-payload-mb", type=float, help="largest request body (10)")
-    p.add_argument("--timeout", type=float, help="seconds a request may wait (60)")
+    p.add_argument("--request-timeout", "--timeout", type=float, dest="request_timeout",
+                   help="seconds from a request's arrival to its answer, then 504 (60; --timeout: the old name)")
     p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
     p.add_argument("--devices", help="number of devices or auto")
     p.add_argument("--workers-per-device", type=int, help="1")
@@ -184,6 +185,10 @@ def load_config(argv: Optional[Sequence[str]] = None) -> ServeConfig:
             args["devices"] = int(args["devices"])
         except ValueError:
             raise ConfigError(f"devices: expected an integer or 'auto', got {args['devices']!r}") from None
+    if "timeout" in values:  # the old name of request_timeout in a config file
+        if "request_timeout" in values:
+            raise ConfigError("timeout: the old name of request_timeout; give only request_timeout")
+        values["request_timeout"] = values.pop("timeout")
     values.update(args)
     if values.get("api_key") is None and os.environ.get(API_KEY_ENV):
         values["api_key"] = os.environ[API_KEY_ENV]

@@ -18,6 +18,7 @@ latency (milliseconds).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -67,6 +68,18 @@ class PrometheusLogger(ls.Logger if ls is not None else object):
     def __init__(self) -> None:
         super().__init__()
         self._metrics = None  # made in the logger process, after $PROMETHEUS_MULTIPROC_DIR is set
+
+    def __setstate__(self, state) -> None:
+        """Unpickled in LitServe's logger process: it ignores SIGINT (a terminal's Ctrl-C reaches
+        the whole process group; the main process stops the server and then this process)."""
+        import multiprocessing as mp
+        import signal
+
+        self.__dict__.update(state)
+        # never in the main process (a copy there keeps its handlers); while a spawned child
+        # unpickles its arguments, parent_process() is still None but the name is the child's
+        if mp.current_process().name != "MainProcess":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def _make(self):
         from prometheus_client import Counter, Histogram
@@ -124,7 +137,7 @@ class RequestMetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_)
-        except BaseException:
+        except BaseException as e:
             # uvicorn cancels requests still running when its graceful-shutdown time is up and
             # would answer 500: while stopping, answer 503 (the request may be retried elsewhere)
             if self.stopping is not None and self.stopping.value and status[0] == 500 and not started[0]:
@@ -133,6 +146,8 @@ class RequestMetricsMiddleware:
                 await send({"type": "http.response.start", "status": 503,
                             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
+                if isinstance(e, asyncio.CancelledError):
+                    return  # answered, and the task ends here (uvicorn would print the cancellation as a traceback)
             raise
         finally:
             api = self.apis[0]

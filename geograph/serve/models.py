@@ -23,6 +23,9 @@ from typing import Any, Optional
 
 METHODS = ("maniscope", "ricci", "iso", "g3")
 RERANKERS = ("maniscope", "ricci")
+#: methods that run geograph's numba kernels (the exact OT solver of the Ricci flow): their
+#: workers compile or load them (:func:`geograph.functional.warmup`) before reporting ready
+KERNEL_METHODS = ("ricci",)
 
 PARAMS: dict[str, tuple[str, ...]] = {
     "maniscope": ("k", "alpha", "early_stop"),

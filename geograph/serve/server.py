@@ -8,15 +8,28 @@ bad parameters and artefacts fail here with one line) and fills the request limi
 happened, ends every process the server started that is still alive (a walk of the process
 tree: SIGTERM, then SIGKILL after ``shutdown_timeout``), so no worker, API server, logger or
 manager process outlives the command.
+
+A normal stop is quiet (no traceback, no leak warning). :class:`GeoLitServer` orders LitServe's
+shutdown: its logger process blocks on a queue held by the manager process, and LitServe shuts
+the manager down without stopping the logger, which then dies in an ``EOFError`` traceback; here
+the logger is stopped first. The inference workers leave on SIGTERM through ``SystemExit``
+(:func:`worker_signals`) so that multiprocessing runs their finalizers: a worker killed by the
+signal's default action never unlinks the named semaphores libraries create in it (tqdm's lock,
+made when transformers shows a progress bar loading the encoder), and the resource tracker
+reports them as leaked when the server exits. A terminal's Ctrl-C reaches the whole process
+group: the workers and the logger ignore SIGINT and the main process coordinates the stop.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 from typing import Optional
 
 from geograph.serve.config import ServeConfig
@@ -24,6 +37,9 @@ from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
 
 
 log = logging.getLogger("geograph.serve")
+
+#: the routes whose answers come from an inference worker (the deadline applies to them)
+INFERENCE_ROUTES = ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank")
 
 
 class StartupError(RuntimeError):
@@ -75,14 +91,14 @@ def build_server(cfg: ServeConfig):
     if cfg.method in RERANKERS:
         apis.append(RerankAPI(settings))
     devices = cfg.devices
-    # the last middleware runs first: metrics count every answer, 401s included; LitServe's
-    # payload limit is outside them all, and the interop error bodies are rewritten last
-    middlewares = [JSONOnlyMiddleware]
+    # the last middleware runs first: metrics count every answer, 401s and 504s included;
+    # LitServe's payload limit is outside them all, and the interop error bodies are rewritten last
+    middlewares = [(DeadlineMiddleware, {"seconds": cfg.request_timeout}), JSONOnlyMiddleware]
     if key is not None:
         middlewares.append((APIKeyMiddleware, {"key": key, "public": cfg.public}))
     middlewares.append((RequestMetricsMiddleware, {"apis": apis, "stopping": _stopping_flag()}))
-    server = ls.LitServer(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=cfg.workers_per_device,
-                          timeout=cfg.timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
+    server = _server_class()(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=cfg.workers_per_device,
+                          timeout=cfg.request_timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
                           loggers=[PrometheusLogger()], middlewares=middlewares)
     server.app.add_exception_handler(RequestValidationError, _validation_error)
     add_metrics_route(server.app)
@@ -91,6 +107,151 @@ def build_server(cfg: ServeConfig):
         server.app.add_middleware(MessageErrorMiddleware)
     server.uvicorn_graceful_timeout = cfg.shutdown_timeout
     return server
+
+
+def _server_class():
+    """:class:`GeoLitServer`, made on first use (LitServe is an optional dependency)."""
+    if "server_class" not in _STATE:
+        import multiprocessing as mp
+
+        import litserve as ls
+
+        class GeoLitServer(ls.LitServer):
+            """LitServer with geograph's worker monitor (:func:`watch_workers`) and a quiet shutdown:
+            the logger process stops before the manager does, and API servers that
+            :func:`drain_api_servers` already stopped are left out (LitServe would warn that
+            they are "already not alive")."""
+
+            def _start_worker_monitoring(self, manager, uvicorn_workers):
+                threading.Thread(target=watch_workers, args=(self,), daemon=True, name="geograph-worker-monitor").start()
+
+            def _init_manager(self, num_api_servers):
+                # starts the manager process and LitServe's logger process: note the latter
+                before = {p.pid for p in mp.active_children()}
+                manager = super()._init_manager(num_api_servers)
+                ours = getattr(getattr(manager, "_process", None), "pid", None)
+                self.logger_processes = [p for p in mp.active_children() if p.pid not in before and p.pid != ours]
+                return manager
+
+            def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason="normal"):
+                live = {i: w for i, w in uvicorn_workers.items() if w.is_alive()}
+                # the logger loops on a queue of the manager for ever: stopped after the manager,
+                # it dies in an EOFError traceback
+                stop_processes(getattr(self, "logger_processes", []), self.uvicorn_graceful_timeout)
+                if not live:  # the API servers are drained: stop the workers together (LitServe
+                    # stops them one after another, up to 5 s each while one finishes a batch)
+                    stop_processes(self.inference_workers, 5)
+                super()._perform_graceful_shutdown(manager, live, shutdown_reason)
+
+        _STATE["server_class"] = GeoLitServer
+    return _STATE["server_class"]
+
+
+def _stopping() -> bool:
+    return "stopping" in _STATE and bool(_STATE["stopping"].value)
+
+
+def watch_workers(server, interval: float = 0.5) -> None:
+    """The worker monitor (a thread of the main process, replacing LitServe's).
+
+    An inference worker that dies while the server serves (the OOM killer, a segfault) makes
+    the server stop with exit status 1, so that its supervisor restarts it: ``/health`` turns
+    ``not ready`` at once (the worker's status is set to error), one line names the worker and
+    its signal or status, then SIGTERM to this process runs the normal stop (the API servers
+    drain: requests the remaining workers can answer are answered, the others get 503 after
+    ``shutdown_timeout``). Workers that stop while the server stops are not reported.
+    LitServe's own monitor would report those, and shuts down from its thread while the main
+    thread still waits on the manager.
+    """
+    from litserve.utils import WorkerSetupStatus
+
+    keys = []  # the workers' status keys, in the order of server.inference_workers
+    for api in server.litapi_connector:
+        endpoint = api.api_path.split("/")[-1]
+        keys += [f"{endpoint}_{i}" for i in range(len(server._inference_workers_config_for_api(api.api_path)))]
+    while not _stopping():
+        for key, proc in zip(keys, list(server.inference_workers)):
+            if proc.is_alive() or _stopping():
+                continue
+            code = proc.exitcode
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
+            _STATE["failure"] = f"inference worker {key} (pid {proc.pid}) died ({how}); the server stopped"
+            print(f"geograph serve: inference worker {key} (pid {proc.pid}) died ({how}); stopping", file=sys.stderr, flush=True)
+            try:
+                server.workers_setup_status[key] = WorkerSetupStatus.ERROR  # /health: not ready
+            except Exception:  # the manager is gone: the server is stopping anyway
+                pass
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        time.sleep(interval)
+
+
+def stop_processes(procs, timeout: float) -> None:
+    """SIGTERM the multiprocessing processes ``procs`` (children of this one), SIGKILL after ``timeout`` s."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout)
+
+
+def worker_signals() -> None:
+    """Signal handling of an inference worker (called first in its ``setup``).
+
+    SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the main process
+    stops the server); SIGTERM raises ``SystemExit(0)`` once, so the process leaves through
+    multiprocessing's exit path, which runs its finalizers (named semaphores are unlinked).
+    """
+    import multiprocessing as mp
+
+    if mp.current_process().name == "MainProcess":  # a worker's setup called in-process (tests): leave it
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the exit short (SIGKILL still does)
+    raise SystemExit(0)
+
+
+class DeadlineMiddleware:
+    """ASGI middleware: a POST to an inference route still unanswered after ``seconds`` gets 504.
+
+    LitServe's own ``timeout`` only drops a request that waited that long in the queue, when a
+    worker takes it; a request whose worker hangs or dies is never answered. Here the request's
+    handler is cancelled at its deadline (the API server forgets it) and the client gets
+    ``504 {"detail": "no answer within request_timeout (S s)"}``.
+    """
+
+    def __init__(self, app, seconds: float) -> None:
+        self.app, self.seconds = app, float(seconds)
+
+    async def __call__(self, scope, receive, send) -> None:
+        import asyncio
+
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in INFERENCE_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        started = [False]
+
+        async def send_(message):
+            if message["type"] == "http.response.start":
+                started[0] = True
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, receive, send_), self.seconds)
+        except asyncio.TimeoutError:
+            if started[0]:  # the answer is on its way already: it cannot become a 504
+                return
+            body = json.dumps({"detail": f"no answer within request_timeout ({self.seconds:g} s)"}).encode()
+            await send({"type": "http.response.start", "status": 504,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
 
 
 def _validation_error(request, exc):
@@ -135,8 +296,11 @@ def drain_api_servers(port: int, timeout: float, exclude=frozenset()) -> None:
     ``timeout`` seconds) while the inference workers are still up to answer them; LitServe's
     own shutdown, which runs next, closes the queues first.
     """
+    import multiprocessing as mp
+
     import psutil
 
+    ours = {p.pid: p for p in mp.active_children()}
     servers = []
     for p in psutil.Process().children():
         if p.pid in exclude:
@@ -151,7 +315,14 @@ def drain_api_servers(port: int, timeout: float, exclude=frozenset()) -> None:
             p.terminate()
         except psutil.Error:
             pass
-    psutil.wait_procs(servers, timeout=timeout + 1)
+    # wait through multiprocessing where it started the process: it then knows the process
+    # ended (a wait by psutil reaps it, and LitServe would find it alive and SIGKILL its pid)
+    deadline = time.monotonic() + timeout + 1
+    for p in servers:
+        if p.pid in ours:
+            ours[p.pid].join(max(0.0, deadline - time.monotonic()))
+        else:
+            psutil.wait_procs([p], timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _default_signals() -> None:  # in forked API servers: uvicorn installs its own handlers
@@ -192,7 +363,8 @@ def stop_children(timeout: float) -> list[int]:
 
 
 def run(cfg: ServeConfig) -> int:
-    """Serve ``cfg`` until SIGTERM/SIGINT; 0 after a clean stop (raises :class:`StartupError`)."""
+    """Serve ``cfg`` until SIGTERM/SIGINT; 0 after a clean stop, 1 after a stop because an inference
+    worker died (raises :class:`StartupError`)."""
     own_dir: Optional[str] = None
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # before prometheus_client is imported anywhere
         own_dir = tempfile.mkdtemp(prefix="geograph-metrics-")
@@ -201,8 +373,10 @@ def run(cfg: ServeConfig) -> int:
     main_pid = os.getpid()
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     os.register_at_fork(after_in_child=_default_signals)
-    _STATE.pop("draining", None)
-    _STATE.pop("port", None)
+    for key in ("draining", "port", "failure"):
+        _STATE.pop(key, None)
+    if "stopping" in _STATE:
+        _STATE["stopping"].value = 0
     try:
         server = build_server(cfg)
         _STATE.update(port=cfg.port, timeout=cfg.shutdown_timeout, server=server)
@@ -223,4 +397,7 @@ def run(cfg: ServeConfig) -> int:
                 shutil.rmtree(own_dir, ignore_errors=True)
             for s, h in previous.items():
                 signal.signal(s, h)
+    if "failure" in _STATE:
+        print(f"geograph serve: {_STATE['failure']}", file=sys.stderr, flush=True)
+        return 1
     return 0
