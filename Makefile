@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 EXTRAS := dev,text,bench,train,serve,faiss,notebooks,langchain,llamaindex,haystack,interop
 STAMP := $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	HF_HUB_OFFLINE=1 $(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# the edit-test loop: everything but the tests marked slow or integration
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not integration"
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m geograph bench run --config configs/bench/default.yaml
