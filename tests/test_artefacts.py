@@ -162,13 +162,18 @@ def test_sigkill_during_saves(tmp_path):
             assert any(same(graph_state(g), graph_state(h)) for h in graphs), "a mix of two saves loaded"
 
 
-@pytest.mark.parametrize("kind", ["CorpusGraph", "G3Graph"])
-def test_truncated_files(kind, tmp_path):
+def saved(kind, tmp_path):
+    """A graph of ``kind`` saved under ``tmp_path``: its directory, loader, data file and metadata file."""
     build, target, save, load, _ = KINDS[kind]
     path = target(tmp_path)
     save(build(0), path)
     data = path / ("embeddings.pt" if kind == "CorpusGraph" else "g3graph.pt")
-    meta = path / ("graph.json" if kind == "CorpusGraph" else "g3graph.json")
+    return path, load, data, path / ("graph.json" if kind == "CorpusGraph" else "g3graph.json")
+
+
+@pytest.mark.parametrize("kind", ["CorpusGraph", "G3Graph"])
+def test_truncated_files(kind, tmp_path):
+    path, load, data, meta = saved(kind, tmp_path)
     full = data.read_bytes()
     data.write_bytes(full[: len(full) // 2])
     with pytest.raises(ValueError, match="truncated") as e:
@@ -200,10 +205,7 @@ def test_truncated_projection(tmp_path):
 
 @pytest.mark.parametrize("kind", ["CorpusGraph", "G3Graph"])
 def test_other_format_version(kind, tmp_path):
-    build, target, save, load, _ = KINDS[kind]
-    path = target(tmp_path)
-    save(build(0), path)
-    meta = path / ("graph.json" if kind == "CorpusGraph" else "g3graph.json")
+    path, load, _, meta = saved(kind, tmp_path)
     m = json.loads(meta.read_text())
     m["format"] = 2
     meta.write_text(json.dumps(m))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Callable, Optional, Union
 
 import torch
@@ -128,13 +129,16 @@ def _faiss():
     return faiss
 
 
+def _training_rows(n: int, nlist: int, sample: Optional[int], seed: int) -> Tensor:
+    """The sorted rows an IVF quantizer is trained on: a uniform sample of ``sample`` (checked) of ``n``."""
+    sample = check_ivf(n, nlist, 1, sample)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:sample].sort().values
+
+
 def train_centroids(z: Tensor, nlist: int, *, sample: Optional[int] = None, seed: int = 0, niter: int = 20) -> Tensor:
     """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
     n, d = z.shape
-    sample = check_ivf(n, nlist, 1, sample)
-    g = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(n, generator=g)[:sample].sort().values
-    x = z[pick.to(z.device)].detach().float().cpu().contiguous().numpy()
+    x = z[_training_rows(n, nlist, sample, seed).to(z.device)].detach().float().cpu().contiguous().numpy()
     faiss = _faiss()
     km = faiss.Kmeans(d, nlist, niter=niter, seed=seed, spherical=True, verbose=False,
                       min_points_per_centroid=1, max_points_per_centroid=max(256, -(-sample // nlist)))
@@ -148,10 +152,8 @@ def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: Optional[int] = N
     has GPU support (``faiss-gpu``), else on the CPU (logged)."""
     faiss = _faiss()
     n, d = embeddings.shape
-    sample = check_ivf(n, nlist, 1, sample)
     x = embeddings.detach().float().cpu().contiguous().numpy()
-    g = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(n, generator=g)[:sample].sort().values.numpy()
+    pick = _training_rows(n, nlist, sample, seed).numpy()
     index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = seed
     index.train(x[pick])
@@ -268,8 +270,7 @@ def ivf_self_topk(
             # these rows of cell a against every cell a meets
             fwd = s if target is None else s * target[col_ids]
             tv, ti = merge_topk(fwd, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
-            best_v[r0:r1], best_i[r0:r1] = merge_topk(torch.cat([best_v[r0:r1], tv], 1),
-                                                      torch.cat([best_i[r0:r1], ti], 1), k)
+            _merge_into(best_v, best_i, slice(r0, r1), tv, ti)
             # the other side: each row of a met cell b > a against these rows of a (each pair once)
             other = cols >= a1
             if bool(other.any()):
@@ -278,7 +279,7 @@ def ivf_self_topk(
                     st = st * target[order[rows]]
                 tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
                 tgt = cols[other]
-                best_v[tgt], best_i[tgt] = merge_topk(torch.cat([best_v[tgt], tv], 1), torch.cat([best_i[tgt], ti], 1), k)
+                _merge_into(best_v, best_i, tgt, tv, ti)
         if bar is not None:
             bar.update(a1 - a0)
     if bar is not None:
@@ -298,12 +299,16 @@ def ivf_self_topk(
     return vals, out_i.masked_fill(~torch.isfinite(vals), -1)
 
 
+def _merge_into(best_v: Tensor, best_i: Tensor, rows, values: Tensor, ids: Tensor) -> None:
+    """Merge candidates ``(R, c)`` into the running lists of ``rows`` (a slice or unique row ids), in place."""
+    best_v[rows], best_i[rows] = merge_topk(torch.cat([best_v[rows], values], 1), torch.cat([best_i[rows], ids], 1),
+                                            best_v.shape[1])
+
+
 class _Clock:
     """Seconds since the last call, recorded under a stage name (no-op without a dict)."""
 
     def __init__(self, out: Optional[dict]) -> None:
-        import time
-
         self.out, self.time = out, time.perf_counter
         self.last = self.time()
 
@@ -345,7 +350,7 @@ def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pair
             rr = r[r0 : r0 + step]
             s = _rank(zs[rr] @ zs[members].T, transform, target, ids)
             tv, ti = merge_topk(s, ids.expand(s.shape[0], -1), min(k, s.shape[1]))
-            best_v[rr], best_i[rr] = merge_topk(torch.cat([best_v[rr], tv], 1), torch.cat([best_i[rr], ti], 1), k)
+            _merge_into(best_v, best_i, rr, tv, ti)
 
 
 def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int = 8,
