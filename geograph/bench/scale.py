@@ -140,7 +140,7 @@ def _child(task: dict, queue) -> None:
 
             g = G3Graph.build(x, max_degree=MAX_DEGREE, index=task["index"], nprobe=task["nprobe"],
                               candidates=task["candidates"], density_sample=task["density_sample"],
-                              progress=task["progress"])
+                              ranking=task["ranking"], progress=task["progress"])
             np.savez(task["out"], crow=g.crow.numpy(), col=g.col.numpy(), val=g.val.numpy(), density=g.density.numpy())
             info = g.build_info
             out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
@@ -256,7 +256,7 @@ def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) ->
     res["knn"] = build_in_child(dict(common, kind="knn", out=str(tmp / f"{label}-knn.npy")))
     print(f"[{label}] G3 graph ({args.index}) ...", flush=True)
     res["g3"] = build_in_child(dict(common, kind="g3", candidates=args.candidates, density_sample=args.density_sample,
-                                    out=str(tmp / f"{label}-g3.npz")))
+                                    ranking=args.ranking, out=str(tmp / f"{label}-g3.npz")))
     z = torch.from_numpy(x)
     rows = torch.from_numpy(np.sort(np.random.default_rng(1).choice(n, size=min(args.check_rows, n), replace=False)))
     t0 = time.perf_counter()
@@ -308,7 +308,7 @@ def real_set(name: str, root: str, encoder, args) -> dict:
     out["knn_recall@10"] = knn_recall(ivf_knn.edge_index.numpy(), rows.numpy(), ref)
     g_exact = G3Graph.build(x, max_degree=MAX_DEGREE)
     g_ivf = G3Graph.build(x, max_degree=MAX_DEGREE, index="ivf", nprobe=args.nprobe, candidates=args.candidates,
-                          density_sample=args.density_sample)
+                          density_sample=args.density_sample, ranking=args.ranking)
     info = g_ivf.build_info
     out["g3_certified"] = info.get("certified", 0) / n
     out["g3_redone"] = info.get("redone", 0)
@@ -328,7 +328,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
     p.add_argument("--nprobe", type=int, default=32, help="cells each cell meets in the IVF join")
     p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes")
-    p.add_argument("--candidates", type=int, default=None, help="G3 cosine candidates K' per row (default 512)")
+    p.add_argument("--candidates", type=int, default=None,
+                   help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)")
+    p.add_argument("--ranking", default="weight", choices=["weight", "cosine"],
+                   help="G3 candidate ranking: the weight itself, or cosine with the certificate (default weight)")
     p.add_argument("--density-sample", type=int, default=None, help="G3 density columns sampled (default 4096)")
     p.add_argument("--check-rows", type=int, default=2000, help="sampled rows checked against exact")
     p.add_argument("--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N")

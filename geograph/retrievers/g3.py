@@ -125,8 +125,9 @@ class G3Graph(nn.Module):
         answers up to the join's misses; ``ranking="cosine"`` ranks by cosine (below the band's
         ceiling) and proves rows by the certificate of :func:`~geograph.functional.gain_edges`
         (an outside pair weighs at most ``f(x_K')``), recomputing the rows it cannot prove
-        against every passage: exact, but the share it proves falls as N grows (measured on
-        the MiniLM-like generator, K'=512: 58% of rows at 20k, 27% at 50k), so its re-done rows
+        against every passage: exact, but the share it proves falls as N grows (measured by
+        ``geograph bench scale 20000 50000 --ranking cosine`` on the MiniLM-like generator,
+        K'=512: 58% of rows at 20k, 27% at 50k), so its re-done rows
         dominate at scale. ``index="auto"`` is exact up to
         :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages (logged). ``candidates``
         defaults to :data:`DEFAULT_CANDIDATES`; with ``index="exact"`` and ``candidates`` given,
