@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     idx = p.add_argument_group("index (--knn and --g3)")
     idx.add_argument("--index", default="exact", choices=["exact", "ivf", "auto"],
                      help="candidate pairs: every pair (exact), an IVF cell join, or auto (default: exact)")
-    idx.add_argument("--nlist", type=int, help="IVF cells (default: about 4 sqrt(N), a power of two)")
+    idx.add_argument("--nlist", type=int, help="IVF cells of the join (default: about 2 sqrt(N), a power of two)")
     idx.add_argument("--nprobe", type=int, default=32, help="cells each cell is joined with (default: 32)")
     idx.add_argument("--sample", type=int, help="passages the IVF cells are trained on (default: 256 per cell)")
     g3 = p.add_argument_group("G3 (--g3)")
@@ -123,9 +123,9 @@ def _check_index_options(args, n: int) -> None:
     elif args.candidates is not None or args.density_sample is not None:
         raise UsageError("--candidates and --density-sample apply to --g3")
     if args.index != "exact":
-        from geograph.functional.ann import check_ivf, default_nlist
+        from geograph.functional.ann import check_ivf, default_join_nlist
 
-        nlist = args.nlist if args.nlist is not None else default_nlist(n)
+        nlist = args.nlist if args.nlist is not None else default_join_nlist(n)
         try:
             check_ivf(n, nlist, args.nprobe, args.sample)
         except ValueError as e:

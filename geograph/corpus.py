@@ -11,7 +11,7 @@ from geograph._checks import check_positive_int, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.ann import resolve_index, self_topk
-from geograph.functional.similarity import normalize
+from geograph.functional.similarity import normalize, unit_rows
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
@@ -123,7 +123,7 @@ class CorpusGraph(nn.Module):
         if embeddings.dtype in (torch.float16, torch.bfloat16) and embeddings.device.type == "cpu":
             z = normalize(embeddings.float())  # CPU matrix products of half floats are slow and round the scores
         else:
-            z = normalize(embeddings)  # in the embeddings' dtype (float64 stays float64)
+            z = unit_rows(embeddings)  # in the embeddings' dtype (float64 stays float64); unit rows: no copy
         timings: dict = {}
         index = "faiss-flat" if faiss else resolve_index(index, v, "CorpusGraph.from_knn")
         if faiss:

@@ -269,3 +269,65 @@ def test_dense_ivf_recall_and_rescored_order():
     got = np.take_along_axis(ref, b.indices.numpy(), 1)
     assert np.allclose(b.scores.numpy(), got, atol=1e-5)
     assert bool((b.scores[:, :-1] >= b.scores[:, 1:]).all())
+
+
+# -- memory at scale: no needless copies, same answers -------------------------------------------
+def test_unit_rows_reuses_unit_rows_and_normalises_others():
+    from geograph.functional import normalize, unit_rows
+
+    z = normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(0)))
+    assert unit_rows(z) is z  # no copy of rows that are already unit
+    x = z * 3.0
+    assert unit_rows(x) is not x and torch.allclose(unit_rows(x), z, atol=1e-6)
+    bent = z.clone()
+    bent[7] *= 1.001  # one row off by 1e-3: normalised, not reused
+    assert torch.allclose(unit_rows(bent).norm(dim=1), torch.ones(50), atol=1e-6)
+
+
+def test_refine_in_place_equals_the_copying_refine():
+    from geograph.functional.ann import ivf_self_topk, refine_neighbours
+
+    z = torch.from_numpy(clustered(1500, d=16, clusters=20, noise=0.5, seed=3)).float()
+    v, i = ivf_self_topk(z, 8, nlist=16, nprobe=2, refine=False)
+    ref_v, ref_i = refine_neighbours(z, v, i)
+    v2, i2 = v.clone(), i.clone()
+    out_v, out_i = refine_neighbours(z, v2, i2, inplace=True)
+    assert out_v.data_ptr() == v2.data_ptr()
+    assert torch.equal(out_i, ref_i) and torch.equal(out_v, ref_v)
+    assert not torch.equal(ref_i, i)  # the round changed something: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("candidates", [None, 40])
+def test_gain_edges_are_in_csr_order_and_chunking_changes_nothing(monkeypatch, candidates):
+    import geograph.functional.gain as gain
+
+    z = torch.from_numpy(clustered(600, seed=9)).float()
+    pen = torch.exp(-0.4 * gain_density(z))
+    cand = None if candidates is None else self_topk(z, candidates, transform=gain.gain_rank((0.1, 0.7)), target=pen)
+    whole = gain_edges(z, pen, band=(0.1, 0.7), max_degree=16, candidates=cand, ranking="weight")
+    key = whole.rows * 600 + whole.cols
+    assert bool((key[1:] > key[:-1]).all())  # by row, then column, no duplicate
+    monkeypatch.setattr(gain, "EDGE_ROWS", 7)  # many row chunks, a ragged last one
+    chunked = gain_edges(z, pen, band=(0.1, 0.7), max_degree=16, candidates=cand, ranking="weight")
+    for f in ("rows", "cols", "vals", "certified", "redone"):
+        assert torch.equal(getattr(whole, f), getattr(chunked, f)), f
+
+
+@pytest.mark.slow
+def test_bench_scale_run_size_checks_against_exact(tmp_path):
+    """The bench's own pipeline on a small corpus: fresh-process builds, recalls against exact."""
+    import argparse
+
+    from geograph.bench.scale import run_size
+
+    x = clustered(3000, d=32, clusters=30, noise=0.4, seed=12).astype(np.float32)
+    q = clustered(64, d=32, clusters=30, noise=0.4, seed=13).astype(np.float32)
+    args = argparse.Namespace(builds=["knn", "g3"], index="ivf", nprobe=32, progress=False, candidates=None,
+                              density_sample=None, ranking="weight", check_rows=300, exact_limit=10_000,
+                              dense_nprobe=8)
+    res = run_size(x, q, args, tmp_path, "t")
+    assert "dense" not in res and res["N"] == 3000
+    assert 0.9 <= res["knn"]["recall@10"] <= 1.0 and res["knn"]["peak_rss_mb"] > 0
+    g3 = res["g3"]
+    assert 0.8 <= g3["edge_recall"] <= 1.0 and g3["rho_max_error"] < 0.05 and g3["rho_error_over"] == "all rows"
+    assert g3["build_info"]["certified"] + g3["build_info"]["redone"] == 3000  # every row proven or re-done

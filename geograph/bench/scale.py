@@ -47,6 +47,7 @@ from geograph.bench.common import DEFAULT_DATA, time_calls, write_json
 from geograph.console import format_table
 
 GENERATORS = ("mixture", "gauss")
+BUILDS = ("knn", "g3", "dense")
 KNN_K = 10
 MAX_DEGREE = 128
 
@@ -119,13 +120,22 @@ def geometry(x: np.ndarray, *, pairs: int = 200_000, seed: int = 0) -> dict:
 
 # -- one build in a fresh process ------------------------------------------------------------
 def _rss_mb() -> float:
+    """Peak resident memory of this process so far, MB: ``VmHWM`` (reset by ``exec``, so a spawned
+    child does not inherit its parent's peak, as ``ru_maxrss`` does), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _child(task: dict, queue) -> None:
     try:
         torch.set_num_threads(task["threads"])
-        x = torch.from_numpy(np.load(task["path"], mmap_mode="r"))  # read-only: builders never write it
+        x = torch.from_numpy(np.load(task["path"], mmap_mode="c"))  # mapped copy-on-write: pages read from the file
         base = _rss_mb()
         t0 = time.perf_counter()
         out: dict = {}
@@ -252,40 +262,51 @@ def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) ->
     common = dict(path=str(path), threads=torch.get_num_threads(), index=args.index, nprobe=args.nprobe,
                   progress=args.progress)
     res: dict = {"N": n}
-    print(f"[{label}] k-NN graph ({args.index}) ...", flush=True)
-    res["knn"] = build_in_child(dict(common, kind="knn", out=str(tmp / f"{label}-knn.npy")))
-    print(f"[{label}] G3 graph ({args.index}) ...", flush=True)
-    res["g3"] = build_in_child(dict(common, kind="g3", candidates=args.candidates, density_sample=args.density_sample,
-                                    ranking=args.ranking, out=str(tmp / f"{label}-g3.npz")))
     z = torch.from_numpy(x)
     rows = torch.from_numpy(np.sort(np.random.default_rng(1).choice(n, size=min(args.check_rows, n), replace=False)))
+    if "knn" in args.builds:
+        print(f"[{label}] k-NN graph ({args.index}) ...", flush=True)
+        res["knn"] = build_in_child(dict(common, kind="knn", out=str(tmp / f"{label}-knn.npy")))
+        ref = exact_knn_rows(z, rows, KNN_K).numpy()
+        res["knn"]["recall@10"] = knn_recall(np.load(tmp / f"{label}-knn.npy"), rows.numpy(), ref)
+    if "g3" in args.builds:
+        print(f"[{label}] G3 graph ({args.index}) ...", flush=True)
+        res["g3"] = build_in_child(dict(common, kind="g3", candidates=args.candidates,
+                                        density_sample=args.density_sample, ranking=args.ranking,
+                                        out=str(tmp / f"{label}-g3.npz")))
+        res["g3"].update(g3_check(z, rows, np.load(tmp / f"{label}-g3.npz"), args.exact_limit))
+    if "dense" in args.builds:
+        print(f"[{label}] DenseRetriever exact vs IVF ...", flush=True)
+        res["dense"] = dense_compare(z, torch.from_numpy(queries), nprobe=args.dense_nprobe)
+    return res
+
+
+def g3_check(z: torch.Tensor, rows: torch.Tensor, g3, exact_limit: int) -> dict:
+    """A G3 build's density error and, on ``rows``, its edge recall and weight L1 error against exact rows."""
+    n = z.shape[0]
     t0 = time.perf_counter()
-    ref = exact_knn_rows(z, rows, KNN_K).numpy()
-    res["knn"]["recall@10"] = knn_recall(np.load(tmp / f"{label}-knn.npy"), rows.numpy(), ref)
-    g3 = np.load(tmp / f"{label}-g3.npz")
+    out: dict = {}
     built_rho = torch.from_numpy(g3["density"])
-    if n <= args.exact_limit:
+    if n <= exact_limit:
         raw = raw_density(z).double()
         exact_rho = ((raw - raw.min()) / (raw.max() - raw.min())).float()
-        res["g3"]["rho_max_error"] = float((exact_rho - built_rho).abs().max())
-        res["g3"]["rho_error_over"] = "all rows"
+        out["rho_max_error"] = float((exact_rho - built_rho).abs().max())
+        out["rho_error_over"] = "all rows"
         penalty = torch.exp(-0.4 * exact_rho)
-        res["g3"]["reference"] = "exact rows with the exact density of every passage"
+        out["reference"] = "exact rows with the exact density of every passage"
     else:
         raw_rows = raw_density(z, rows).double()
         # the build's normalisation is set by exact extremes: recover it from two exact rows
         lo_row, hi_row = int(built_rho.argmin()), int(built_rho.argmax())
         ext = raw_density(z, torch.tensor([lo_row, hi_row])).double()
         exact_rows_rho = (raw_rows - ext[0]) / (ext[1] - ext[0])
-        res["g3"]["rho_max_error"] = float((exact_rows_rho - built_rho[rows].double()).abs().max())
-        res["g3"]["rho_error_over"] = f"{len(rows)} sampled rows"
+        out["rho_max_error"] = float((exact_rows_rho - built_rho[rows].double()).abs().max())
+        out["rho_error_over"] = f"{len(rows)} sampled rows"
         penalty = torch.exp(-0.4 * built_rho)
-        res["g3"]["reference"] = "exact rows with the build's density"
+        out["reference"] = "exact rows with the build's density"
     rec, l1 = g3_row_errors(g3, rows.numpy(), exact_g3_rows(z, rows, penalty))
-    res["g3"].update(edge_recall=rec, weight_l1=l1, check_rows=len(rows), check_seconds=time.perf_counter() - t0)
-    print(f"[{label}] DenseRetriever exact vs IVF ...", flush=True)
-    res["dense"] = dense_compare(z, torch.from_numpy(queries), nprobe=args.dense_nprobe)
-    return res
+    out.update(edge_recall=rec, weight_l1=l1, check_rows=len(rows), check_seconds=time.perf_counter() - t0)
+    return out
 
 
 # -- real sets -------------------------------------------------------------------------------
@@ -324,7 +345,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="geograph bench scale", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sizes", type=int, nargs="*", default=[200_000, 1_000_000], help="corpus sizes (default 200k 1M)")
-    p.add_argument("--generators", nargs="+", default=list(GENERATORS), choices=GENERATORS)
+    p.add_argument("--generators", nargs="*", default=list(GENERATORS), choices=GENERATORS,
+                   help="synthetic corpora (none: only the real sets)")
+    p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=BUILDS,
+                   help="what to build and check at each size (default: all)")
     p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
     p.add_argument("--nprobe", type=int, default=32, help="cells each cell meets in the IVF join")
     p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes")
@@ -377,13 +401,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     rows = {}
     for label, r in results["sizes"].items():
-        k, g, d = r["knn"], r["g3"], r["dense"]
+        nan = float("nan")  # a build left out by --builds
+        k, g, d = r.get("knn", {}), r.get("g3", {}), r.get("dense", {})
         bi = g.get("build_info", {})
         rows[label] = {
-            "kNN s": k["seconds"], "kNN RSS GB": k["peak_rss_mb"] / 1024, "kNN rec@10": k["recall@10"],
-            "G3 s": g["seconds"], "G3 RSS GB": g["peak_rss_mb"] / 1024, "G3 edge rec": g["edge_recall"],
-            "G3 L1": g["weight_l1"], "certified": bi.get("certified", 0) / r["N"], "redone": bi.get("redone", 0),
-            "rho err": g["rho_max_error"], "dense rec@20": d["recall@20"], "dense x": d["speedup"],
+            "kNN s": k.get("seconds", nan), "kNN RSS GB": k.get("peak_rss_mb", nan) / 1024,
+            "kNN rec@10": k.get("recall@10", nan), "G3 s": g.get("seconds", nan),
+            "G3 RSS GB": g.get("peak_rss_mb", nan) / 1024, "G3 edge rec": g.get("edge_recall", nan),
+            "G3 L1": g.get("weight_l1", nan), "certified": bi.get("certified", nan) / r["N"],
+            "redone": bi.get("redone", nan), "rho err": g.get("rho_max_error", nan),
+            "dense rec@20": d.get("recall@20", nan), "dense x": d.get("speedup", nan),
         }
     table_cols = list(next(iter(rows.values())).keys()) if rows else []
     if rows:

@@ -8,13 +8,14 @@ from geograph.functional.graphs import knn_from_similarity, knn_graph, masked_pe
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
-from geograph.functional.similarity import cosine_similarity, normalize
+from geograph.functional.similarity import cosine_similarity, normalize, unit_rows
 from geograph.functional.transport import SinkhornOutput, sinkhorn
 from geograph.functional._numba import cache_info as numba_cache_info, warmup
 
 __all__ = [
     "cosine_similarity",
     "normalize",
+    "unit_rows",
     "knn_graph",
     "knn_from_similarity",
     "query_graph",

@@ -70,6 +70,17 @@ def sort_topk(values: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     return values.gather(-1, pos), ids.gather(-1, pos)
 
 
+def progress_bar(progress: Union[bool, str], total: int, label: str, stage: Optional[str] = None):
+    """A tqdm bar with ETA over ``total`` rows when ``progress`` is truthy (a string names it,
+    else ``label``; ``stage`` is appended), else ``None``."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    desc = progress if isinstance(progress, str) else label
+    return tqdm(total=total, desc=f"{desc}: {stage}" if stage else desc, unit="row", leave=False)
+
+
 Score = Callable[[Tensor, Tensor], Tensor]
 RowTerm = Callable[[Tensor], Tensor]
 
@@ -136,11 +147,7 @@ def tiled_pairs(
     out_i = torch.empty(n_q, k, dtype=torch.long, device=query.device)
     sums = query.new_zeros(n_q) if row_sum is not None else None
     starts = range(0, n_q, block)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n_q, desc=progress if isinstance(progress, str) else "all pairs", unit="row", leave=False)
+    bar = progress_bar(progress, n_q, "all pairs")
     # one query tile (retrieval) or a traced call: stable top-k, no data-dependent branch (no host
     # read); a build over many query tiles: merge_topk (one host read a tile, about 3x faster)
     traced = _checks.tracing() or n_q <= block

@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_positive_int
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs, tiled_topk
+from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs, tiled_topk
 
 __all__ = ["train_centroids", "ivf_self_topk", "refine_neighbours", "check_ivf", "MIN_POINTS_PER_CELL",
-           "default_nlist", "resolve_index", "self_topk", "build_ivf_index", "INDEXES", "AUTO_EXACT_MAX"]
+           "default_nlist", "default_join_nlist", "DEFAULT_POINTS_PER_CELL", "QUERY_POINTS_PER_CELL", "resolve_index", "self_topk", "build_ivf_index", "INDEXES", "AUTO_EXACT_MAX"]
 
 #: the candidate sources a corpus-wide build accepts
 INDEXES = ("exact", "ivf", "auto")
@@ -49,6 +49,14 @@ log = logging.getLogger("geograph.ann")
 
 #: training points needed per centroid (faiss warns below 39)
 MIN_POINTS_PER_CELL = 39
+
+#: training points per cell of the self-join unless ``sample`` is given; the k-means time is
+#: ``O(sample x nlist x D)``, so this bounds it at ``O(nlist^2 D)``
+DEFAULT_POINTS_PER_CELL = 64
+
+#: training points per list of a query index (:class:`geograph.DenseRetriever`; faiss's own
+#: cap): trained once, searched by every query, so the better quantizer pays
+QUERY_POINTS_PER_CELL = 256
 
 
 Transform = Callable[[Tensor], Tensor]
@@ -97,12 +105,32 @@ def self_topk(z: Tensor, k: int, *, index: str = "exact", nlist: Optional[int] =
 
 
 def default_nlist(n: int) -> int:
-    """``nlist`` unless given: about ``4 sqrt(N)`` cells (a power of two), e.g. 4096 at 1M passages."""
-    return max(1, 1 << int(round(math.log2(max(1.0, 4.0 * math.sqrt(n))))))
+    """``nlist`` of a query index (:class:`geograph.DenseRetriever`) unless given: about
+    ``4 sqrt(N)`` lists (a power of two), e.g. 4096 at 1M passages."""
+    return _pow2(4.0 * math.sqrt(n))
 
 
-def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int]) -> int:
-    """Validate IVF options for ``n`` passages; returns the training sample size."""
+def default_join_nlist(n: int) -> int:
+    """``nlist`` of the self-join (:func:`ivf_self_topk`) unless given: about ``2 sqrt(N)`` cells
+    (a power of two), e.g. 1024 at 200k and 2048 at 1M passages.
+
+    Half the query index's: the join trains the quantizer on ``64 x nlist`` rows (time
+    ``O(nlist^2 D)``) and joins cells of about ``N / nlist`` rows (time ``O(N^2 nprobe D / nlist)``);
+    at 200k MiniLM-like vectors, 2048 cells spent 54 of 96 s training (``geograph bench scale``,
+    ``docs/bench/scale.json``), and bigger cells probe a larger share of the corpus at the same
+    ``nprobe`` (higher recall).
+    """
+    return _pow2(2.0 * math.sqrt(n))
+
+
+def _pow2(x: float) -> int:
+    return max(1, 1 << int(round(math.log2(max(1.0, x)))))
+
+
+def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int],
+              per_cell: int = DEFAULT_POINTS_PER_CELL) -> int:
+    """Validate IVF options for ``n`` passages; returns the training sample size (default
+    ``per_cell x nlist``, at most ``n``)."""
     nlist = check_positive_int(nlist, "nlist")
     nprobe = check_positive_int(nprobe, "nprobe")
     if nlist > n:
@@ -111,7 +139,7 @@ def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int]) -> int:
         raise ValueError(f"nprobe={nprobe} exceeds nlist={nlist}: a cell cannot probe more cells than exist")
     need = MIN_POINTS_PER_CELL * nlist
     if sample is None:
-        sample = min(n, max(need, 256 * nlist))
+        sample = min(n, per_cell * nlist)
     sample = check_positive_int(sample, "sample")
     if sample > n:
         raise ValueError(f"sample={sample} exceeds the number of passages ({n})")
@@ -204,9 +232,9 @@ def ivf_self_topk(
     Args:
         z: ``(N, D)`` rows (unit for cosine), CPU or CUDA.
         k: neighbours per row, ``1 <= k < N``.
-        nlist: cells (default :func:`default_nlist`); ``nlist <= N``.
+        nlist: cells (default :func:`default_join_nlist`); ``nlist <= N``.
         nprobe: cells each cell is joined with (its own included), ``<= nlist``.
-        sample: k-means training rows (default ``max(39, 256) x nlist``, at most N).
+        sample: k-means training rows (default ``64 x nlist``, at most N; at least ``39 x nlist``).
         seed: the sample and the k-means seed.
         refine: one neighbours-of-neighbours round (:func:`refine_neighbours`).
         block: largest tile side.
@@ -215,7 +243,8 @@ def ivf_self_topk(
         target: ``(N,)`` positive factors of the pair's target: row ``i`` ranks ``j`` by
             ``transform(s_ij) * target[j]`` (G3's density penalty); each computed tile serves
             both directions, each with its own target.
-        progress: a progress bar over the cells.
+        progress: progress bars with ETA over each stage (assign, join, probes, own probes, refine);
+            a string labels them.
         timings: a dict that receives the seconds of each stage (``train``, ``assign``,
             ``join``, ``own_probes``, ``refine``).
 
@@ -233,12 +262,12 @@ def ivf_self_topk(
     k = check_positive_int(k, "k")
     if k >= n:
         raise ValueError(f"k={k} must be below the number of rows ({n})")
-    nlist = default_nlist(n) if nlist is None else nlist
+    nlist = default_join_nlist(n) if nlist is None else nlist
     sample = check_ivf(n, nlist, nprobe, sample)
     clock = _Clock(timings)
     centroids = train_centroids(z, nlist, sample=sample, seed=seed)
     clock("train")
-    assign = tiled_topk(z, centroids, 1, block=block)[1].squeeze(1)
+    assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
     order = torch.sort(assign, stable=True).indices
     counts = torch.bincount(assign, minlength=nlist)
     ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
@@ -247,11 +276,7 @@ def ivf_self_topk(
     best_i = torch.full((n, k), -1, dtype=torch.long, device=z.device)  # corpus ids
     pairs = _cell_pairs(centroids, nprobe)
     clock("assign")
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n, desc=progress if isinstance(progress, str) else "ivf join", unit="row", leave=False)
+    bar = progress_bar(progress, n, "ivf join", "join")
     for a in range(nlist):
         a0, a1 = ptr[a], ptr[a + 1]
         if a1 == a0:
@@ -285,14 +310,19 @@ def ivf_self_topk(
     if bar is not None:
         bar.close()
     clock("join")
-    _own_probes(zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target)
+    _own_probes(zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target,
+                progress)
     clock("own_probes")
+    del zs  # before the lists go back to corpus order: one (N, D) and one set of lists less at the peak
     vals = torch.empty_like(best_v)
+    vals[order] = best_v
+    del best_v
     out_i = torch.empty_like(best_i)
-    vals[order], out_i[order] = best_v, best_i
-    del zs, best_v, best_i
+    out_i[order] = best_i
+    del best_i
     if refine:
-        vals, out_i = refine_neighbours(z, vals, out_i, block=block, transform=transform, target=target)
+        vals, out_i = refine_neighbours(z, vals, out_i, block=block, transform=transform, target=target, inplace=True,
+                                        progress=progress and _stage(progress, "refine"))
         clock("refine")
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
     vals, out_i = sort_topk(vals, out_i)
@@ -321,7 +351,7 @@ class _Clock:
 
 def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pairs: list[Tensor], ptr: list[int],
                 nprobe: int, best_v: Tensor, best_i: Tensor, block: int, transform: Optional[Transform],
-                target: Optional[Tensor]) -> None:
+                target: Optional[Tensor], progress: Union[bool, str] = False) -> None:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it."""
     nlist = centroids.shape[0]
@@ -329,7 +359,7 @@ def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pair
     for a, bs in enumerate(pairs):
         met[a, bs.to(zs.device)] = True
     met |= met.T.clone()
-    probes = tiled_topk(zs, centroids, nprobe, block=block)[1]
+    probes = tiled_topk(zs, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1]
     need = ~met[cell.unsqueeze(1), probes]
     rows, slot = need.nonzero(as_tuple=True)
     if rows.numel() == 0:
@@ -339,7 +369,10 @@ def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pair
     rows, cells = rows[by_cell.indices], by_cell.values
     bounds = torch.searchsorted(cells, torch.arange(nlist + 1, device=cells.device)).tolist()
     k = best_v.shape[1]
+    bar = progress_bar(progress, rows.numel(), "ivf join", "own probes")
     for c in range(nlist):
+        if bar is not None:
+            bar.update(bounds[c + 1] - bounds[c])
         if bounds[c + 1] == bounds[c] or ptr[c + 1] == ptr[c]:
             continue
         r = rows[bounds[c] : bounds[c + 1]]
@@ -351,11 +384,19 @@ def _own_probes(zs: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pair
             s = _rank(zs[rr] @ zs[members].T, transform, target, ids)
             tv, ti = merge_topk(s, ids.expand(s.shape[0], -1), min(k, s.shape[1]))
             _merge_into(best_v, best_i, rr, tv, ti)
+    if bar is not None:
+        bar.close()
+
+
+def _stage(progress: Union[bool, str], stage: str) -> str:
+    """The label of one stage's bar: ``"<progress>: <stage>"``."""
+    return f"{progress if isinstance(progress, str) else 'ivf join'}: {stage}"
 
 
 def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int = 8,
                       block: int = DEFAULT_BLOCK, transform: Optional[Transform] = None,
-                      target: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                      target: Optional[Tensor] = None, inplace: bool = False,
+                      progress: Union[bool, str] = False) -> tuple[Tensor, Tensor]:
     """One NN-descent round: each row's list meets its best ``width`` neighbours' best ``width`` neighbours, re-scored exactly.
 
     Args:
@@ -364,17 +405,24 @@ def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int 
         width: neighbours expanded per row (at most ``k``).
         block: bounds the gathered candidate vectors of one step (``block^2`` numbers).
         transform, target: how a pair is ranked (:func:`ivf_self_topk`).
+        inplace: write into ``values`` / ``indices`` (same result; saves one copy of the lists).
+        progress: a progress bar over the rows.
 
     Returns:
         the improved ``(values, indices)``, unordered within a row (:func:`sort_topk` orders them).
     """
     n, k = indices.shape
     w = min(width, k)
-    head = indices[:, :w]
-    out_v, out_i = values.clone(), indices.clone()
+    if inplace:  # the proposals read every row's original head: keep it before rows are rewritten
+        head, out_v, out_i = indices[:, :w].clone(), values, indices
+    else:
+        head, out_v, out_i = indices[:, :w], values.clone(), indices.clone()
     step = max(1, (block * block) // (w * w * z.shape[1]))
+    bar = progress_bar(progress, n, "refine")
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
+        if bar is not None:
+            bar.update(r1 - r0)
         h = head[r0:r1]
         cand = head[h.clamp_min(0)].reshape(r1 - r0, w * w)
         cand = cand.masked_fill((h < 0).repeat_interleave(w, 1), -1)
@@ -391,4 +439,6 @@ def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int 
         vv = vv.gather(1, pos).masked_fill(dup, float("-inf"))
         srt = srt.masked_fill(dup, -1)
         out_v[r0:r1], out_i[r0:r1] = merge_topk(vv, srt, k)
+    if bar is not None:
+        bar.close()
     return out_v, out_i

@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs, tiled_topk
+from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs, tiled_topk
 from geograph.functional.graphs import csr_rowptr
-from geograph.functional.similarity import normalize
+from geograph.functional.similarity import unit_rows
 from geograph.outputs import topk_stable
 
 __all__ = ["gain_density", "gain_transition", "gain_edges", "gain_bound", "check_band", "csr", "DensityInfo",
@@ -29,7 +29,8 @@ def csr(crow: Tensor, col: Tensor, val: Tensor, n: int) -> Tensor:
 
 def _unit(embeddings: Tensor) -> Tensor:
     """Unit rows, validated; float16 / bfloat16 are upcast to float32 (their sums of N products
-    would round away the density and the weights)."""
+    would round away the density and the weights). Rows already of unit norm (e.g. the output
+    of an earlier call) are used as they are (:func:`~geograph.functional.similarity.unit_rows`)."""
     check_tensor(embeddings, "embeddings", 2)
     if embeddings.shape[0] < 2:
         raise ValueError(f"embeddings must hold at least 2 passages, got shape {tuple(embeddings.shape)}")
@@ -37,7 +38,7 @@ def _unit(embeddings: Tensor) -> Tensor:
         embeddings = embeddings.float()
     if bool((embeddings.norm(dim=1) == 0).any()):
         raise ValueError("embeddings holds an all-zero vector: its cosine similarity is undefined")
-    return normalize(embeddings)
+    return unit_rows(embeddings)
 
 
 #: above this many passages ``max_degree=None`` warns: the band keeps over half of all N^2 pairs
@@ -151,17 +152,28 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Opt
         sample = check_positive_int(sample, "sample")
         if sample < 2:
             raise ValueError(f"sample must be at least 2 columns to estimate an error, got {sample}")
-        total = z.double().sum(0)
-        signed = (z.double() @ total - (z.double() * z.double()).sum(1))  # sum_{k != j} S_jk
+        # sum_{k != j} S_jk = z_j . sum_k z_k - |z_j|^2, in float64 by row blocks (no float64 copy of z)
+        total = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
+        for r0 in range(0, n, block):
+            total += z[r0 : r0 + block].double().sum(0)
+        signed = torch.empty(n, dtype=torch.float64, device=z.device)
+        for r0 in range(0, n, block):
+            zb = z[r0 : r0 + block].double()
+            signed[r0 : r0 + block] = zb @ total - (zb * zb).sum(1)
         g = torch.Generator().manual_seed(seed)
         cols = torch.randperm(n, generator=g)[:sample].to(z.device)
         zc = z[cols]
         neg = torch.empty(n, dtype=torch.float64, device=z.device)
         sq = torch.empty_like(neg)
+        bar = progress_bar(progress, n, "density", "sampled")
         for r0 in range(0, n, block):
             t = (z[r0 : r0 + block] @ zc.T).neg_().clamp_min_(0).double()
             neg[r0 : r0 + block] = t.sum(1)
             sq[r0 : r0 + block] = (t * t).sum(1)
+            if bar is not None:
+                bar.update(t.shape[0])
+        if bar is not None:
+            bar.close()
         mean = neg / sample
         var = (sq / sample - mean * mean).clamp_min(0) * sample / (sample - 1)
         se = n * torch.sqrt(var / sample * (1.0 - sample / n))
@@ -233,7 +245,7 @@ class GainEdges:
     """The kept edges of G3RAG's ``W`` before row normalisation, with how they were proven.
 
     Attributes:
-        rows, cols, vals: ``(E,)`` edges (``vals > 0``), any order.
+        rows, cols, vals: ``(E,)`` edges (``vals > 0``) in CSR order: by row, then column.
         certified: ``(N,)`` bool, the row was proven exact from its candidate list (all True
             for the exact build).
         redone: ``(N,)`` bool, the row was recomputed against every passage.
@@ -294,48 +306,67 @@ def gain_edges(
     def score(s: Tensor, cols: Tensor) -> Tensor:
         return _weights(s, penalty[cols], band)
 
-    def exact(rows: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    def exact(rows: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         q = z if rows is None else z[rows]
-        k = min(max_degree, n - 1)
-        val, col, _ = tiled_pairs(q, z, k, block=block, exclude=True if rows is None else rows, score=score,
+        val, col, _ = tiled_pairs(q, z, min(max_degree, n - 1), block=block, exclude=True if rows is None else rows,
+                                  score=score,
                                   progress=progress and (f"{progress} exact" if isinstance(progress, str) else True))
-        row = (torch.arange(n, device=z.device) if rows is None else rows).unsqueeze(1).expand_as(col)
-        keep = val > 0
-        return row[keep], col[keep], val[keep]
+        return val, col
 
     if candidates is None:
-        r, c, v = exact(None)
+        kv, ki = exact(None)
         ones = torch.ones(n, dtype=torch.bool, device=z.device)
-        return GainEdges(r, c, v, certified=ones, redone=~ones)
+        return _csr_edges(kv, ki, certified=ones, redone=~ones)
     if ranking not in ("cosine", "weight"):
         raise ValueError(f"ranking must be 'cosine' or 'weight', got {ranking!r}")
     x, ids = candidates
     kc = ids.shape[1]
-    valid = (ids >= 0) & torch.isfinite(x)
-    if ranking == "cosine":
-        w = _weights(x.clone(), penalty[ids.clamp_min(0)], band).masked_fill_(~valid, 0.0)
-    else:
-        w = x.masked_fill(~valid, 0.0).clamp_min(0.0)
+    if kc < min(max_degree, n - 1):
+        raise ValueError(f"candidates hold K'={kc} per row, fewer than max_degree={max_degree}")
     k = min(max_degree, kc)
-    kv, ki = sort_topk(*merge_topk(w, torch.where(valid, ids, torch.full_like(ids, n)), k))
-    full = valid.all(1)
-    if ranking == "cosine":
-        bound = gain_bound(x[:, -1], band)
-    else:
-        bound = w[:, -1]  # lists are best first; a row that is not full is not certified
-    enough = (kv[:, -1] > 0) if k == max_degree else torch.zeros(n, dtype=torch.bool, device=z.device)
-    certified = full & ((bound == 0) | (enough & (bound < kv[:, -1])))
-    if kc >= n - 1:  # every other passage is a candidate
-        certified = full
+    kv = x.new_empty((n, k))
+    ki = ids.new_empty((n, k))
+    certified = torch.empty(n, dtype=torch.bool, device=z.device)
+    for r0 in range(0, n, EDGE_ROWS):  # row chunks: the temporaries stay O(EDGE_ROWS x K')
+        xc, ic = x[r0 : r0 + EDGE_ROWS], ids[r0 : r0 + EDGE_ROWS]
+        valid = (ic >= 0) & torch.isfinite(xc)
+        if ranking == "cosine":
+            w = _weights(xc.clone(), penalty[ic.clamp_min(0)], band).masked_fill_(~valid, 0.0)
+        else:
+            w = xc.masked_fill(~valid, 0.0).clamp_min_(0.0)
+        cv, ci = sort_topk(*merge_topk(w, torch.where(valid, ic, torch.full_like(ic, n)), k))
+        if ranking == "cosine":
+            bound = gain_bound(xc[:, -1], band)
+        else:
+            bound = w[:, -1]  # lists are best first; a row that is not full is not certified
+        full = valid.all(1)
+        if kc >= n - 1:  # every other passage is a candidate
+            ok = full
+        else:
+            enough = (cv[:, -1] > 0) if k == max_degree else torch.zeros_like(full)
+            ok = full & ((bound == 0) | (enough & (bound < cv[:, -1])))
+        kv[r0 : r0 + EDGE_ROWS], ki[r0 : r0 + EDGE_ROWS], certified[r0 : r0 + EDGE_ROWS] = cv, ci, ok
     redone = ~certified if redo else torch.zeros_like(certified)
-    keep = (kv > 0) & ~redone.unsqueeze(1)
-    row = torch.arange(n, device=z.device).unsqueeze(1).expand_as(ki)
-    r, c, v = row[keep], ki[keep], kv[keep]
     todo = redone.nonzero().squeeze(1)
     if todo.numel():
-        r2, c2, v2 = exact(todo)
-        r, c, v = torch.cat([r, r2]), torch.cat([c, c2]), torch.cat([v, v2])
-    return GainEdges(r, c, v, certified=certified, redone=redone)
+        kv[todo], ki[todo] = exact(todo)
+    return _csr_edges(kv, ki, certified=certified, redone=redone)
+
+
+#: rows of candidate lists turned into edges at a time (bounds the temporaries of :func:`gain_edges`)
+EDGE_ROWS = 1 << 16
+
+
+def _csr_edges(kv: Tensor, ki: Tensor, *, certified: Tensor, redone: Tensor) -> GainEdges:
+    """The positive entries of per-row lists ``(N, k)`` as edges in CSR order (row, then column)."""
+    n = kv.shape[0]
+    ki = ki.masked_fill(~(kv > 0), n)  # dropped entries sort last in their row
+    ki, pos = ki.sort(dim=1)
+    kv = kv.gather(1, pos)
+    del pos
+    keep = ki < n
+    rows = torch.arange(n, device=kv.device).unsqueeze(1).expand_as(ki)[keep]
+    return GainEdges(rows, ki[keep], kv[keep], certified=certified, redone=redone)
 
 
 def gain_transition(
@@ -420,19 +451,20 @@ def gain_transition(
     if tuple(rho.shape) != (n,):
         raise ValueError(f"density must have shape ({n},), got {tuple(rho.shape)}")
     penalty = torch.exp(-beta * rho)
-    edges = None
+    proof = None
     if max_degree is not None and max_degree < n:
         edges = gain_edges(z, penalty, band=band, max_degree=max_degree, candidates=candidates, ranking=ranking,
                            block=block, progress=progress)
-        rows, cols, vals = edges.rows, edges.cols, edges.vals
+        rows, cols, vals, proof = edges.rows, edges.cols, edges.vals, (edges.certified, edges.redone)
+        del edges
     else:
         rows, cols, vals = _full_rows(z, penalty, band, _block_rows(block, n))
-    order = torch.argsort(rows * n + cols)  # CSR: by row, then column
-    rows, cols, vals = rows[order], cols[order], vals[order]
+    # both sources give CSR order (by row, then column): no sort of the E edges
     row_sum = torch.zeros(n, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals)
-    vals = vals / row_sum[rows]
-    t = csr(csr_rowptr(rows, n), cols, vals.to(embeddings.dtype), n)
-    return (t, edges) if return_edges else t
+    t = csr(csr_rowptr(rows, n), cols, (vals / row_sum[rows]).to(embeddings.dtype), n)
+    if not return_edges:
+        return t
+    return t, None if proof is None else GainEdges(rows, cols, vals, certified=proof[0], redone=proof[1])
 
 
 def _full_rows(z: Tensor, penalty: Tensor, band, block: int) -> tuple[Tensor, Tensor, Tensor]:

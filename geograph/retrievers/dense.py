@@ -9,7 +9,7 @@ from typing import Optional
 
 from geograph._checks import tracing
 from geograph.functional.allpairs import sort_topk, tiled_topk
-from geograph.functional.ann import build_ivf_index, check_ivf, default_nlist, resolve_index
+from geograph.functional.ann import QUERY_POINTS_PER_CELL, build_ivf_index, check_ivf, default_nlist, resolve_index
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
 
@@ -61,7 +61,7 @@ class DenseRetriever(nn.Module):
         self.index = resolve_index(index, n, "DenseRetriever")
         self.nlist = default_nlist(n) if nlist is None else nlist
         self.nprobe = nprobe
-        self.sample = check_ivf(n, self.nlist, nprobe, sample) if self.index == "ivf" else sample
+        self.sample = check_ivf(n, self.nlist, nprobe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
         self.seed = seed
         self._ivf = None  # the faiss index, built on first use from the embeddings buffer
         self.register_load_state_dict_post_hook(_drop_index)

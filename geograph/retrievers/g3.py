@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from geograph._checks import check_finite_float, check_finite_where, check_positive_int, check_same_device, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.ann import default_nlist, resolve_index, self_topk
+from geograph.functional.ann import default_join_nlist, resolve_index, self_topk
 from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
@@ -179,7 +179,7 @@ class G3Graph(nn.Module):
                              block=tile, progress="G3 candidates" if progress else False, **rank)
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
             if index == "ivf":
-                info.update(nlist=nlist or default_nlist(n), nprobe=nprobe)
+                info.update(nlist=nlist or default_join_nlist(n), nprobe=nprobe)
         t0 = time.perf_counter()
         t, edges = gain_transition(z, band=band, beta=beta, max_degree=max_degree, block=block, density=rho,
                                    candidates=cand, ranking=ranking, progress="G3 edges" if progress else False,
