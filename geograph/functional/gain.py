@@ -358,12 +358,14 @@ EDGE_ROWS = 1 << 16
 
 
 def _csr_edges(kv: Tensor, ki: Tensor, *, certified: Tensor, redone: Tensor) -> GainEdges:
-    """The positive entries of per-row lists ``(N, k)`` as edges in CSR order (row, then column)."""
+    """The positive entries of per-row lists ``(N, k)`` as edges in CSR order (row, then column).
+
+    Sorts ``kv`` / ``ki`` in place (by row chunks: no second copy of the lists at the peak)."""
     n = kv.shape[0]
-    ki = ki.masked_fill(~(kv > 0), n)  # dropped entries sort last in their row
-    ki, pos = ki.sort(dim=1)
-    kv = kv.gather(1, pos)
-    del pos
+    for r0 in range(0, n, EDGE_ROWS):
+        v, i = kv[r0 : r0 + EDGE_ROWS], ki[r0 : r0 + EDGE_ROWS]
+        i, pos = i.masked_fill(~(v > 0), n).sort(dim=1)  # dropped entries sort last in their row
+        kv[r0 : r0 + EDGE_ROWS], ki[r0 : r0 + EDGE_ROWS] = v.gather(1, pos), i
     keep = ki < n
     rows = torch.arange(n, device=kv.device).unsqueeze(1).expand_as(ki)[keep]
     return GainEdges(rows, ki[keep], kv[keep], certified=certified, redone=redone)
