@@ -97,12 +97,14 @@ def test_bench_serve_answers_compare_ids_order_and_scores():
 def test_soak_mixed_requests_bounded_memory_no_wrong_answer_no_5xx(tmp_path):
     """600 mixed requests (texts, vectors, candidate texts and ids) from 16 clients, drawn from 150
     requests answered alone first: after a warm-up pass no server process grows by more than
-    50 MB, every answer equals the one given alone, none is a 5xx, and the server stops cleanly."""
+    50 MB, every answer equals the one given alone, none is a 5xx, and the server stops cleanly.
+    The workers' text LRU holds 64 texts, fewer than the pool's (~500), so texts are encoded
+    again in groups with whatever shares their batch."""
     from geograph.bench.serve import main
 
     code = main(["--text-requests", "0", "--requests", "0", "--soak", "600", "--pool", "150", "--clients", "16",
                  "--repeat", "1", "--server-arg=--accelerator=cpu", "--server-arg=--timeout=300",
-                 "--server-arg=--max-batch-size=16", "--out", str(tmp_path)])
+                 "--server-arg=--max-batch-size=16", "--server-arg=--text-cache-size=64", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "serve.json").read_text())
     s = result["soak"]
     print(f"\nsoak: {s['requests']} requests, {s['req_per_s']:.1f} req/s, RSS growth (MB) {s['rss_growth_mb']}")

@@ -15,7 +15,9 @@ It starts a server on 127.0.0.1 (``--method``, ``--corpus``; extra server flags 
 * **soak** (``--soak N``): N mixed requests drawn from a pool of requests whose answers were
   first fetched one at a time; after a warm-up pass the resident memory (RSS) of every server
   process before and after, wrong answers (ids or order differ, or a score by more than 1e-6),
-  5xx. Needs a server this command started (RSS is read from its process tree).
+  5xx. Needs a server this command started (RSS is read from its process tree). With a
+  server whose ``--text-cache-size`` is below the pool's texts, texts are encoded again under
+  load (in groups with other requests' texts) and checked against their answers alone.
 
 Targets of issue 26: p99 <= 4 x p50 (mixed), text req/s >= 50% of the limit, and in the soak
 RSS growth <= 50 MB per process, 0 wrong answers, 0 5xx. Prints a table and writes
