@@ -60,7 +60,10 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_encoder():
-    """Request texts are encoded one at a time by the server (batch-independent): so here."""
+    """Each request text alone, with one torch thread: the vector the server gives it in any group
+    (geograph.serve.corpus; tests/test_serve_encoding.py checks that bit for bit)."""
+    from geograph.serve.corpus import one_thread
+
     enc = Encoder(cache=False, batch_size=1, progress=False)
     memo = {}
 
@@ -69,7 +72,8 @@ def text_encoder():
         def encode(texts):
             for t in texts:
                 if t not in memo:
-                    memo[t] = enc.encode([t])[0]
+                    with one_thread():
+                        memo[t] = enc.encode([t])[0]
             return torch.stack([memo[t] for t in texts])
 
     return Memo()

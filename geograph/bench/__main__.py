@@ -12,6 +12,7 @@ BENCHES = {
     "run": "geograph.bench.run",
     "gpu": "geograph.bench.gpu",
     "scale": "geograph.bench.scale",
+    "serve": "geograph.bench.serve",
 }
 
 

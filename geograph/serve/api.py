@@ -50,6 +50,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         worker_signals()
         s = self.settings
         self.device = torch.device(device)
+        if self.device.type == "cpu" and s.get("worker_threads"):
+            torch.set_num_threads(int(s["worker_threads"]))  # no more threads than cores (server.worker_threads)
         self.dataset = read_corpus(s["corpus"])
         self.index = {d: i for i, d in enumerate(self.dataset.doc_ids)}
         self.encoder = TextEncoder(s["encoder"], query_prefix=s["query_prefix"], passage_prefix=s["passage_prefix"],

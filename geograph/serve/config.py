@@ -52,12 +52,21 @@ class ServeConfig(BaseModel):
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Union[int, Literal["auto"]] = "auto"
     workers_per_device: int = Field(1, ge=1)
+    threads: Union[int, Literal["auto"]] = Field("auto", description="torch intra-op threads of each inference worker "
+                                                 "on the CPU (auto: the usable CPUs divided among the workers)")
     api_servers: int = Field(1, ge=1)
     shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
     api_key: Optional[SecretStr] = Field(None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)")
     public: list[Literal["metrics", "docs"]] = Field(default_factory=list,
                                                      description="endpoint groups open without the key")
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: Union[int, str]) -> Union[int, str]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be a positive integer or 'auto', got {v}")
+        return v
 
     @field_validator("api_key")
     @classmethod
@@ -125,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
     p.add_argument("--devices", help="number of devices or auto")
     p.add_argument("--workers-per-device", type=int, help="1")
+    p.add_argument("--threads", help="torch threads per inference worker on the CPU, or auto (the CPUs divided among the workers)")
     p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
     p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
     p.add_argument("--log-level", help="warning")
@@ -180,6 +190,11 @@ def load_config(argv: Optional[Sequence[str]] = None) -> ServeConfig:
             raise ConfigError(f"--param {item!r}: the value is not valid YAML") from None
     if params or "params" in values:
         values["params"] = params
+    if "threads" in args and args["threads"] != "auto":
+        try:
+            args["threads"] = int(args["threads"])
+        except ValueError:
+            raise ConfigError(f"threads: expected a positive integer or 'auto', got {args['threads']!r}") from None
     if "devices" in args and args["devices"] != "auto":
         try:
             args["devices"] = int(args["devices"])

