@@ -18,6 +18,13 @@ same run:
 - ``DenseRetriever`` IVF recall@20 and ms/query at B=64 next to the exact scan (same
   queries, warmed, repeated: median and spread).
 
+With ``--ray [ADDRESS]`` both builds are made again with their tiles on Ray
+(:mod:`geograph.distributed`; alone: a local Ray on this machine), each in a fresh process that
+connects and warms the workers before its clock starts (both timed and reported apart): the
+wall time against the single-process build, the overhead, the tasks, and whether the two graphs
+are equal (the same edges and density; weights within 1e-6). The peak RSS of a Ray build is the
+driver's only (the workers are Ray's processes).
+
 Then the real sets at their own size (SciFact, MuSiQue by default): the same recalls, and
 whether ISO-RAG and G3RAG return the same top-k with IVF-built graphs as with exact ones on
 every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.ann.default_nlist`).
