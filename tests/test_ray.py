@@ -205,6 +205,7 @@ def test_ray_build_without_retries_fails_clearly(ray_local):
 
 # -- embedding on Ray Data -----------------------------------------------------------------------
 @pytest.mark.integration
+@pytest.mark.slow  # the demo runs every method once (about 1.5 min on the shared 2-core CPU)
 def test_ray_embedding_equals_encoder_and_demo_reads_the_cache(ray_local, tmp_path):
     require("sentence_transformers")
     from geograph.cli import main
