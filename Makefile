@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
-EXTRAS := dev,text,bench,train,serve,faiss,notebooks,langchain,llamaindex,haystack,interop
+EXTRAS := dev,text,bench,train,serve,faiss,notebooks,langchain,llamaindex,haystack,interop,ray
 STAMP := $(VENV)/.installed-$(EXTRAS)
 
 .PHONY: demo test test-fast bench clean

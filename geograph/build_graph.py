@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from geograph.console import UsageError, make_parser
+from geograph.console import UsageError, add_ray_options, check_ray_options, make_parser
 
 DESCRIPTION = """\
 Embed the passages of a BEIR-format folder with all-MiniLM-L6-v2 (cached on disk) and save a
@@ -21,7 +22,12 @@ graphs from an IVF cell join (--nlist cells trained on --sample passages, each j
 --nprobe nearest; exact scores), G3 from --candidates cosine candidates per passage with a
 per-row certificate (rows it cannot prove are recomputed exactly) and a density estimated
 from --density-sample columns. A build interrupted by Ctrl-C writes nothing; the save itself
-writes the graph's metadata last, so an interrupted save never leaves a graph that loads."""
+writes the graph's metadata last, so an interrupted save never leaves a graph that loads.
+
+Past one machine: --ray embeds the missing passages on a Ray Data actor pool (--concurrency
+encoders, --num-gpus each) into the same embedding cache and runs the graph's tiles as Ray
+tasks; the graph equals the one built without --ray. --ray alone starts a local Ray; --ray auto
+or --ray ray://HOST:PORT joins a cluster (--data and --cache on storage every node reads)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="columns sampled for the density (default: exact; 8192 with --index ivf; 0 = exact)")
     p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the graph to")
+    add_ray_options(p)
     return p
 
 
@@ -65,6 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.knn is not None and not 1 <= args.knn < n:
             raise UsageError(f"--knn must be at least 1 and below the number of passages ({n}), got {args.knn}")
         _check_index_options(args, n)
+        check_ray_options(args)
         if args.mentions:  # the links depend on the texts only: check them before embedding
             import torch
 
@@ -82,23 +90,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from geograph.corpus import CorpusGraph
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    emb = Encoder(cache=args.cache, progress=True).encode(dataset.passages())
-    ivf = dict(index=args.index, nlist=args.nlist, nprobe=args.nprobe, sample=args.sample, progress=True)
-    try:
-        if args.knn is not None:
-            graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
-        elif args.g3:
-            from geograph.retrievers.g3 import G3Graph
+    with contextlib.ExitStack() as stack:
+        if args.ray is not None:
+            try:
+                from geograph.distributed import embed_corpus, on_ray
+            except ImportError as e:
+                return UsageError(f"--ray: {e}").exit(parser.prog)
+            try:
+                executor = stack.enter_context(on_ray(args.ray))
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                return UsageError(f"--ray {args.ray}: cannot connect ({str(e).splitlines()[0]})").exit(parser.prog)
+            report = embed_corpus(args.data, cache=args.cache, concurrency=args.concurrency, num_gpus=args.num_gpus,
+                                  batch_size=args.batch_size)
+            print(f"embedding on Ray: {report}")
+        emb = Encoder(cache=args.cache, progress=True, batch_size=args.batch_size).encode(dataset.passages())
+        ivf = dict(index=args.index, nlist=args.nlist, nprobe=args.nprobe, sample=args.sample, progress=True)
+        try:
+            if args.knn is not None:
+                graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
+            elif args.g3:
+                from geograph.retrievers.g3 import G3Graph
 
-            graph = G3Graph.build(emb, max_degree=args.max_degree, beta=args.beta, band=tuple(args.band),
-                                  candidates=args.candidates, density_sample=args.density_sample, **ivf)
-        else:
-            graph = CorpusGraph.from_mentions(emb, dataset.titles, dataset.texts)
-    except ValueError as e:  # an index option the corpus cannot take
-        return UsageError(str(e)).exit(parser.prog)
-    except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
-        return 130
+                graph = G3Graph.build(emb, max_degree=args.max_degree, beta=args.beta, band=tuple(args.band),
+                                      candidates=args.candidates, density_sample=args.density_sample, **ivf)
+            else:
+                graph = CorpusGraph.from_mentions(emb, dataset.titles, dataset.texts)
+        except ValueError as e:  # an index option the corpus cannot take
+            return UsageError(str(e)).exit(parser.prog)
+        except KeyboardInterrupt:
+            print("interrupted: nothing was written", file=sys.stderr)
+            return 130
+        except RuntimeError as e:  # a Ray build whose tiles failed past their retries
+            print(f"{parser.prog}: error: {e}; nothing was written", file=sys.stderr)
+            return 1
+        if args.ray is not None and getattr(graph, "build_info", None) is not None:
+            graph.build_info = dict(graph.build_info, ray={"address": args.ray, "tasks": executor.tasks,
+                                                           "cpus": executor.session["cpus"]})
     graph.save(args.out)
     if getattr(graph, "build_info", None):
         print(f"build: {graph.build_info}")

@@ -13,7 +13,8 @@ USAGE = """usage: geograph <command> [options]
 commands:
   demo         every method side by side on the shipped corpus (or --data DIR), then a quality table
   bench        benchmarks against the slow references: geograph bench {run,gpu,maniscope,ricci,iso,g3,scale,serve} [options]
-  build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG
+  build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG, or a G3Graph
+  embed        embed a BEIR folder or JSONL file into the embedding cache (--ray: a Ray Data actor pool)
   serve        HTTP rerank/retrieve server on LitServe: geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR [--config serve.yaml]
 
 run 'geograph <command> --help' for the options of a command."""
@@ -80,6 +81,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from geograph.build_graph import main as build_main
 
         return build_main(rest)
+    if command == "embed":
+        from geograph.embed import main as embed_main
+
+        return embed_main(rest)
     if command == "serve":
         from geograph.serve import main as serve_main
 

@@ -30,6 +30,31 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> None:
+    """``--ray [ADDRESS]`` and, with ``embed``, the encoder actor pool's options (the ``ray`` extra)."""
+    g = parser.add_argument_group("Ray (pip install 'geograph[ray]')")
+    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run on Ray: alone, a local Ray on this machine; 'auto' or ray://HOST:PORT joins a cluster")
+    if embed:
+        g.add_argument("--concurrency", type=int, default=2, help="encoder actors with --ray (default: 2)")
+        g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per encoder actor with --ray (default: 0)")
+        g.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default: 64)")
+
+
+def check_ray_options(args) -> None:
+    """One line naming the option when an actor-pool option makes no sense (or is given without --ray)."""
+    if getattr(args, "concurrency", None) is None:
+        return
+    if args.ray is None and (args.concurrency != 2 or args.num_gpus != 0):
+        raise UsageError("--concurrency and --num-gpus apply to --ray")
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if not args.num_gpus >= 0:
+        raise UsageError(f"--num-gpus must be at least 0, got {args.num_gpus}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+
+
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|ref):`~?([^`<]*?)(?:\s*<[^>]*>)?`")
 
 

@@ -32,7 +32,7 @@ def test_bench_help_lists_its_subcommands(capsys):
     assert err.count("\n") == 1 and "name a benchmark: " in err and "run" in err
 
 
-@pytest.mark.parametrize("command", ["demo", "build-graph"])
+@pytest.mark.parametrize("command", ["demo", "build-graph", "embed"])
 def test_help_is_plain_text(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])

@@ -18,6 +18,13 @@ same run:
 - ``DenseRetriever`` IVF recall@20 and ms/query at B=64 next to the exact scan (same
   queries, warmed, repeated: median and spread).
 
+With ``--ray [ADDRESS]`` both builds are made again with their tiles on Ray
+(:mod:`geograph.distributed`; alone: a local Ray on this machine), each in a fresh process that
+connects and warms the workers before its clock starts (both timed and reported apart): the
+wall time against the single-process build, the overhead, the tasks, and whether the two graphs
+are equal (the same edges and density; weights within 1e-6). The peak RSS of a Ray build is the
+driver's only (the workers are Ray's processes).
+
 Then the real sets at their own size (SciFact, MuSiQue by default): the same recalls, and
 whether ISO-RAG and G3RAG return the same top-k with IVF-built graphs as with exact ones on
 every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.ann.default_nlist`).
@@ -32,6 +39,7 @@ is the realistic case and the Gaussian the hard one for an IVF index (no topics 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import resource
@@ -50,6 +58,7 @@ GENERATORS = ("mixture", "gauss")
 BUILDS = ("knn", "g3", "dense")
 KNN_K = 10
 MAX_DEGREE = 128
+RAY_FORMATS = {"tasks": "12d", "equal": ">12"}
 
 
 # -- generators ------------------------------------------------------------------------------
@@ -136,30 +145,56 @@ def _child(task: dict, queue) -> None:
     try:
         torch.set_num_threads(task["threads"])
         x = torch.from_numpy(np.load(task["path"], mmap_mode="c"))  # mapped copy-on-write: pages read from the file
-        base = _rss_mb()
-        t0 = time.perf_counter()
-        out: dict = {}
-        if task["kind"] == "knn":
-            from geograph.corpus import CorpusGraph
-
-            g = CorpusGraph.from_knn(x, KNN_K, index=task["index"], nprobe=task["nprobe"], progress=task["progress"])
-            np.save(task["out"], g.edge_index.numpy())
-            out["stages"] = g.build_info.get("seconds", {})
-        else:
-            from geograph.retrievers.g3 import G3Graph
-
-            g = G3Graph.build(x, max_degree=MAX_DEGREE, index=task["index"], nprobe=task["nprobe"],
-                              candidates=task["candidates"], density_sample=task["density_sample"],
-                              ranking=task["ranking"], progress=task["progress"])
-            np.savez(task["out"], crow=g.crow.numpy(), col=g.col.numpy(), val=g.val.numpy(), density=g.density.numpy())
-            info = g.build_info
-            out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
-            out["build_info"] = info
-        out.update(seconds=time.perf_counter() - t0, peak_rss_mb=_rss_mb(), base_rss_mb=base)
+        with contextlib.ExitStack() as stack:
+            out: dict = {}
+            if task.get("ray") is not None:
+                executor, out["ray"] = _enter_ray(stack, task["ray"], x)
+            base = _rss_mb()
+            t0 = time.perf_counter()
+            _build(task, x, out)
+            out.update(seconds=time.perf_counter() - t0, peak_rss_mb=_rss_mb(), base_rss_mb=base)
+            if "ray" in out:
+                out["ray"]["tasks"] = executor.tasks
         queue.put(out)
     except BaseException as exc:  # report, do not hang the parent
         queue.put({"error": f"{type(exc).__name__}: {exc}"})
         raise
+
+
+def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
+    """Connect (or start a local Ray) and warm its workers with a small build, both timed apart from the build."""
+    from geograph.corpus import CorpusGraph
+    from geograph.distributed import on_ray
+
+    t0 = time.perf_counter()
+    executor = stack.enter_context(on_ray(address))
+    connect = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    CorpusGraph.from_knn(x[:2048], 5, chunk_size=256)  # every worker imports torch and geograph once
+    warm = time.perf_counter() - t0
+    executor.tasks = 0
+    return executor, {"address": address, "cpus": executor.session["cpus"], "connect_seconds": connect,
+                      "warmup_seconds": warm}
+
+
+def _build(task: dict, x: torch.Tensor, out: dict) -> None:
+    """One build of ``task["kind"]``; its graph arrays saved to ``task["out"]``."""
+    if task["kind"] == "knn":
+        from geograph.corpus import CorpusGraph
+
+        g = CorpusGraph.from_knn(x, KNN_K, index=task["index"], nprobe=task["nprobe"], progress=task["progress"])
+        np.save(task["out"], g.edge_index.numpy())
+        out["stages"] = g.build_info.get("seconds", {})
+    else:
+        from geograph.retrievers.g3 import G3Graph
+
+        g = G3Graph.build(x, max_degree=MAX_DEGREE, index=task["index"], nprobe=task["nprobe"],
+                          candidates=task["candidates"], density_sample=task["density_sample"],
+                          ranking=task["ranking"], progress=task["progress"])
+        np.savez(task["out"], crow=g.crow.numpy(), col=g.col.numpy(), val=g.val.numpy(), density=g.density.numpy())
+        info = g.build_info
+        out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
+        out["build_info"] = info
 
 
 def build_in_child(task: dict) -> dict:
@@ -275,6 +310,8 @@ def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) ->
                                         density_sample=args.density_sample, ranking=args.ranking,
                                         out=str(tmp / f"{label}-g3.npz")))
         res["g3"].update(g3_check(z, rows, np.load(tmp / f"{label}-g3.npz"), args.exact_limit))
+    if args.ray is not None:
+        res["ray"] = ray_compare(common, args, tmp, label, res)
     if "dense" in args.builds:
         print(f"[{label}] DenseRetriever exact vs IVF ...", flush=True)
         res["dense"] = dense_compare(z, torch.from_numpy(queries), nprobe=args.dense_nprobe)
@@ -306,6 +343,32 @@ def g3_check(z: torch.Tensor, rows: torch.Tensor, g3, exact_limit: int) -> dict:
         out["reference"] = "exact rows with the build's density"
     rec, l1 = g3_row_errors(g3, rows.numpy(), exact_g3_rows(z, rows, penalty))
     out.update(edge_recall=rec, weight_l1=l1, check_rows=len(rows), check_seconds=time.perf_counter() - t0)
+    return out
+
+
+# -- Ray against the single-process build -----------------------------------------------------
+def ray_compare(common: dict, args, tmp: Path, label: str, res: dict) -> dict:
+    """The same two builds with their tiles on Ray (fresh process, Ray connected and its workers warmed
+    before the clock starts): wall time, overhead against the single-process build, and equality."""
+    out: dict = {}
+    for kind in [b for b in ("knn", "g3") if b in res]:  # the builds made in this run
+        print(f"[{label}] {kind} graph on Ray ({args.ray}) ...", flush=True)
+        extra = {} if kind == "knn" else dict(candidates=args.candidates, density_sample=args.density_sample,
+                                              ranking=args.ranking)
+        path = tmp / f"{label}-{kind}-ray.{'npy' if kind == 'knn' else 'npz'}"
+        r = build_in_child(dict(common, kind=kind, ray=args.ray, out=str(path), **extra))
+        local = tmp / f"{label}-{kind}.{'npy' if kind == 'knn' else 'npz'}"
+        if kind == "knn":
+            same = bool(np.array_equal(np.load(path), np.load(local)))
+            r["equal"] = same
+        else:
+            a, b = np.load(path), np.load(local)
+            same = all(np.array_equal(a[f], b[f]) for f in ("crow", "col", "density"))
+            r["equal"] = same and bool(np.abs(a["val"] - b["val"]).max(initial=0.0) <= 1e-6)
+            r["val_max_diff"] = float(np.abs(a["val"] - b["val"]).max(initial=0.0)) if same else None
+        r["single_process_seconds"] = res[kind]["seconds"]
+        r["overhead"] = r["seconds"] / res[kind]["seconds"] - 1.0
+        out[kind] = r
     return out
 
 
@@ -365,6 +428,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cache", help="embedding cache directory")
     p.add_argument("--progress", action="store_true", help="progress bars of the builds")
     p.add_argument("--out", default="bench-results")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="also build both graphs with their tiles on Ray (alone: a local Ray on this machine; "
+                        "'auto' or ray://HOST:PORT: a cluster) and report the overhead against the single-process build")
     args = p.parse_args(argv)
 
     from geograph.data import Encoder, load_beir, load_corpus
@@ -416,6 +482,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if rows:
         print("\ncorpus scale (synthetic MiniLM-like 384-d, this machine):")
         print(format_table(rows, table_cols))
+    ray_rows = {f"{label} {kind}": {"single s": r["ray"][kind]["single_process_seconds"], "Ray s": r["ray"][kind]["seconds"],
+                                    "overhead": r["ray"][kind]["overhead"], "tasks": r["ray"][kind]["ray"]["tasks"],
+                                    "connect s": r["ray"][kind]["ray"]["connect_seconds"],
+                                    "warm-up s": r["ray"][kind]["ray"]["warmup_seconds"], "equal": str(r["ray"][kind]["equal"])}
+                for label, r in results["sizes"].items() if "ray" in r for kind in ("knn", "g3")}
+    ray_cols = ["single s", "Ray s", "overhead", "tasks", "connect s", "warm-up s", "equal"]
+    if ray_rows:
+        print(f"\nRay ({args.ray}) against the single-process build (same machine, same threads):")
+        print(format_table(ray_rows, ray_cols, RAY_FORMATS))
     real_cols = ["N", "knn_recall@10", "g3_certified", "g3_redone", "rho_max_error", "iso_same_topk", "g3_same_topk"]
     if results["real"]:
         print("\nreal sets at their own size (IVF forced):")
@@ -423,7 +498,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     path = write_json("scale", results, args.out)
     md = Path(args.out) / "scale.md"
     md.write_text("# geograph bench scale\n\n```\n" + (format_table(rows, table_cols) if rows else "") + "\n\n"
-                  + (format_table(results["real"], real_cols) if results["real"] else "") + "\n```\n")
+                  + (format_table(results["real"], real_cols) if results["real"] else "")
+                  + ("\n\n" + format_table(ray_rows, ray_cols, RAY_FORMATS) if ray_rows else "") + "\n```\n")
     print(f"\nwrote {path} and {md}")
     return 0
 

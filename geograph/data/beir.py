@@ -130,14 +130,16 @@ def check_beir(path: Union[str, Path], split: str = "test") -> Path:
 
 
 def load_corpus(path: Union[str, Path]) -> Dataset:
-    """The passages of a BEIR-format folder (its ``corpus.jsonl``), without queries or judgements.
+    """The passages of a BEIR-format folder (its ``corpus.jsonl``) or of one JSONL file of passages,
+    without queries or judgements.
 
     Args:
-        path: folder with ``corpus.jsonl``.
+        path: folder with ``corpus.jsonl``, or a JSONL file of BEIR corpus records
+            (``_id``, ``title``, ``text``).
 
     Returns:
-        a :class:`Dataset` named after the folder with ``doc_ids``, ``titles`` and ``texts``
-        (a missing or null title or text is ``""``) and no queries.
+        a :class:`Dataset` named after the folder (or the file's stem) with ``doc_ids``, ``titles``
+        and ``texts`` (a missing or null title or text is ``""``) and no queries.
 
     Raises:
         BEIRError: for a missing or empty ``corpus.jsonl``, a malformed line or a record
@@ -145,18 +147,19 @@ def load_corpus(path: Union[str, Path]) -> Dataset:
 
     Example:
         >>> from geograph.data import DEMO_PATH
-        >>> len(load_corpus(DEMO_PATH).doc_ids)
-        111
+        >>> len(load_corpus(DEMO_PATH).doc_ids), len(load_corpus(DEMO_PATH / "corpus.jsonl").doc_ids)
+        (111, 111)
     """
     root = Path(path)
-    if not (root / "corpus.jsonl").is_file():
+    file = root if root.is_file() else root / "corpus.jsonl"
+    if not file.is_file():
         raise BEIRFileError(f"{root} is not a BEIR folder: no corpus.jsonl")
-    corpus = _read_jsonl(root / "corpus.jsonl")
+    corpus = _read_jsonl(file)
     if not corpus:
-        raise BEIRError(f"{root}/corpus.jsonl is empty: no passages")
+        raise BEIRError(f"{file} is empty: no passages")
     if any("_id" not in d for d in corpus):
-        raise BEIRError(f"{root}/corpus.jsonl: every record needs an '_id'")
-    return Dataset(name=root.name, doc_ids=[str(d["_id"]) for d in corpus],
+        raise BEIRError(f"{file}: every record needs an '_id'")
+    return Dataset(name=root.stem if root.is_file() else root.name, doc_ids=[str(d["_id"]) for d in corpus],
                    titles=[d.get("title", "") or "" for d in corpus], texts=[d.get("text", "") or "" for d in corpus],
                    query_ids=[], queries=[], qrels={})
 

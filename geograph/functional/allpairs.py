@@ -12,7 +12,9 @@ ranking.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -21,7 +23,8 @@ from geograph import _checks
 from geograph._checks import check_positive_int
 from geograph.outputs import topk_by_key, topk_stable
 
-__all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "DEFAULT_BLOCK"]
+__all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "DEFAULT_BLOCK", "tile_executor", "map_tiles",
+           "current_executor", "TileExecutor"]
 
 #: rows and columns of one tile unless told (4096 x 4096 similarities: 64 MB in float32)
 DEFAULT_BLOCK = 4096
@@ -79,6 +82,48 @@ def progress_bar(progress: Union[bool, str], total: int, label: str, stage: Opti
 
     desc = progress if isinstance(progress, str) else label
     return tqdm(total=total, desc=f"{desc}: {stage}" if stage else desc, unit="row", leave=False)
+
+
+#: ``executor(fn, shared, items)`` yields ``(item, fn(shared, item))`` for every item, in any order
+TileExecutor = Callable[[Callable[[dict, Any], Any], dict, Sequence[Any]], Iterator[tuple[Any, Any]]]
+
+_EXECUTOR: ContextVar[Optional[TileExecutor]] = ContextVar("geograph_tile_executor", default=None)
+
+
+@contextmanager
+def tile_executor(executor: Optional[TileExecutor]) -> Iterator[None]:
+    """Inside the block, the independent tiles of :func:`tiled_pairs` (its query-row tiles) and of
+    the IVF join (:func:`~geograph.functional.ann.ivf_self_topk`, its cells) are handed to
+    ``executor`` instead of being run one after another (``None``: run here).
+
+    The executor only decides where a tile runs: every tile is the same function on the same
+    inputs, and the results are merged by the same code, so a build under an executor equals
+    the build without one. :mod:`geograph.distributed` supplies Ray tasks. The setting is a
+    :class:`contextvars.ContextVar`: it holds for the ``with`` block in this thread only.
+    """
+    token = _EXECUTOR.set(executor)
+    try:
+        yield
+    finally:
+        _EXECUTOR.reset(token)
+
+
+def current_executor() -> Optional[TileExecutor]:
+    """The executor of the enclosing :func:`tile_executor` block (``None`` outside one or while tracing)."""
+    return None if _checks.tracing() else _EXECUTOR.get()
+
+
+def map_tiles(fn: Callable[[dict, Any], Any], shared: dict, items: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
+    """``(item, fn(shared, item))`` for every item: one after another here, or by the executor of an
+    enclosing :func:`tile_executor` block (in any order). ``fn`` is a module-level function and
+    ``shared`` holds what every tile reads (tensors, options), so an executor can ship both once.
+    A single item, or a call while tracing, always runs here."""
+    executor = None if len(items) < 2 else current_executor()
+    if executor is None:
+        for item in items:
+            yield item, fn(shared, item)
+    else:
+        yield from executor(fn, shared, items)
 
 
 Score = Callable[[Tensor, Tensor], Tensor]
@@ -151,41 +196,69 @@ def tiled_pairs(
     # one query tile (retrieval) or a traced call: stable top-k, no data-dependent branch (no host
     # read); a build over many query tiles: merge_topk (one host read a tile, about 3x faster)
     traced = _checks.tracing() or n_q <= block
-    for r0 in starts:
-        q = query[r0 : r0 + block]
-        best_v = q.new_empty(q.shape[0], 0)
-        best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
-        own = None if self_ids is None else self_ids[r0 : r0 + block].unsqueeze(1)
-        for c0 in range(0, v, block):
-            s = q @ keys[c0 : c0 + block].T
-            cols = torch.arange(c0, c0 + s.shape[1], device=q.device)
-            hit = None if own is None else own == cols
-            if sums is not None:
-                term = row_sum(s)
-                if hit is not None:
-                    term = term.masked_fill(hit, 0.0)
-                sums[r0 : r0 + q.shape[0]] += term.sum(1)
-            if k == 0:
-                continue
-            ranked = s if score is None else score(s, cols)
-            if hit is not None:
-                ranked = ranked.masked_fill(hit, float("-inf"))
-            if traced:  # positions ascend with key ids, so the stable top-k keeps the tie rule
-                tv, tp = topk_stable(ranked, min(k, ranked.shape[1]))
-                best_v, pos = topk_stable(torch.cat([best_v, tv], 1), min(k, best_v.shape[1] + tv.shape[1]))
-                best_i = torch.cat([best_i, tp + c0], 1).gather(1, pos)
-                continue
-            tv, ti = merge_topk(ranked, cols.expand(ranked.shape[0], -1), min(k, ranked.shape[1]))
-            best_v, best_i = merge_topk(torch.cat([best_v, tv], 1), torch.cat([best_i, ti], 1), k)
+    shared = dict(query=query, keys=keys, k=k, block=block, self_ids=self_ids, score=score, row_sum=row_sum,
+                  traced=traced)
+
+    def put(r0: int, tile: tuple[Tensor, Tensor, Optional[Tensor]]) -> None:
+        best_v, best_i, tile_sums = tile
+        rows = best_v.shape[0]
         if k:
-            if not traced:
-                best_v, best_i = sort_topk(best_v, best_i)
-            out_v[r0 : r0 + q.shape[0]], out_i[r0 : r0 + q.shape[0]] = best_v, best_i
+            out_v[r0 : r0 + rows], out_i[r0 : r0 + rows] = best_v, best_i
+        if sums is not None:
+            sums[r0 : r0 + rows] = tile_sums
         if bar is not None:
-            bar.update(q.shape[0])
+            bar.update(rows)
+
+    if traced:  # (no executor and no generator inside a traced graph)
+        for r0 in range(0, n_q, block):
+            put(r0, pairs_rows(shared, r0))
+    else:
+        for r0, tile in map_tiles(pairs_rows, shared, range(0, n_q, block)):
+            put(r0, tile)
     if bar is not None:
         bar.close()
     return out_v, out_i, sums
+
+
+def pairs_rows(shared: dict, r0: int) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """One query-row tile of :func:`tiled_pairs`: rows ``r0 : r0 + block`` against every key tile.
+
+    ``shared`` holds :func:`tiled_pairs`' inputs (``query``, ``keys``, ``k``, ``block``,
+    ``self_ids``, ``score``, ``row_sum``, ``traced``). Returns the tile's ``(values, ids)``
+    ``(R, k)`` best first and its row sums ``(R,)`` (or ``None``).
+    """
+    query, keys, k, block = shared["query"], shared["keys"], shared["k"], shared["block"]
+    self_ids, score, row_sum, traced = shared["self_ids"], shared["score"], shared["row_sum"], shared["traced"]
+    v = keys.shape[0]
+    q = query[r0 : r0 + block]
+    best_v = q.new_empty(q.shape[0], 0)
+    best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
+    sums = q.new_zeros(q.shape[0]) if row_sum is not None else None
+    own = None if self_ids is None else self_ids[r0 : r0 + block].unsqueeze(1)
+    for c0 in range(0, v, block):
+        s = q @ keys[c0 : c0 + block].T
+        cols = torch.arange(c0, c0 + s.shape[1], device=q.device)
+        hit = None if own is None else own == cols
+        if sums is not None:
+            term = row_sum(s)
+            if hit is not None:
+                term = term.masked_fill(hit, 0.0)
+            sums += term.sum(1)
+        if k == 0:
+            continue
+        ranked = s if score is None else score(s, cols)
+        if hit is not None:
+            ranked = ranked.masked_fill(hit, float("-inf"))
+        if traced:  # positions ascend with key ids, so the stable top-k keeps the tie rule
+            tv, tp = topk_stable(ranked, min(k, ranked.shape[1]))
+            best_v, pos = topk_stable(torch.cat([best_v, tv], 1), min(k, best_v.shape[1] + tv.shape[1]))
+            best_i = torch.cat([best_i, tp + c0], 1).gather(1, pos)
+            continue
+        tv, ti = merge_topk(ranked, cols.expand(ranked.shape[0], -1), min(k, ranked.shape[1]))
+        best_v, best_i = merge_topk(torch.cat([best_v, tv], 1), torch.cat([best_i, ti], 1), k)
+    if k and not traced:
+        best_v, best_i = sort_topk(best_v, best_i)
+    return best_v, best_i, sums
 
 
 def tiled_topk(query: Tensor, keys: Tensor, k: int, *, block: int = DEFAULT_BLOCK, exclude_self: bool = False,

@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_positive_int
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs, tiled_topk
+from geograph.functional.allpairs import (DEFAULT_BLOCK, current_executor, map_tiles, merge_topk, progress_bar, sort_topk,
+                                          tiled_pairs, tiled_topk)
 
 __all__ = ["train_centroids", "ivf_self_topk", "refine_neighbours", "check_ivf", "MIN_POINTS_PER_CELL",
            "default_nlist", "default_join_nlist", "DEFAULT_POINTS_PER_CELL", "QUERY_POINTS_PER_CELL", "resolve_index", "self_topk", "build_ivf_index", "INDEXES", "AUTO_EXACT_MAX"]
@@ -277,49 +278,35 @@ def ivf_self_topk(
     pairs = _cell_pairs(centroids, nprobe)
     clock("assign")
     bar = progress_bar(progress, n, "ivf join", "join")
-    for a in range(nlist):
-        a0, a1 = ptr[a], ptr[a + 1]
-        if a1 == a0:
-            continue
-        cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=z.device) for c in pairs[a].tolist()])
-        col_ids = order[cols]
-        kc = zs[cols]
-        step = max(1, (block * block) // max(1, cols.numel()))
-        for r0 in range(a0, a1, step):
-            r1 = min(a1, r0 + step)
-            s = zs[r0:r1] @ kc.T
-            if transform is not None:
-                s = transform(s)
-            rows = torch.arange(r0, r1, device=z.device)
-            s.masked_fill_(rows.unsqueeze(1) == cols, float("-inf"))
-            # these rows of cell a against every cell a meets
-            fwd = s if target is None else s * target[col_ids]
-            tv, ti = merge_topk(fwd, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
-            _merge_into(best_v, best_i, slice(r0, r1), tv, ti)
-            # the other side: each row of a met cell b > a against these rows of a (each pair once)
-            other = cols >= a1
-            if bool(other.any()):
-                st = s.T[other]
-                if target is not None:
-                    st = st * target[order[rows]]
-                tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
-                tgt = cols[other]
-                _merge_into(best_v, best_i, tgt, tv, ti)
-        if bar is not None:
-            bar.update(a1 - a0)
+    shared = dict(zs=zs, order=order, ptr=ptr, pairs=pairs, k=k, block=block, transform=transform, target=target)
+    executor = current_executor()
+    if executor is None:  # cell by cell, merged in place
+        for a in range(nlist):
+            _join_cell(shared, a, lambda rows, tv, ti: _merge_into(best_v, best_i, rows, tv, ti))
+            if bar is not None:
+                bar.update(ptr[a + 1] - ptr[a])
+    else:  # groups of cells as independent tiles, each returning its merged lists
+        groups = _cell_groups(ptr, pairs, 4 * getattr(executor, "parallelism", 2))
+        for cells, (rows, tv, ti) in map_tiles(join_cells, shared, groups):
+            _merge_into(best_v, best_i, rows, tv, ti)
+            if bar is not None:
+                bar.update(sum(ptr[a + 1] - ptr[a] for a in cells))
     if bar is not None:
         bar.close()
     clock("join")
     _own_probes(zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target,
                 progress)
     clock("own_probes")
-    del zs  # before the lists go back to corpus order: one (N, D) and one set of lists less at the peak
+    del zs, shared  # before the lists go back to corpus order: one (N, D) and one set of lists less at the peak
     vals = torch.empty_like(best_v)
     vals[order] = best_v
     del best_v
     out_i = torch.empty_like(best_i)
     out_i[order] = best_i
     del best_i
+    # canonical lists (best first, ties lowest id, -1 where empty) whatever order the merges ran in
+    vals, out_i = sort_topk(vals, out_i)
+    out_i = out_i.masked_fill(~torch.isfinite(vals), -1)
     if refine:
         vals, out_i = refine_neighbours(z, vals, out_i, block=block, transform=transform, target=target, inplace=True,
                                         progress=progress and _stage(progress, "refine"))
@@ -327,6 +314,67 @@ def ivf_self_topk(
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
     vals, out_i = sort_topk(vals, out_i)
     return vals, out_i.masked_fill(~torch.isfinite(vals), -1)
+
+
+def _join_cell(shared: dict, a: int, sink: Callable[[object, Tensor, Tensor], None]) -> None:
+    """Cell ``a`` joined with every cell it meets: the candidates of its rows, and of the met cells'
+    rows against its rows (each pair once), passed to ``sink(rows, values, ids)`` (sorted positions)."""
+    zs, order, ptr, pairs, k = shared["zs"], shared["order"], shared["ptr"], shared["pairs"], shared["k"]
+    block, transform, target = shared["block"], shared["transform"], shared["target"]
+    a0, a1 = ptr[a], ptr[a + 1]
+    if a1 == a0:
+        return
+    cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=zs.device) for c in pairs[a].tolist()])
+    col_ids = order[cols]
+    kc = zs[cols]
+    step = max(1, (block * block) // max(1, cols.numel()))
+    for r0 in range(a0, a1, step):
+        r1 = min(a1, r0 + step)
+        s = zs[r0:r1] @ kc.T
+        if transform is not None:
+            s = transform(s)
+        rows = torch.arange(r0, r1, device=zs.device)
+        s.masked_fill_(rows.unsqueeze(1) == cols, float("-inf"))
+        # these rows of cell a against every cell a meets
+        fwd = s if target is None else s * target[col_ids]
+        tv, ti = merge_topk(fwd, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
+        sink(slice(r0, r1), tv, ti)
+        # the other side: each row of a met cell b > a against these rows of a (each pair once)
+        other = cols >= a1
+        if bool(other.any()):
+            st = s.T[other]
+            if target is not None:
+                st = st * target[order[rows]]
+            tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
+            sink(cols[other], tv, ti)
+
+
+def join_cells(shared: dict, cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """A group of cells of the IVF join as one independent tile (:func:`~geograph.functional.allpairs.map_tiles`):
+    returns the sorted positions it touched and their merged lists ``(rows, values (R, k), ids (R, k))``.
+    Memory: one ``(N, k)`` list buffer for the group."""
+    zs, k = shared["zs"], shared["k"]
+    best_v = zs.new_full((zs.shape[0], k), float("-inf"))
+    best_i = torch.full((zs.shape[0], k), -1, dtype=torch.long, device=zs.device)
+    touched = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+
+    def sink(rows, tv: Tensor, ti: Tensor) -> None:
+        _merge_into(best_v, best_i, rows, tv, ti)
+        touched[rows] = True
+
+    for a in cells:
+        _join_cell(shared, a, sink)
+    rows = touched.nonzero().squeeze(1)
+    return rows, best_v[rows], best_i[rows]
+
+
+def _cell_groups(ptr: list[int], pairs: list[Tensor], groups: int) -> list[list[int]]:
+    """Consecutive cells cut into about ``groups`` groups of equal join work (rows x met rows)."""
+    size = torch.tensor(ptr[1:]) - torch.tensor(ptr[:-1])
+    work = torch.stack([size[a] * size[p].sum() for a, p in enumerate(pairs)]).double().cumsum(0)
+    cut = torch.searchsorted(work, torch.linspace(0, float(work[-1]), groups + 1)[1:-1].double()).tolist()
+    bounds = sorted(set([0] + [c + 1 for c in cut] + [len(pairs)]))
+    return [list(range(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
 def _merge_into(best_v: Tensor, best_i: Tensor, rows, values: Tensor, ids: Tensor) -> None:

@@ -1,0 +1,71 @@
+"""geograph embed: embed the passages of a BEIR folder (or a JSONL file) into the embedding cache."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from geograph.console import UsageError, add_ray_options, check_ray_options, make_parser
+
+DESCRIPTION = """\
+Embed every passage (title + " " + text) of a BEIR-format folder or of a JSONL file of BEIR
+corpus records with all-MiniLM-L6-v2 into the embedding cache (--cache, default
+$GEOGRAPH_CACHE or ~/.cache/geograph); passages already cached are skipped. The commands that
+read the cache (demo --data, build-graph, bench) then find them.
+
+--ray runs the encoders as a Ray Data actor pool (--concurrency actors, --num-gpus each, one cache
+shard per --rows-per-shard passages): alone it starts a local Ray; --ray auto or
+--ray ray://HOST:PORT joins a cluster, whose nodes must all read --data and write --cache
+(shared storage)."""
+
+
+def build_parser():
+    p = make_parser("geograph embed", DESCRIPTION)
+    p.add_argument("--data", required=True, metavar="PATH", help="BEIR-format folder or a JSONL file of passages")
+    p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
+    add_ray_options(p)
+    p.add_argument("--rows-per-shard", type=int, default=1024, help="passages per cache shard with --ray (default: 1024)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from geograph.data import BEIRError, Encoder, load_corpus
+
+    try:
+        check_ray_options(args)
+        if args.rows_per_shard < 1:
+            raise UsageError(f"--rows-per-shard must be at least 1, got {args.rows_per_shard}")
+        if not Path(args.data).exists():
+            raise UsageError(f"--data: {args.data}: no such file or folder")
+        try:
+            passages = load_corpus(args.data).passages()
+        except BEIRError as e:
+            raise UsageError(f"--data: {e}") from None
+    except UsageError as e:
+        return e.exit(parser.prog)
+    t0 = time.perf_counter()
+    if args.ray is not None:
+        try:
+            from geograph.distributed import embed_corpus
+        except ImportError as e:
+            return UsageError(f"--ray: {e}").exit(parser.prog)
+        try:
+            report = embed_corpus(args.data, cache=args.cache, address=args.ray, concurrency=args.concurrency,
+                                  num_gpus=args.num_gpus, batch_size=args.batch_size, rows_per_shard=args.rows_per_shard)
+        except ConnectionError as e:
+            return UsageError(f"--ray {args.ray}: cannot connect ({str(e).splitlines()[0]})").exit(parser.prog)
+        except RuntimeError as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 1
+        print(f"{report.passages} passages: {report.cached} already cached, {report.encoded} encoded on Ray by "
+              f"{args.concurrency} actors into {report.shards} shards of {report.cache} ({report.seconds:.1f} s)")
+        return 0
+    encoder = Encoder(cache=args.cache, batch_size=args.batch_size, progress=True)
+    _, missing = encoder.cache.get(passages)
+    encoder.encode(passages)
+    print(f"{len(passages)} passages: {len(passages) - len(missing)} already cached, {len(missing)} encoded into "
+          f"{encoder.cache.path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
