@@ -324,7 +324,7 @@ def test_bench_scale_run_size_checks_against_exact(tmp_path):
     q = clustered(64, d=32, clusters=30, noise=0.4, seed=13).astype(np.float32)
     args = argparse.Namespace(builds=["knn", "g3"], index="ivf", nprobe=32, progress=False, candidates=None,
                               density_sample=None, ranking="weight", check_rows=300, exact_limit=10_000,
-                              dense_nprobe=8)
+                              dense_nprobe=8, ray=None)
     res = run_size(x, q, args, tmp_path, "t")
     assert "dense" not in res and res["N"] == 3000
     assert 0.9 <= res["knn"]["recall@10"] <= 1.0 and res["knn"]["peak_rss_mb"] > 0

@@ -453,7 +453,7 @@ def test_property_every_method_and_sigterm(env, text_encoder, method, n, max_poo
         assert requests.post(server.url + "/retrieve", json={"query_embedding": q, "k": 3}).status_code == 200
         seconds = server.stop(signal.SIGTERM)
         print(f"SIGTERM: process tree gone in {seconds:.1f} s")
-        assert seconds < 20
+        assert seconds < 120, "the server did not stop after SIGTERM"  # a hang guard, not a timing check
     finally:
         server.kill()
 
@@ -479,7 +479,7 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
                 same(body, want, "in flight")
         print(f"\nscale-out SIGTERM with requests in flight: tree gone in {seconds:.1f} s; "
               f"{sum(s == 200 for s, _ in results)} of 64 answered, the rest {sorted({s for s, _ in results} - {200}, key=str)}")
-        assert seconds < 20
+        assert seconds < 120, "the server did not stop after SIGTERM"  # a hang guard, not a timing check
     finally:
         server.kill()
 
