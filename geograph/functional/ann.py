@@ -310,10 +310,11 @@ def ivf_self_topk(
     if refine:
         vals, out_i = refine_neighbours(z, vals, out_i, block=block, transform=transform, target=target, inplace=True,
                                         progress=progress and _stage(progress, "refine"))
+        vals, out_i = sort_topk(vals, out_i)  # the round's lists are unordered: canonical again
+        out_i = out_i.masked_fill(~torch.isfinite(vals), -1)
         clock("refine")
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
-    vals, out_i = sort_topk(vals, out_i)
-    return vals, out_i.masked_fill(~torch.isfinite(vals), -1)
+    return vals, out_i
 
 
 def _join_cell(shared: dict, a: int, sink: Callable[[object, Tensor, Tensor], None]) -> None:
