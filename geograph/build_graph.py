@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     idx.add_argument("--index", default="exact", choices=["exact", "ivf", "auto"],
                      help="candidate pairs: every pair (exact), an IVF cell join, or auto (default: exact)")
     idx.add_argument("--nlist", type=int, help="IVF cells of the join (default: about 2 sqrt(N), a power of two)")
-    idx.add_argument("--nprobe", type=int, default=32, help="cells each cell is joined with (default: 32)")
+    idx.add_argument("--nprobe", type=int, help="cells each cell is joined with (default: 32, or as many as hold "
+                     "2,560 passages where cells are small)")
     idx.add_argument("--sample", type=int, help="passages the IVF cells are trained on (default: 256 per cell)")
     g3 = p.add_argument_group("G3 (--g3)")
     g3.add_argument("--max-degree", type=int, default=128, help="strongest edges kept per passage (default: 128)")
@@ -150,10 +151,10 @@ def _check_index_options(args, n: int) -> None:
     elif args.candidates is not None or args.density_sample is not None:
         raise UsageError("--candidates and --density-sample apply to --g3")
     if args.index != "exact":
-        from geograph.functional.ann import check_ivf, default_join_nlist
+        from geograph.functional.ann import check_ivf, default_join_nlist, default_join_nprobe
 
         nlist = args.nlist if args.nlist is not None else default_join_nlist(n)
         try:
-            check_ivf(n, nlist, args.nprobe, args.sample)
+            check_ivf(n, nlist, args.nprobe if args.nprobe is not None else default_join_nprobe(n, nlist), args.sample)
         except ValueError as e:
             raise UsageError(f"--{str(e).split('=')[0].split()[-1]}: {e}") from None

@@ -98,7 +98,7 @@ class CorpusGraph(nn.Module):
 
     @classmethod
     def from_knn(cls, embeddings: Tensor, k: int, *, chunk_size: int = 4096, faiss: bool = False, index: str = "exact",
-                 nlist: Optional[int] = None, nprobe: int = 32, sample: Optional[int] = None, seed: int = 0,
+                 nlist: Optional[int] = None, nprobe: Optional[int] = None, sample: Optional[int] = None, seed: int = 0,
                  progress: bool = False) -> "CorpusGraph":
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 

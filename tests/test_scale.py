@@ -331,3 +331,31 @@ def test_bench_scale_run_size_checks_against_exact(tmp_path):
     g3 = res["g3"]
     assert 0.8 <= g3["edge_recall"] <= 1.0 and g3["rho_max_error"] < 0.05 and g3["rho_error_over"] == "all rows"
     assert g3["build_info"]["certified"] + g3["build_info"]["redone"] == 3000  # every row proven or re-done
+
+
+def test_default_join_nprobe_meets_enough_rows_and_small_corpora_join_every_cell():
+    from geograph.functional.ann import MIN_JOIN_ROWS, default_join_nprobe, ivf_self_topk
+
+    assert default_join_nprobe(1_000_000, 2048) == 32  # large corpora: unchanged
+    assert default_join_nprobe(5183, 128) == 64 and 64 * 5183 / 128 >= MIN_JOIN_ROWS
+    assert default_join_nprobe(1890, 64) == 64  # every cell: the join is the exact scan
+    z = torch.nn.functional.normalize(torch.randn(900, 16, generator=torch.Generator().manual_seed(3)), dim=1)
+    v, i = ivf_self_topk(z, 6, nlist=16, refine=False)  # default nprobe = all 16 cells
+    ev, ei = tiled_topk(z, z, 6, exclude_self=True)
+    assert torch.equal(i, ei) and torch.equal(v, ev)
+    _, i8 = ivf_self_topk(z, 6, nlist=16, nprobe=2, refine=False)  # the check can fail: 2 cells miss pairs
+    assert not torch.equal(i8, ei)
+
+
+def test_consumed_candidates_give_the_same_edges_and_are_released():
+    """gain_edges(consume=True) writes the edges over the candidate lists and empties them: same edges."""
+    z = torch.nn.functional.normalize(torch.randn(700, 12, generator=torch.Generator().manual_seed(5)), dim=1)
+    penalty = torch.rand(700, generator=torch.Generator().manual_seed(6)) + 0.5
+    cand = self_topk(z, 40, transform=None)
+    keep = gain_edges(z, penalty, band=(0.1, 0.7), max_degree=16, candidates=(cand[0].clone(), cand[1].clone()))
+    x, ids = cand[0].clone(), cand[1].clone()
+    used = gain_edges(z, penalty, band=(0.1, 0.7), max_degree=16, candidates=(x, ids), consume=True)
+    for name in ("crow", "cols", "vals", "certified", "redone"):
+        assert torch.equal(getattr(keep, name), getattr(used, name)), name
+    assert x.numel() == 0 and ids.numel() == 0
+    assert torch.equal(keep.rows, torch.repeat_interleave(torch.arange(700), keep.crow.diff()))

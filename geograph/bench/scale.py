@@ -373,6 +373,20 @@ def ray_compare(common: dict, args, tmp: Path, label: str, res: dict) -> dict:
 
 
 # -- real sets -------------------------------------------------------------------------------
+def csr_edge_recall(crow: torch.Tensor, col: torch.Tensor, crow2: torch.Tensor, col2: torch.Tensor) -> float:
+    """Share of the first graph's edges (CSR) that the second has.
+
+    Example:
+        >>> t = torch.tensor
+        >>> csr_edge_recall(t([0, 2, 3]), t([1, 0, 0]), t([0, 1, 2]), t([1, 0]))
+        0.6666666666666666
+    """
+    n = crow.numel() - 1
+    key = lambda c, k: torch.repeat_interleave(torch.arange(n), c.diff()) * n + k
+    a, b = key(crow, col), key(crow2, col2)
+    return float(torch.isin(a, b).sum()) / a.numel() if a.numel() else 1.0
+
+
 def real_set(name: str, root: str, encoder, args) -> dict:
     from geograph.corpus import CorpusGraph
     from geograph.data import load_beir
@@ -397,6 +411,8 @@ def real_set(name: str, root: str, encoder, args) -> dict:
     out["g3_certified"] = info.get("certified", 0) / n
     out["g3_redone"] = info.get("redone", 0)
     out["rho_max_error"] = float((g_exact.density - g_ivf.density).abs().max())
+    out["nprobe"] = info.get("nprobe")
+    out["g3_edge_recall"] = csr_edge_recall(g_exact.crow, g_exact.col, g_ivf.crow, g_ivf.col)
     same = lambda a, b: float((torch.sort(a, 1).values == torch.sort(b, 1).values).all(1).float().mean())
     k = 10
     out["iso_same_topk"] = same(ISORetriever(exact_knn)(q, k=k).indices, ISORetriever(ivf_knn)(q, k=k).indices)
@@ -413,7 +429,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=BUILDS,
                    help="what to build and check at each size (default: all)")
     p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
-    p.add_argument("--nprobe", type=int, default=32, help="cells each cell meets in the IVF join")
+    p.add_argument("--nprobe", type=int, help="cells each cell meets in the IVF join (default: the builders' own, "
+                   "geograph.functional.ann.default_join_nprobe)")
     p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes")
     p.add_argument("--candidates", type=int, default=None,
                    help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)")

@@ -23,7 +23,7 @@ from geograph import _checks
 from geograph._checks import check_positive_int
 from geograph.outputs import topk_by_key, topk_stable
 
-__all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "DEFAULT_BLOCK", "tile_executor", "map_tiles",
+__all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "sort_topk_", "DEFAULT_BLOCK", "tile_executor", "map_tiles",
            "current_executor", "TileExecutor"]
 
 #: rows and columns of one tile unless told (4096 x 4096 similarities: 64 MB in float32)
@@ -71,6 +71,28 @@ def sort_topk(values: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     """Order kept entries best first, equal values by lowest id (``-inf`` entries last)."""
     _, pos = topk_by_key(values, ids, values.shape[-1])
     return values.gather(-1, pos), ids.gather(-1, pos)
+
+
+#: rows of ``(N, k)`` lists sorted at a time by :func:`sort_topk_`
+SORT_ROWS = 1 << 16
+
+
+def sort_topk_(values: Tensor, ids: Tensor, *, empty: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """:func:`sort_topk` of ``(N, k)`` lists in place, :data:`SORT_ROWS` rows at a time: the
+    temporaries are those of one chunk, not three more ``(N, k)`` arrays (1M x 160 lists: 3.8 GB
+    less at the peak). ``empty``: the id written where a value is not finite.
+
+    Example:
+        >>> v, i = torch.tensor([[0.1, 0.9, float("-inf")]]), torch.tensor([[4, 2, 7]])
+        >>> sort_topk_(v, i, empty=-1)
+        (tensor([[0.9000, 0.1000,   -inf]]), tensor([[ 2,  4, -1]]))
+    """
+    for r0 in range(0, values.shape[0], SORT_ROWS):
+        v, i = sort_topk(values[r0 : r0 + SORT_ROWS], ids[r0 : r0 + SORT_ROWS])
+        if empty is not None:
+            i.masked_fill_(~torch.isfinite(v), empty)
+        values[r0 : r0 + SORT_ROWS], ids[r0 : r0 + SORT_ROWS] = v, i
+    return values, ids
 
 
 def progress_bar(progress: Union[bool, str], total: int, label: str, stage: Optional[str] = None):

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from geograph._checks import check_finite_float, check_finite_where, check_positive_int, check_same_device, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.ann import default_join_nlist, resolve_index, self_topk
+from geograph.functional.ann import default_join_nlist, default_join_nprobe, resolve_index, self_topk
 from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
@@ -100,7 +100,7 @@ class G3Graph(nn.Module):
     @classmethod
     def build(cls, embeddings: Tensor, *, band: Optional[tuple[float, float]] = (0.1, 0.7), beta: float = 0.4,
               max_degree: Optional[int] = DEFAULT_MAX_DEGREE, block: Optional[int] = None, index: str = "exact",
-              candidates: Optional[int] = None, nlist: Optional[int] = None, nprobe: int = 32,
+              candidates: Optional[int] = None, nlist: Optional[int] = None, nprobe: Optional[int] = None,
               sample: Optional[int] = None, density_sample: Optional[int] = None, ranking: str = "weight",
               seed: int = 0, progress: bool = False) -> "G3Graph":
         """Build by tiles: memory ``O(block^2 + N x max_degree)`` (``band=None``: the authors' T).
@@ -179,11 +179,12 @@ class G3Graph(nn.Module):
                              block=tile, progress="G3 candidates" if progress else False, **rank)
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
             if index == "ivf":
-                info.update(nlist=nlist or default_join_nlist(n), nprobe=nprobe)
+                cells = nlist or default_join_nlist(n)
+                info.update(nlist=cells, nprobe=nprobe or default_join_nprobe(n, cells))
         t0 = time.perf_counter()
         t, edges = gain_transition(z, band=band, beta=beta, max_degree=max_degree, block=block, density=rho,
                                    candidates=cand, ranking=ranking, progress="G3 edges" if progress else False,
-                                   return_edges=True)
+                                   return_edges=True, consume=True)
         info["edge_seconds"] = time.perf_counter() - t0
         if edges is not None:
             info.update(certified=int(edges.certified.sum()), redone=int(edges.redone.sum()))
