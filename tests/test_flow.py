@@ -84,12 +84,30 @@ def test_default_lengths_and_bad_input():
         ricci_flow(adj[0])
 
 
-def test_single_edge_and_empty_graph_are_finite():
-    adj = torch.zeros(2, 3, 3, dtype=torch.bool)
-    adj[0, 0, 1] = adj[0, 1, 0] = True
-    out = ricci_flow(adj, torch.ones(2, 3, 3, dtype=torch.float64), solver="exact")
-    assert torch.isfinite(out.lengths).all() and torch.isfinite(out.curvature).all()
-    assert int(out.iterations[1]) == 0  # nothing to flow
+@pytest.mark.parametrize("alpha", [0.5, 0.3])
+def test_single_edge_and_empty_graph_match_the_reference(alpha):
+    """One edge (0, 1): m_0 = (alpha, 1 - alpha) on (0, 1), m_1 mirrored, so W1 = |2 alpha - 1| and
+    kappa = 1 - |2 alpha - 1|. One step leaves |2 alpha - 1|, rescaled to mean length 1: back to 1,
+    except at alpha = 0.5 where it is 0 and stays 0 (then d < 1e-7 gives kappa 0). One edge has
+    curvature spread 0: it stops after one step. The empty graph does not flow. Also checked
+    against the numpy + POT flow of ricci_reference, with a two-component graph alongside."""
+    pytest.importorskip("ot")
+    from ricci_reference import ref_flow
+
+    adj = torch.zeros(3, 5, 5, dtype=torch.bool)
+    adj[0, 0, 1] = adj[0, 1, 0] = True  # one edge, nodes 2..4 isolated
+    adj[2] = dense_adj([(0, 1), (2, 3), (3, 4), (2, 4)], 5)  # an edge and a triangle: both flow
+    out = ricci_flow(adj, torch.ones(3, 5, 5, dtype=torch.float64), alpha=alpha, solver="exact")
+    w01, k01 = (0.0, 0.0) if alpha == 0.5 else (1.0, 1.0 - abs(2 * alpha - 1))
+    assert float(out.lengths[0, 0, 1]) == pytest.approx(w01, abs=1e-12)
+    assert float(out.curvature[0, 0, 1]) == pytest.approx(k01, abs=1e-12)
+    assert (out.lengths[1] == 0).all() and (out.curvature[1] == 0).all()
+    assert out.iterations.tolist()[:2] == [1, 0] and out.converged.tolist()[:2] == [True, False]
+    for b in range(3):
+        w, kappa, steps, converged = ref_flow(adj[b].numpy(), alpha=alpha)
+        np.testing.assert_allclose(out.lengths[b].numpy(), w, atol=1e-9, rtol=0)
+        np.testing.assert_allclose(out.curvature[b].numpy(), kappa, atol=1e-9, rtol=0)
+        assert (int(out.iterations[b]), bool(out.converged[b])) == (steps, converged)
 
 
 def test_live_graphriccicurvature_flow_parity():
