@@ -1,8 +1,11 @@
-"""Request texts encoded in groups of equal token count give, bit for bit, the vectors of one-at-a-time encoding.
+"""Request texts encoded in padded buckets give, bit for bit, the vectors each text gets alone.
 
-The reference is sentence-transformers itself on each text alone (``batch_size=1``) with one
-torch thread, the serving configuration on the CPU; the grouped vectors come from
-:meth:`geograph.serve.corpus.TextEncoder.encode_requests` on the real all-MiniLM-L6-v2.
+The reference is computed here from the raw model, not through the code under test: each text
+on its own, tokenized by the Hugging Face tokenizer and padded to its token count rounded up to a
+multiple of 16, one forward of the sentence-transformers model with one torch thread, L2
+normalised by torch. The grouped vectors come from
+:meth:`geograph.serve.corpus.TextEncoder.encode_requests` on the real all-MiniLM-L6-v2. A second
+reference, sentence-transformers' own unpadded ``encode([text])``, bounds the padding's rounding.
 """
 import random
 
@@ -40,7 +43,20 @@ def texts():
 
 
 def alone(encoder, texts):
-    """Each text encoded on its own by sentence-transformers, one thread (the independent reference)."""
+    """Each text on its own, padded to a multiple of 16 tokens (at most 256), one thread (the reference)."""
+    model = encoder.corpus_encoder.model
+    out = []
+    with one_thread(), torch.inference_mode():
+        for t in texts:
+            n = len(model.tokenizer(t, truncation=True, max_length=model.max_seq_length)["input_ids"])
+            f = model.tokenizer([t], padding="max_length", truncation=True, return_tensors="pt",
+                                max_length=min(model.max_seq_length, 16 * ((n + 15) // 16)))
+            out.append(torch.nn.functional.normalize(model(dict(f))["sentence_embedding"], dim=1)[0].numpy())
+    return np.stack(out)
+
+
+def unpadded(encoder, texts):
+    """Each text encoded on its own by sentence-transformers, unpadded, one thread."""
     model = encoder.corpus_encoder.model
     with one_thread():
         return np.stack([model.encode([t], batch_size=1, normalize_embeddings=True, convert_to_numpy=True,
@@ -60,9 +76,9 @@ def mismatches(encoder, texts, want):
 
 def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts):
     assert encoder.grouped()
-    counts = token_counts(encoder, texts)
+    counts = [min(256, 16 * ((c + 15) // 16)) for c in token_counts(encoder, texts)]
     sizes = {c: counts.count(c) for c in counts}
-    assert max(sizes.values()) >= 30 and sum(s > 1 for s in sizes.values()) >= 10, sizes  # real groups were formed
+    assert max(sizes.values()) >= 60 and sum(s > 1 for s in sizes.values()) >= 4, sizes  # real groups were formed
     want = alone(encoder, texts)
     assert mismatches(encoder, texts, want) == []
     # the same with a query prefix, and in another order (other group members, other positions)
@@ -70,20 +86,31 @@ def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts)
     assert mismatches(encoder, shuffled, want[::-1]) == []
 
 
-def test_a_shifted_vector_in_a_group_is_caught(encoder, texts, monkeypatch):
-    """The check can fail: one row of every group of several texts nudged by one float32 ulp."""
-    model = encoder.corpus_encoder.model
-    want = alone(encoder, texts)
-    original = type(model).encode
+def test_padding_changes_a_vector_by_rounding_only(encoder, texts):
+    """Against sentence-transformers' unpadded single encoding: float32 rounding, never more."""
+    got, plain = alone(encoder, texts), unpadded(encoder, texts)
+    assert np.abs(got - plain).max() <= 1e-6
+    assert (got != plain).any()  # the padding is real: the reference above is not the unpadded one
 
-    def shifted(self, sentences, *args, **kwargs):
-        out = original(self, sentences, *args, **kwargs)
-        if len(sentences) > 1:
-            out = out.copy()
+
+def test_a_shifted_vector_in_a_group_is_caught(encoder, texts, monkeypatch):
+    """The check can fail: one row of every bucket of several texts nudged by one float32 ulp,
+    or the texts of a bucket padded to their longest member instead of the bucket length."""
+    from geograph.serve import corpus
+
+    want = alone(encoder, texts)
+    original = corpus.encode_padded
+
+    def shifted(model, group, length):
+        out = original(model, group, length)
+        if len(group) > 1:
             out[1] = np.nextafter(out[1], np.float32(2))
         return out
 
-    monkeypatch.setattr(type(model), "encode", shifted)
+    monkeypatch.setattr(corpus, "encode_padded", shifted)
+    assert len(mismatches(encoder, texts, want)) >= 4
+    monkeypatch.setattr(corpus, "encode_padded", original)
+    monkeypatch.setattr(corpus, "bucket_length", lambda tokens, max_length: tokens)  # exact length: no padding
     assert len(mismatches(encoder, texts, want)) >= 10
 
 
@@ -96,6 +123,7 @@ def test_repeated_texts_and_the_cache_keep_rows_in_place():
     again = enc.encode_requests([b, "volcanoes", a])  # two from the LRU, one new
     assert torch.equal(again[0], first[1]) and torch.equal(again[2], first[0])
     assert torch.equal(again[1], torch.from_numpy(alone(enc, ["volcanoes"])[0]))
+    assert torch.equal(first[0], torch.from_numpy(alone(enc, [a])[0]))
 
 
 def test_encoding_restores_the_thread_count_and_rejects_no_texts():

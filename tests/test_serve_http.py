@@ -60,11 +60,12 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_encoder():
-    """Each request text alone, with one torch thread: the vector the server gives it in any group
-    (geograph.serve.corpus; tests/test_serve_encoding.py checks that bit for bit)."""
-    from geograph.serve.corpus import one_thread
+    """Each request text alone (padded to its bucket, one torch thread): the vector the server gives
+    it in any group (geograph.serve.corpus; tests/test_serve_encoding.py checks that bit for bit
+    against a reference computed from the raw model)."""
+    from geograph.serve.corpus import TextEncoder
 
-    enc = Encoder(cache=False, batch_size=1, progress=False)
+    enc = TextEncoder(None, memory=0)
     memo = {}
 
     class Memo:  # each distinct text encoded once here too (the server keeps them in its LRU)
@@ -72,8 +73,7 @@ def text_encoder():
         def encode(texts):
             for t in texts:
                 if t not in memo:
-                    with one_thread():
-                        memo[t] = enc.encode([t])[0]
+                    memo[t] = enc.encode_requests([t])[0]
             return torch.stack([memo[t] for t in texts])
 
     return Memo()
@@ -92,6 +92,8 @@ class Server:
         cmd = [sys.executable, "-m", "geograph", "serve", "--method", method, "--corpus", str(DEMO_PATH),
                "--host", "127.0.0.1", "--port", str(self.port), "--accelerator", "cpu",
                "--timeout", "300", *extra]  # a generous queue timeout: 2 CPU cores shared with other jobs
+        if "--workers-per-device" not in extra:  # one worker per endpoint: quicker to start (auto is tested below)
+            cmd += ["--workers-per-device", "1"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env["env"],
                                      start_new_session=True)
         self.log = []

@@ -15,7 +15,7 @@ require("psutil")
 require("prometheus_client")
 
 from geograph.serve.config import ConfigError, load_config  # noqa: E402
-from geograph.serve.server import _handler_class, worker_threads  # noqa: E402
+from geograph.serve.server import _handler_class, worker_threads, workers_per_device  # noqa: E402
 
 
 def fake_server():
@@ -56,14 +56,34 @@ def test_worker_threads_divide_the_cpus_among_the_workers(monkeypatch):
     assert worker_threads(3, 2) == 3
 
 
-@pytest.mark.parametrize("value, fragment", [("0", "threads: must be a positive integer"),
-                                             ("many", "threads: expected a positive integer or 'auto'")])
-def test_bad_threads_is_one_line(tmp_path, value, fragment):
+def test_auto_workers_are_one_per_cpu_on_the_cpu_at_most_four_and_one_per_gpu(monkeypatch):
+    import os
+
+    import torch
+
+    for cpus, want in ((1, 1), (2, 2), (3, 3), (64, 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert workers_per_device("auto", "cpu") == want
+        assert workers_per_device("auto", "cuda") == 1
+        assert workers_per_device(2, "cuda") == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert workers_per_device("auto", "auto") == 1  # a GPU: auto picks it, one worker per device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert workers_per_device("auto", "auto") == 4
+
+
+@pytest.mark.parametrize("flag", ["--threads", "--workers-per-device"])
+@pytest.mark.parametrize("value, fragment", [("0", "must be a positive integer"),
+                                             ("many", "expected a positive integer or 'auto'")])
+def test_bad_threads_is_one_line(tmp_path, flag, value, fragment):
+    name = flag[2:].replace("-", "_")
     (tmp_path / "corpus.jsonl").write_text('{"_id": "a", "text": "x"}\n')
-    with pytest.raises(ConfigError, match=fragment) as e:
-        load_config(["--method", "maniscope", "--corpus", str(tmp_path), "--threads", value])
+    with pytest.raises(ConfigError, match=f"{name}: {fragment}") as e:
+        load_config(["--method", "maniscope", "--corpus", str(tmp_path), flag, value])
     assert "\n" not in str(e.value)
-    assert load_config(["--method", "maniscope", "--corpus", str(tmp_path), "--threads", "2"]).threads == 2
+    assert getattr(load_config(["--method", "maniscope", "--corpus", str(tmp_path), flag, "2"]), name) == 2
+    assert getattr(load_config(["--method", "maniscope", "--corpus", str(tmp_path)]), name) == "auto"
 
 
 @pytest.mark.parametrize("argv, fragment", [

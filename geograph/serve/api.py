@@ -11,6 +11,7 @@ Results are read back with one device-to-host transfer per batch: everything a r
 needs is packed into one tensor first.
 """
 # no `from __future__ import annotations`: LitServe reads decode_request's annotation as a class
+import time
 from typing import Any, Optional
 
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
@@ -36,7 +37,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
 
     def __init__(self, endpoint: str, settings: dict[str, Any]) -> None:
         super().__init__(max_batch_size=settings["max_batch_size"], batch_timeout=settings["batch_timeout"],
-                         api_path=f"/{endpoint}")
+                         api_path=f"/{endpoint}", loop=WaitingBatchedLoop())
         self.endpoint, self.settings = endpoint, dict(settings)
         self.method = settings["method"]
 
@@ -185,8 +186,58 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         return out
 
 
+#: seconds an idle worker's blocking wait for the next request lasts before it looks again
+IDLE_WAIT = 0.5
+
+
 if ls is not None:
+    from queue import Empty
+
+    from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+    from litserve.loops.simple_loops import BatchedLoop
+    from litserve.utils import LitAPIStatus, LoopResponseType
+
     from geograph.serve.schema import RerankRequest, RetrieveRequest
+
+    class WaitingBatchedLoop(BatchedLoop):
+        """LitServe's batched loop with a batch collected by blocking waits, not by polling.
+
+        LitServe 0.2 fills a batch with ``get(timeout=0.001)`` calls on the request queue, a
+        proxy of a :class:`multiprocessing.Manager` queue: every call is a round trip to the
+        manager process, about a thousand a second per idle worker (measured: 6.5% of a core per
+        idle worker and 20% in the manager, taken from the busy worker on a 2-core machine).
+        Here a worker waits for a batch's first request in one blocking call (up to
+        :data:`IDLE_WAIT` s), then for more until ``batch_timeout`` after it, then takes what is
+        already queued, up to ``max_batch_size``. The rest of LitServe's protocol is unchanged:
+        each request is acknowledged (``START``), a request older than ``request_timeout`` is
+        timed out instead of run, and the stop sentinel ends the loop.
+        """
+
+        def get_batch_requests(self, lit_api, request_queue, transport):
+            payloads, timed_out = [], []
+            try:
+                item = request_queue.get(timeout=IDLE_WAIT)
+            except Empty:
+                return payloads, timed_out
+            end = time.monotonic() + lit_api.batch_timeout
+            deadline = lit_api.request_timeout not in (-1, False)
+            while True:
+                if item == _SENTINEL_VALUE:
+                    raise _StopLoopError()
+                queue_id, uid, arrived, body = item
+                self.put_response(transport=transport, response_queue_id=queue_id, uid=uid, response_data=(),
+                                  status=LitAPIStatus.START, response_type=LoopResponseType.REGULAR)
+                if deadline and time.monotonic() - arrived > lit_api.request_timeout:
+                    timed_out.append((queue_id, uid))
+                else:
+                    payloads.append((queue_id, uid, body))
+                if len(payloads) >= lit_api.max_batch_size:
+                    return payloads, timed_out
+                left = end - time.monotonic()
+                try:
+                    item = request_queue.get(timeout=left) if left > 0 else request_queue.get_nowait()
+                except Empty:
+                    return payloads, timed_out
 
     class RetrieveAPI(GeoAPI):
         """``POST /retrieve`` (pydantic validates :class:`~geograph.serve.schema.RetrieveRequest`)."""

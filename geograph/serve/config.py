@@ -51,7 +51,9 @@ class ServeConfig(BaseModel):
     request_timeout: float = Field(60.0, gt=0, description="seconds from a request's arrival to its answer; then 504")
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Union[int, Literal["auto"]] = "auto"
-    workers_per_device: int = Field(1, ge=1)
+    workers_per_device: Union[int, Literal["auto"]] = Field(
+        "auto", description="inference workers per device and endpoint (auto: on the CPU one per usable CPU, "
+        "at most 4; on GPUs 1)")
     threads: Union[int, Literal["auto"]] = Field("auto", description="torch intra-op threads of each inference worker "
                                                  "on the CPU (auto: the usable CPUs divided among the workers)")
     api_servers: int = Field(1, ge=1)
@@ -61,7 +63,7 @@ class ServeConfig(BaseModel):
     public: list[Literal["metrics", "docs"]] = Field(default_factory=list,
                                                      description="endpoint groups open without the key")
 
-    @field_validator("threads")
+    @field_validator("threads", "workers_per_device")
     @classmethod
     def _threads(cls, v: Union[int, str]) -> Union[int, str]:
         if isinstance(v, int) and v < 1:
@@ -133,7 +135,8 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds from a request's arrival to its answer, then 504 (60; --timeout: the old name)")
     p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
     p.add_argument("--devices", help="number of devices or auto")
-    p.add_argument("--workers-per-device", type=int, help="1")
+    p.add_argument("--workers-per-device", help="inference workers per device and endpoint, or auto "
+                   "(on the CPU one per usable CPU, at most 4; on GPUs 1)")
     p.add_argument("--threads", help="torch threads per inference worker on the CPU, or auto (the CPUs divided among the workers)")
     p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
     p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
@@ -190,11 +193,12 @@ def load_config(argv: Optional[Sequence[str]] = None) -> ServeConfig:
             raise ConfigError(f"--param {item!r}: the value is not valid YAML") from None
     if params or "params" in values:
         values["params"] = params
-    if "threads" in args and args["threads"] != "auto":
-        try:
-            args["threads"] = int(args["threads"])
-        except ValueError:
-            raise ConfigError(f"threads: expected a positive integer or 'auto', got {args['threads']!r}") from None
+    for name in ("threads", "workers_per_device"):
+        if name in args and args[name] != "auto":
+            try:
+                args[name] = int(args[name])
+            except ValueError:
+                raise ConfigError(f"{name}: expected a positive integer or 'auto', got {args[name]!r}") from None
     if "devices" in args and args["devices"] != "auto":
         try:
             args["devices"] = int(args["devices"])

@@ -6,14 +6,19 @@ there: :class:`TextEncoder` keeps them in a bounded in-memory LRU
 (:class:`~geograph.data.cache.MemoryCache`) of the worker.
 
 A request text's vector must not depend on which texts share its batch. Padding a transformer
-batch changes the float rounding (~1e-7), and so does splitting one matrix product over several
-CPU threads in a way that depends on the number of rows. On the CPU, request texts are therefore
-encoded with one intra-op thread, in groups of texts with the same token count (no padding):
-there each vector equals, bit for bit, the text encoded alone (checked for every grouped vector
-on all-MiniLM-L6-v2 by ``tests/test_serve_encoding.py``; with two threads, 212 of 1322 grouped
-vectors differed). Texts of fewer than :data:`MIN_GROUP_TOKENS` tokens are not grouped (they
-differed). Elsewhere (CUDA, where kernels are chosen by shape) texts are encoded one at a
-time (``batch_size=1``).
+batch changes the float rounding (~1e-7: the attention and pooling reductions run over the padded
+length), and so does splitting one matrix product over several CPU threads in a way that depends
+on the number of rows. On the CPU, request texts are therefore encoded with one intra-op thread and
+always padded to a fixed length, their token count rounded up to a multiple of
+:data:`BUCKET_TOKENS` (the *bucket*); texts of one bucket are encoded together. A text's vector is
+then a function of the text alone: bit for bit what it gets in a batch of its own, whoever its
+batch-mates are (checked for every grouped vector on all-MiniLM-L6-v2 by
+``tests/test_serve_encoding.py``; with two threads, 212 of 1322 grouped vectors differed). It
+differs from sentence-transformers' unpadded ``encode([text])`` by float32 rounding only (at most
+1.8e-7 per coordinate measured on 256 queries; the test bounds it by 1e-6). Grouping by exact
+token count without padding, the earlier scheme, formed groups of one or two texts on real query
+traffic (70 texts/s on one thread, against 150-166 texts/s in buckets of 8-32 texts). Elsewhere
+(CUDA, where kernels are chosen by shape) texts are encoded one at a time (``batch_size=1``).
 """
 from __future__ import annotations
 
@@ -38,11 +43,19 @@ def read_corpus(corpus_dir: str | Path):
     return load_corpus(corpus_dir)
 
 
-#: texts of fewer tokens (special tokens included) are encoded alone: on all-MiniLM-L6-v2 with one
-#: thread, 3-token texts ("a", "was": a word and the two special tokens) grouped by six differed
-#: from their single encodings by ~1e-7 (a different matrix-product kernel for 3 rows); from 4
-#: tokens on every grouped vector was bitwise equal (``tests/test_serve_encoding.py``)
-MIN_GROUP_TOKENS = 4
+#: request texts are padded to their token count (special tokens included) rounded up to a
+#: multiple of this, capped at the model's ``max_seq_length``; one forward per bucket
+BUCKET_TOKENS = 16
+
+
+def bucket_length(tokens: int, max_length: int) -> int:
+    """The padded length of a text of ``tokens`` tokens: a multiple of :data:`BUCKET_TOKENS`, at most ``max_length``.
+
+    Example:
+        >>> bucket_length(3, 256), bucket_length(16, 256), bucket_length(17, 256), bucket_length(250, 256)
+        (16, 16, 32, 256)
+    """
+    return min(max_length, -(-tokens // BUCKET_TOKENS) * BUCKET_TOKENS)
 
 
 class TextEncoder:
@@ -55,8 +68,9 @@ class TextEncoder:
         cache: the on-disk cache root for the corpus (``None`` = ``$GEOGRAPH_CACHE``).
         memory: size of the in-memory LRU for request texts (0 = none).
         device: where the encoder runs.
-        group: encode request texts of the same token count together (on the CPU, with one
-            thread: bitwise the vectors of one-at-a-time encoding); ``False``: one at a time.
+        group: pad request texts to their bucket and encode each bucket together (on the CPU,
+            with one thread: a vector is bitwise the same whatever its batch-mates); ``False``:
+            one at a time, unpadded.
     """
 
     def __init__(self, model: Optional[str] = None, *, query_prefix: str = "", passage_prefix: str = "",
@@ -76,7 +90,12 @@ class TextEncoder:
 
     def warm(self) -> None:
         """Load the model and run one forward, so the first request does not pay for it."""
-        self._shared().model.encode(["warm up"], batch_size=1)
+        model = self._shared().model
+        if self.grouped():
+            with one_thread():
+                encode_padded(model, ["warm up"], BUCKET_TOKENS)
+        else:
+            model.encode(["warm up"], batch_size=1)
 
     def _shared(self):
         if self.request_encoder._model is None:  # one model in memory for both
@@ -106,16 +125,16 @@ class TextEncoder:
         return self.encode_requests([self.passage_prefix + t for t in texts])
 
     def grouped(self) -> bool:
-        """Whether request texts are encoded in equal-length groups (``group`` and a CPU model)."""
+        """Whether request texts are encoded in padded buckets (``group`` and a CPU model)."""
         return self.group and self._shared().model.device.type == "cpu"
 
     def encode_requests(self, texts: Sequence[str]):
-        """``(N, D)`` float32 unit vectors of ``texts`` (prefixes included), each the vector the
-        text gets encoded alone; through the in-memory LRU, never the disk.
+        """``(N, D)`` float32 unit vectors of ``texts`` (prefixes included), each a function of its
+        text alone; through the in-memory LRU, never the disk.
 
-        Missing texts are grouped by token count (after the model's truncation) and each group is
-        one forward without padding, with one intra-op thread (:func:`one_thread`); without
-        grouping (:meth:`grouped` is False) they are encoded one at a time.
+        Missing texts are padded to their bucket (:func:`bucket_length`) and each bucket is one
+        forward with one intra-op thread (:func:`one_thread`); without grouping (:meth:`grouped`
+        is False) they are encoded one at a time, unpadded.
         """
         import numpy as np
         import torch
@@ -131,20 +150,31 @@ class TextEncoder:
         if todo:
             model = enc.model
             ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
-            groups: dict[object, list[str]] = {}
+            buckets: dict[int, list[str]] = {}
             for t, row in zip(todo, ids):
-                # fewer than MIN_GROUP_TOKENS tokens: alone (grouped, they differed in the last bits)
-                groups.setdefault(len(row) if len(row) >= MIN_GROUP_TOKENS else t, []).append(t)
+                buckets.setdefault(bucket_length(len(row), model.max_seq_length), []).append(t)
             vectors = {}
             with one_thread():
-                for group in groups.values():
-                    out = model.encode(group, batch_size=len(group), normalize_embeddings=True,
-                                       convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
-                    vectors.update(zip(group, out))
+                for length, group in buckets.items():
+                    vectors.update(zip(group, encode_padded(model, group, length)))
             enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
             for i in missing:
                 found[i] = vectors[texts[i]]
         return torch.from_numpy(np.stack(found))
+
+
+def encode_padded(model, texts: Sequence[str], length: int):
+    """``(len(texts), D)`` float32 unit vectors of a sentence-transformers ``model``, every text
+    padded (or truncated) to ``length`` tokens: the model's own forward and pooling, then L2
+    normalisation as ``encode(..., normalize_embeddings=True)`` does."""
+    import torch
+
+    features = model.tokenizer(list(texts), padding="max_length", truncation=True, max_length=length,
+                               return_tensors="pt")
+    features = {name: x.to(model.device) for name, x in features.items()}
+    with torch.inference_mode():
+        out = model(features)["sentence_embedding"]
+    return torch.nn.functional.normalize(out.float(), p=2, dim=1).cpu().numpy()
 
 
 @contextlib.contextmanager
