@@ -2,10 +2,14 @@
 (``:class:``, ``:func:``, ``:meth:``, ...) in every docstring of ``geograph/`` and ``train/``, and
 dotted ``geograph.*`` names in ``README.md`` and ``docs/**/*.md``.
 
-A name resolves when importing its longest module prefix and ``getattr`` on the rest succeeds.
-Docstrings are read from the source with ``ast`` (no module is imported to find them); a role
-with an unqualified target (``:func:`tiled_topk```) resolves in the namespace of the docstring's
-module, its enclosing classes, or ``geograph`` / ``geograph.functional``.
+A name resolves when importing its longest module prefix and ``getattr`` on the rest succeeds;
+the last part may also be an instance attribute of a class (a dataclass field, an annotation,
+``self.name = ...`` or a registered buffer). Docstrings are read from the source with ``ast``
+(no module is imported to find them); a role with an unqualified target (``:func:`tiled_topk```)
+resolves in the namespace of the docstring's module, its enclosing classes, or ``geograph`` /
+``geograph.functional``. Not checked: roles on names outside geograph and train (``torch.*``,
+the standard library) and on classes a module defines inside a function on first use (the
+LitServe classes of ``geograph.serve.server``).
 """
 import ast
 import importlib
