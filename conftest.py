@@ -8,3 +8,7 @@ FRAMEWORKS = {"langchain": "langchain_core", "llamaindex": "llama_index", "hayst
 
 collect_ignore = [f"geograph/integrations/{name}.py" for name, pkg in FRAMEWORKS.items()
                   if importlib.util.find_spec(pkg) is None]
+
+# geograph.train (f_theta training) imports Lightning at module level: the `train` extra.
+if importlib.util.find_spec("lightning") is None or importlib.util.find_spec("jsonargparse") is None:
+    collect_ignore.append("geograph/train")

@@ -5,8 +5,8 @@ from geograph.rerankers import Maniscope, RicciFiltration
 from geograph.scorers import CrossEncoderScorer
 from geograph.corpus import CorpusGraph
 from geograph.encoders import PoincareProjection
-from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever, ISORetriever
+from geograph.retrievers import BM25Retriever, DenseRetriever, G3Graph, G3Retriever, ISORetriever
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "RicciFiltration", "CrossEncoderScorer", "DenseRetriever", "ISORetriever", "G3Graph", "G3Retriever", "CorpusGraph", "PoincareProjection", "__version__"]
+__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "RicciFiltration", "CrossEncoderScorer", "BM25Retriever", "DenseRetriever", "ISORetriever", "G3Graph", "G3Retriever", "CorpusGraph", "PoincareProjection", "__version__"]

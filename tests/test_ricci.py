@@ -161,7 +161,7 @@ def test_outputs_keep_the_input_dtype(dtype):
 
 
 def test_certified_sinkhorn_keeps_the_exact_set_on_real_graphs():
-    """DESIGN's entropic bound: >= 99.5% of candidates kept/dropped as by the exact flow."""
+    """The entropic path's parity target: >= 99.5% of candidates kept/dropped as by the exact flow."""
     q, docs = scifact_graphs(24, 20)  # the whole shipped fixture (the benchmark: 256 SciFact + MuSiQue)
     exact = RicciFiltration(solver="exact")(q, docs)
     approx = RicciFiltration(solver="sinkhorn")(q.float(), docs.float())

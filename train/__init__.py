@@ -1,11 +1,17 @@
-"""Training of ISO-RAG's hyperbolic projection f_theta with Lightning.
+"""The source tree's name for :mod:`geograph.train` (f_theta training), kept so that
+``python -m train fit --config configs/iso_poincare.yaml`` and ``class_path: train.module...`` in
+the configs work from the repository root.
 
-``python -m train fit --config configs/iso_poincare.yaml`` (LightningCLI). See
-:class:`train.module.PoincareModule` for the losses and :class:`train.data.GraphDataModule` for
-the triplets. Needs the ``train`` extra (lightning, jsonargparse).
+This folder is not installed (``[tool.setuptools.packages.find]`` in ``pyproject.toml`` takes
+only ``geograph*``), so geograph claims no top-level ``train`` module in site-packages; the
+installed command is ``python -m geograph.train fit ...``. ``train.data``, ``train.module`` and
+``train.fit`` are the very module objects of ``geograph.train`` (no second copy of any class).
 """
-from train.data import GraphDataModule, TripletDataset, TripletSampler, build_graph, triplet_loader
-from train.module import ExportProjection, PoincareModule, radial_target
-from train.fit import train_projection
+import sys
 
-__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "TripletSampler", "triplet_loader", "build_graph", "ExportProjection", "radial_target", "train_projection"]
+from geograph.train import *  # noqa: F401,F403
+from geograph.train import __all__, data, fit, module
+
+for _name, _module in (("data", data), ("module", module), ("fit", fit)):
+    sys.modules[f"{__name__}.{_name}"] = _module
+del _name, _module

@@ -116,7 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dense = DenseRetriever(corpus)(report_q, 10).indices
         table = {"dense": evaluate(_run(report_set, dense), report_set.qrels_list(), METRICS)}
         rows = {}
-        from train.fit import train_projection  # the train extra (lightning)
+        from geograph.train.fit import train_projection  # the train extra (lightning)
 
         for gname, graph in graphs.items():
             for pname in ("untrained", "trained"):

@@ -186,8 +186,8 @@ def iso_reference_phi(num_nodes: int, edges, z: np.ndarray, *, p: float = 2.0, c
     """ISO-RAG's isoperimetric ratio per node from the points in the ball and the edge list (networkx BFS).
 
     ``v(u) = (2 / (1 - c |z_u|^2)) ** p``; ``S_u = {u} + N(u)``; ``dS_u`` = the nodes at exactly
-    2 hops; ``phi_u = V(dS_u) / (V(S_u) + eps)`` (eps: float64's, as DESIGN's "eps from the
-    dtype"). Self loops and duplicate edges are ignored.
+    2 hops; ``phi_u = V(dS_u) / (V(S_u) + eps)`` (eps: float64's machine epsilon, the default of
+    :func:`geograph.functional.isoperimetric_ratio` in float64). Self loops and duplicate edges are ignored.
 
     Args:
         num_nodes: ``V``.
@@ -236,7 +236,8 @@ def iso_reference(embeddings: np.ndarray, edges, query: np.ndarray, k: int, *, z
     ``hops``-hop neighbourhood of the seeds in the full graph, capped at ``max_nodes`` by dense
     score; a networkx subgraph of the kept edges; ``softmax(tau * s)`` on the seeds;
     ``networkx.pagerank`` (personalization = dangling = r) converged to 1e-12; min-max fusion.
-    The defaults are DESIGN.md's.
+    The defaults are :class:`~geograph.ISORetriever`'s (m 5, L 50, hops 1, max_nodes 100, beta 0.4,
+    p 2, tau 10, alpha 0.85, lambda_g = lambda_d = 0.5).
 
     Args:
         embeddings: ``(V, D)`` passage embeddings.

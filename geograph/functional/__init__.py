@@ -43,3 +43,12 @@ __all__ = [
     "warmup",
     "numba_cache_info",
 ]
+
+# The helpers other docstrings and docs/architecture.md cite as ``geograph.functional.*``.
+from geograph.functional.allpairs import tiled_pairs, tiled_topk
+from geograph.functional.gain import gain_edges
+from geograph.functional.graphs import clean_edge_index, csr_rowptr
+from geograph.functional.transport import TransportBounds, emd, transport_bounds
+
+__all__ += ["emd", "transport_bounds", "TransportBounds", "gain_edges", "clean_edge_index", "csr_rowptr",
+            "tiled_pairs", "tiled_topk"]

@@ -192,7 +192,8 @@ def ollivier_ricci(
     References:
         Y. Ollivier, Ricci curvature of Markov chains on metric spaces, J. Funct. Anal. 2009;
         C.-C. Ni et al., Community detection on networks with Ricci flow, Sci. Rep. 2019
-        (GraphRicciCurvature); Ricci-Filtration (../shared/papers/ricci-filtration.txt).
+        (GraphRicciCurvature); T. Qin, W.-M. Huang, Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to
+        Query-Answer Tasks by Discrete Ricci Flow, arXiv:2606.15482.
 
     Example:
         >>> adj = torch.tensor([[[False, True, True], [True, False, True], [True, True, False]]])

@@ -134,7 +134,8 @@ def ricci_flow(
 
     References:
         C.-C. Ni et al., Community detection on networks with Ricci flow, Sci. Rep. 2019;
-        Ricci-Filtration (../shared/papers/ricci-filtration.txt).
+        T. Qin, W.-M. Huang, Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to
+        Query-Answer Tasks by Discrete Ricci Flow, arXiv:2606.15482.
 
     Example:
         >>> adj = torch.ones(1, 4, 4, dtype=torch.bool) & ~torch.eye(4, dtype=torch.bool)

@@ -135,7 +135,8 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Opt
         float32); with ``return_info``, ``(rho, DensityInfo)``.
 
     References:
-        G3RAG (../shared/papers/g3rag.txt).
+        G3RAG: Beyond Similarity through Zero-Token Geometric Graphs for Multi-Hop RAG (no arXiv
+        id or venue known to us).
 
     Example:
         >>> gain_density(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]))

@@ -61,7 +61,8 @@ def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, e
         ``(V,)`` ``phi`` in the dtype and on the device of ``volume``.
 
     References:
-        ISO-RAG (../shared/papers/iso-rag.txt).
+        ISO-RAG: Isoperimetric Noise Control for Retrieval-Augmented Generation (no arXiv id or
+        venue known to us).
 
     Example:
         >>> path = torch.tensor([[0, 1, 2], [1, 2, 3]])  # 0 - 1 - 2 - 3

@@ -49,8 +49,8 @@ def maniscope_scores(
         ``-inf`` scores; ``N = 0`` (no candidates) gives two empty ``(B, 0)`` tensors.
 
     References:
-        Maniscope: reranker optimization via geodesic distances on k-NN manifolds
-        (../shared/papers/maniscope.txt).
+        W. G. Gong, Reranker Optimization via Geodesic Distances on k-NN Manifolds (Maniscope),
+        arXiv:2602.15860, TMLR 2026.
 
     Example:
         >>> q = torch.tensor([[1.0, 0.0]])

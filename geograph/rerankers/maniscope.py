@@ -39,7 +39,8 @@ class Maniscope(nn.Module):
           ``geodesic``, all ``(B, N)``.
 
     References:
-        Maniscope (../shared/papers/maniscope.txt).
+        W. G. Gong, Reranker Optimization via Geodesic Distances on k-NN Manifolds (Maniscope),
+        arXiv:2602.15860, TMLR 2026.
 
     Example:
         >>> q = torch.tensor([[1.0, 0.0]])

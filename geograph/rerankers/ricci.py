@@ -71,8 +71,9 @@ class RicciFiltration(nn.Module):
     flow shrinks to length 0: it is always kept.
 
     References:
-        Ricci-Filtration (../shared/papers/ricci-filtration.txt); C.-C. Ni et al., Community
-        detection on networks with Ricci flow, Sci. Rep. 2019.
+        T. Qin, W.-M. Huang, Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to
+        Query-Answer Tasks by Discrete Ricci Flow, arXiv:2606.15482; C.-C. Ni et al., Community detection on networks with Ricci flow, Sci. Rep.
+        2019.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)

@@ -326,7 +326,8 @@ class G3Retriever(nn.Module):
             see :meth:`G3Graph.build`; ``None`` = the authors' full T).
 
     References:
-        G3RAG (../shared/papers/g3rag.txt).
+        G3RAG: Beyond Similarity through Zero-Token Geometric Graphs for Multi-Hop RAG (no arXiv
+        id or venue known to us).
 
     Example:
         >>> x = torch.nn.functional.normalize(torch.randn(40, 8, generator=torch.Generator().manual_seed(0)), dim=1)

@@ -105,7 +105,8 @@ class ISORetriever(nn.Module):
         query ``(B, D)`` -> :class:`~geograph.RetrievalOutput` ``indices (B, k)``, ``scores (B, k)``.
 
     References:
-        ISO-RAG (../shared/papers/iso-rag.txt).
+        ISO-RAG: Isoperimetric Noise Control for Retrieval-Augmented Generation (no arXiv id or
+        venue known to us).
 
     Example:
         >>> emb = torch.nn.functional.normalize(torch.randn(30, 8, generator=torch.Generator().manual_seed(0)), dim=1)

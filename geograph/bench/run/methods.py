@@ -181,7 +181,7 @@ class ISOMethod(Method):
             return None
         key = ("f_theta", cfg.get("knn", 10), cfg.get("epochs", 5))
         if key not in ctx.cache:
-            from train.fit import train_projection
+            from geograph.train.fit import train_projection
 
             ctx.cache[key] = train_projection(self._graph(ctx, cfg), epochs=cfg.get("epochs", 5))
         return ctx.cache[key]

@@ -10,7 +10,7 @@ from geograph.encoders import PoincareProjection
 
 def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0) -> PoincareProjection:
     """f_theta (32-d, hidden 256, lr 3e-3) fitted on ``graph`` alone by Lightning on the CPU:
-    triplets with 8 hard negatives per node, new negatives every epoch (:func:`train.data.triplet_loader`),
+    triplets with 8 hard negatives per node, new negatives every epoch (:func:`~geograph.train.data.triplet_loader`),
     batch 1024.
 
     Args:
@@ -23,8 +23,8 @@ def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0) -> Poinc
     """
     import lightning as L
 
-    from train.data import TripletDataset, hard_negatives, triplet_loader
-    from train.module import PoincareModule
+    from geograph.train.data import TripletDataset, hard_negatives, triplet_loader
+    from geograph.train.module import PoincareModule
 
     torch.manual_seed(seed)
     model = PoincareModule(in_dim=int(graph.embeddings.shape[1]), out_dim=32, hidden=256, lr=3e-3)
