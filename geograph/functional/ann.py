@@ -481,7 +481,7 @@ def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int 
         progress: a progress bar over the rows.
 
     Returns:
-        the improved ``(values, indices)``, unordered within a row (:func:`sort_topk` orders them).
+        the improved ``(values, indices)``, unordered within a row (:func:`~geograph.functional.allpairs.sort_topk` orders them).
     """
     n, k = indices.shape
     w = min(width, k)
