@@ -770,8 +770,9 @@ def _save_basis(ws, store, e, nr, nc):
 # per pivot or per tree node (from :func:`_entering_cell` down) take only the plain arrays they
 # read or write and are inlined into their callers (``inline="always"``). Handing the per-pivot
 # calls the whole 29-array workspace, as real calls, made the batched EMD up to 1.5x slower than
-# the loops written out in place; plain arrays alone still left it ~1.1x slower, inlined it is
-# at par (A/B, same process, same inputs).
+# the loops written out in place; plain arrays alone still left it ~1.1x slower on one thread,
+# inlined 0.95-0.97x (A/B against the original, same process and inputs; two threads on a
+# loaded machine: 0.93-1.13x, the flows and curvature 0.93-1.05x).
 # ---------------------------------------------------------------------------------------------
 @jit(nogil=True)
 def _simplex(ws, nr, nc, max_pivots, warm_start):
