@@ -201,7 +201,8 @@ def test_warm_started_simplex_equals_cold_solves():
     """Each edge's simplex starts from its previous optimal basis (completed where the supports
     changed, repaired by dual steps where the new masses make it infeasible): the flow equals
     the one with every problem solved cold, and the warm path is the one taken."""
-    from geograph.functional._emd_numba import flow_batch, num_chunks
+    from geograph.functional._emd_numba import flow_batch
+    from geograph.functional.transport import _MAX_PIVOTS
 
     rng = np.random.default_rng(11)
     adj = torch.cat([real_adjacency(4), random_adjacency(rng, 4, 21), torch.zeros(2, 21, 21, dtype=torch.bool)])
@@ -209,16 +210,46 @@ def test_warm_started_simplex_equals_cold_solves():
     lengths = rng.uniform(0.3, 2.0, adj.shape)
     lengths = np.where(adj.numpy(), (lengths + lengths.transpose(0, 2, 1)) / 2, 0.0)
     mask = adj.any(2).numpy()
-    args = (0.5, 2.0, 20, 1.0, 1e-4, 1000)
-    warm = flow_batch(lengths, adj.numpy(), mask, *args, True, num_chunks())
-    cold = flow_batch(lengths, adj.numpy(), mask, *args, False, num_chunks())
-    np.testing.assert_allclose(warm[0], cold[0], atol=1e-10, rtol=0)
+    opts = dict(alpha=0.5, exp_power=2.0, iterations=20, step=1.0, delta=1e-4, max_pivots=_MAX_PIVOTS)
+    warm = flow_batch(lengths, adj.numpy(), mask, warm_start=True, **opts)
+    cold = flow_batch(lengths, adj.numpy(), mask, warm_start=False, **opts)
+    np.testing.assert_allclose(warm.lengths, cold.lengths, atol=1e-10, rtol=0)
     # kappa * d = d - W1 (the solver's error is on W1; kappa divides it by d, and the flow shrinks
     # some random-graph edges to ~2e-7, where kappa differs by 3e-8 between solve orders)
-    np.testing.assert_allclose(warm[1] * warm[0], cold[1] * cold[0], atol=1e-12, rtol=0)
-    np.testing.assert_array_equal(warm[2], cold[2])
-    problems, used, pivots, dual = warm[5]
+    np.testing.assert_allclose(warm.curvature * warm.lengths, cold.curvature * cold.lengths, atol=1e-12, rtol=0)
+    np.testing.assert_array_equal(warm.steps, cold.steps)
     edges_per_step = int(np.triu(adj.numpy(), 1).sum())
-    assert used >= problems - edges_per_step - problems // 50  # every step after the first, nearly
-    assert dual > 0 and pivots < cold[5][2] / 3
-    assert cold[5][1] == 0 and cold[5][3] == 0
+    st = warm.stats
+    assert st.warm_started >= st.problems - edges_per_step - st.problems // 50  # every step after the first, nearly
+    assert st.dual_steps > 0 and st.pivots < cold.stats.pivots / 3
+    assert cold.stats.warm_started == 0 and cold.stats.dual_steps == 0
+    assert cold.stats.problems == st.problems
+
+
+def test_exact_flow_stats_are_the_flows_and_thread_independent():
+    """The public statistics count the same flow as ricci_flow runs, and do not depend on how the
+    problems are split over numba's threads (each problem's pivots depend only on its own edge)."""
+    from geograph.functional import SimplexStats, exact_flow_stats
+    from geograph.functional._emd_numba import flow_batch
+    from geograph.functional.transport import _MAX_PIVOTS
+
+    rng = np.random.default_rng(3)
+    adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])
+    lengths = torch.ones(adj.shape, dtype=torch.float64)
+    warm = exact_flow_stats(adj, lengths)
+    cold = exact_flow_stats(adj, lengths, warm_start=False)
+    assert isinstance(warm, SimplexStats) and warm.problems == cold.problems > 0
+    assert 0 < warm.warm_started <= warm.problems and cold.warm_started == 0
+    assert warm.pivots < cold.pivots
+    # one graph at a time, and one chunk: the sums are the same
+    opts = dict(alpha=0.5, exp_power=2.0, iterations=20, step=1.0, delta=1e-4, max_pivots=_MAX_PIVOTS)
+    a, m = adj.numpy(), adj.any(2).numpy()
+    per_graph = [flow_batch(lengths.numpy()[g:g + 1], a[g:g + 1], m[g:g + 1], **opts).stats for g in range(len(adj))]
+    assert sum(s.pivots for s in per_graph) == warm.pivots
+    assert sum(s.problems for s in per_graph) == warm.problems
+    assert flow_batch(lengths.numpy(), a, m, nchunk=1, **opts).stats == warm
+    # the flow it counts is ricci_flow's: the same steps
+    out = ricci_flow(adj, lengths, solver="exact")
+    np.testing.assert_array_equal(flow_batch(lengths.numpy(), a, m, **opts).steps, out.iterations.numpy())
+    with pytest.raises(ValueError, match="step"):
+        exact_flow_stats(adj, lengths, step=2.0)

@@ -201,7 +201,7 @@ def test_parallel_entry_points_release_the_gil():
     """
     import numpy as np
 
-    from geograph.functional._emd_numba import curvature_batch, emd_batch, flow_batch, num_chunks
+    from geograph.functional._emd_numba import curvature_batch, emd_batch, flow_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     for f in (flow_batch, curvature_batch, emd_batch):
@@ -218,7 +218,7 @@ def test_parallel_entry_points_release_the_gil():
 
     def solve():
         t0 = time.perf_counter()
-        flow_batch(w, adj, mask, 0.5, 2.0, 20, 1.0, 0.0, _MAX_PIVOTS, True, num_chunks())
+        flow_batch(w, adj, mask, alpha=0.5, exp_power=2.0, iterations=20, step=1.0, delta=0.0, max_pivots=_MAX_PIVOTS)
         span.extend([t0, time.perf_counter()])
         done.set()
 

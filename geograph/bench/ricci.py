@@ -57,19 +57,17 @@ def _timing(stats: dict, queries: int) -> dict:
 
 def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor) -> dict:
     """The exact flow's simplex work on these graphs, warm-started (as shipped) and cold."""
-    from geograph.functional._emd_numba import flow_batch, num_chunks
+    from geograph.functional import exact_flow_stats
     from geograph.functional.graphs import query_graph
-    from geograph.functional.transport import _MAX_PIVOTS
 
     adj, node_mask, _ = query_graph(q, docs, percentile=model.percentile)
-    a, m = adj.numpy(), node_mask.numpy()
     counts = {}
     for start, warm in (("warm", True), ("cold", False)):
-        problems, used, pivots, dual = flow_batch(a.astype(np.float64), a, m, model.alpha, float(model.exp_power),
-                                                  model.iterations, model.step, model.delta, _MAX_PIVOTS, warm,
-                                                  num_chunks())[5].tolist()
-        counts[start] = {"problems": problems, "warm_started": used / problems, "pivots_per_problem": pivots / problems,
-                         "dual_steps_per_problem": dual / problems}
+        st = exact_flow_stats(adj, torch.ones(adj.shape, dtype=torch.float64), node_mask, iterations=model.iterations,
+                              step=model.step, delta=model.delta, alpha=model.alpha, exp_power=model.exp_power,
+                              warm_start=warm)
+        counts[start] = {"problems": st.problems, "warm_started": st.warm_started / st.problems,
+                         "pivots_per_problem": st.pivots / st.problems, "dual_steps_per_problem": st.dual_steps / st.problems}
     return counts
 
 

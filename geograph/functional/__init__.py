@@ -1,6 +1,6 @@
 """Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
 from geograph.functional.curvature import lazy_measures, ollivier_ricci
-from geograph.functional.flow import RicciFlowOutput, ricci_flow
+from geograph.functional.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.gain import gain_density, gain_transition
@@ -29,6 +29,8 @@ __all__ = [
     "ollivier_ricci",
     "ricci_flow",
     "RicciFlowOutput",
+    "exact_flow_stats",
+    "SimplexStats",
     "isoperimetric_ratio",
     "compatible_edges",
     "personalized_pagerank",

@@ -299,7 +299,7 @@ def _exact_kappa(w: Tensor, adj: Tensor, node_mask: Tensor, edges: Tensor, alpha
     the CPU in float64) and one back; nothing per edge in Python. Problems the simplex left
     stuck at its pivot cap (never seen in practice) are re-solved by POT.
     """
-    from geograph.functional._emd_numba import curvature_batch, num_chunks
+    from geograph.functional._emd_numba import curvature_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     w_np = np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy())
@@ -307,7 +307,8 @@ def _exact_kappa(w: Tensor, adj: Tensor, node_mask: Tensor, edges: Tensor, alpha
     mask_np = np.ascontiguousarray(node_mask.detach().cpu().numpy())
     e_np = np.ascontiguousarray(edges.detach().cpu().numpy().astype(np.int64))
     pivots = _MAX_PIVOTS if max_pivots is None else max_pivots
-    k_np, status = curvature_batch(w_np, adj_np, mask_np, e_np, float(alpha), float(exp_power), pivots, num_chunks())
+    k_np, status, _ = curvature_batch(w_np, adj_np, mask_np, e_np, alpha=float(alpha), exp_power=float(exp_power),
+                                      max_pivots=pivots)
     if status.any():  # pragma: no cover - never seen; exercised by the forced-cap test
         dist = shortest_paths(w.detach().cpu().double(), adj.cpu(), node_mask.cpu()).numpy()
         meas = _measures(w.detach().cpu().double(), adj.cpu(), node_mask.cpu(), alpha, exp_power).numpy()
