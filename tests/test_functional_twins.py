@@ -133,7 +133,7 @@ def test_minmax_normalize_masked_and_given_bounds():
 
 def test_csr_row_slots_pads_rows():
     rowptr = torch.tensor([0, 3, 3, 4])
-    at, ok = F.csr_row_slots(rowptr, torch.tensor([[2, 0], [1, -1]]), 3, torch.tensor([[True, True], [True, True]]))
+    at, ok = F.csr_row_slots(rowptr, torch.tensor([[2, 0], [1, -1]]), 3, torch.tensor([[True, True], [True, False]]))
     assert ok.tolist() == [[[True, False, False], [True, True, True]], [[False] * 3, [False] * 3]]
     assert at[ok].tolist() == [3, 0, 1, 2]
 

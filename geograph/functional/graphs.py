@@ -208,8 +208,8 @@ def csr_row_slots(rowptr: Tensor, rows: Tensor, width: int, valid: Optional[Tens
     entry of the row, ``ok[..., j]`` whether that entry exists; missing slots point at
     position 0 (read ``col[at]`` / ``val[at]`` and mask with ``ok``). ``width`` must be at
     least the largest degree among ``rows`` (known a priori: no host read). Rows marked False
-    in ``valid`` (and negative row ids) are empty. The one padded CSR-row gather of the
-    package (ISO-RAG's hops, G3RAG's diffusion).
+    in ``valid`` are empty (a negative id, e.g. padding, reads row 0: mark it invalid). The
+    one padded CSR-row gather of the package (ISO-RAG's hops, G3RAG's diffusion).
 
     Example:
         >>> rowptr = torch.tensor([0, 2, 2, 3])
