@@ -8,8 +8,9 @@ import geoopt
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_positive_int, check_tensor
+from geograph._checks import check_positive_int
 from geograph._io import atomic_torch_save, one_line, read_torch
+from geograph.functional.isoperimetric import conformal_volume  # its home; re-exported here
 
 __all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
 
@@ -146,26 +147,3 @@ def _curvature_after_load(module: nn.Module, incompatible_keys) -> None:
     loaded = float(module.ball.c)
     if abs(loaded - module.c) > 1e-6 * max(abs(module.c), 1e-30):
         module.c = float(f"{loaded:.6g}")
-
-
-def conformal_volume(z: Tensor, *, p: float = 2.0, c: float = 1.0) -> Tensor:
-    r"""``v(z) = lambda_c(z) ** p`` with the conformal factor ``lambda_c(z) = 2 / (1 - c |z|^2)``.
-
-    Args:
-        z: ``(..., d)`` points strictly inside the ball.
-        p: power.
-        c: curvature magnitude.
-
-    Returns:
-        ``(...)`` volumes, float (finite: raises if a point is on or outside the boundary).
-
-    Example:
-        >>> conformal_volume(torch.tensor([[0.0, 0.0], [0.5, 0.0]]), p=1.0)
-        tensor([2.0000, 2.6667])
-    """
-    check_tensor(z, "z", z.dim() if isinstance(z, Tensor) and z.dim() > 0 else 1)
-    sq = c * (z.double() ** 2).sum(-1)
-    if bool((sq >= 1).any()):
-        raise ValueError("points must lie strictly inside the Poincare ball (|z| < 1/sqrt(c))")
-    lam = geoopt.PoincareBall(c=c).lambda_x(z.double())
-    return (lam**p).to(z.dtype)

@@ -45,6 +45,26 @@ class RetrievalOutput:
     scores: Tensor
 
 
+@dataclass(frozen=True)
+class LocalSubgraph:
+    """ISO-RAG's padded query-local subgraphs of one batch
+    (:func:`~geograph.functional.iso_local_subgraph`, :meth:`geograph.ISORetriever.local`).
+
+    Attributes:
+        nodes: ``(B, n)`` long corpus ids, by dense score; ``-1`` at padding.
+        mask: ``(B, n)`` bool, True = real node.
+        dense: ``(B, n)`` cosine to the query (``-inf`` at padding).
+        adj: ``(B, n, n)`` bool kept edges among the nodes.
+        personalization: ``(B, n)`` ``softmax(tau * s)`` over the seeds, 0 elsewhere.
+    """
+
+    nodes: Tensor
+    mask: Tensor
+    dense: Tensor
+    adj: Tensor
+    personalization: Tensor
+
+
 # pytree nodes, so that torch.export / torch.compile return them as they are
 torch.export.register_dataclass(RerankOutput, serialized_type_name="geograph.RerankOutput")
 torch.export.register_dataclass(RetrievalOutput, serialized_type_name="geograph.RetrievalOutput")

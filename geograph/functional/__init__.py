@@ -11,6 +11,12 @@ from geograph.functional.paths import shortest_paths, single_source_shortest_pat
 from geograph.functional.similarity import cosine_similarity, normalize, unit_rows
 from geograph.functional.transport import SinkhornOutput, sinkhorn
 from geograph.functional._numba import cache_info as numba_cache_info, warmup
+from geograph.functional.ricci import ricci_filtration, ricci_surgery
+from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
+from geograph.functional.g3 import g3_diffuse, g3_retrieve, g3_top_up
+from geograph.functional.isoperimetric import conformal_volume
+from geograph.functional.similarity import minmax_normalize
+from geograph.functional.graphs import csr_row_slots
 
 __all__ = [
     "cosine_similarity",
@@ -44,6 +50,18 @@ __all__ = [
     "hit_answer_at_k",
     "warmup",
     "numba_cache_info",
+    "ricci_filtration",
+    "ricci_surgery",
+    "iso_retrieve",
+    "iso_local_subgraph",
+    "iso_personalization",
+    "iso_fusion",
+    "g3_retrieve",
+    "g3_diffuse",
+    "g3_top_up",
+    "conformal_volume",
+    "minmax_normalize",
+    "csr_row_slots",
 ]
 
 # The helpers other docstrings and docs/architecture.md cite as ``geograph.functional.*``.

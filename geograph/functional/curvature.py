@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_cert_tol, check_mask, check_tensor, check_unit_interval
+from geograph.functional._grc import DIST_EPS, WEIGHT_SUM_EPS
 from geograph.functional.paths import floyd_warshall_unchecked, shortest_paths
 from geograph.functional.transport import emd_numpy, sinkhorn_unchecked, transport_bounds
 from geograph.outputs import true_first
@@ -21,10 +22,9 @@ from geograph.outputs import true_first
 __all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]
 
 _SOLVERS = ("auto", "exact", "sinkhorn")
-# GraphRicciCurvature's thresholds: a neighbour weight sum at or below this falls back to the
-# uniform measure; an edge whose endpoints are closer than this gets curvature 0.
-_WEIGHT_SUM_EPS = 1e-7
-_DIST_EPS = 1e-7
+# GraphRicciCurvature's thresholds (see geograph.functional._grc)
+_WEIGHT_SUM_EPS = WEIGHT_SUM_EPS
+_DIST_EPS = DIST_EPS
 
 
 @dataclass
@@ -212,13 +212,19 @@ def ollivier_ricci(
 def check_solver_options(alpha: float, solver: str, reg: float, max_iter: int) -> float:
     """Validate the curvature solver's options; returns ``alpha`` as a float."""
     alpha = check_unit_interval(alpha, "alpha")
-    if solver not in _SOLVERS:
-        raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
+    check_solver(solver)
     if not (isinstance(reg, (int, float)) and math.isfinite(reg) and reg > 0):
         raise ValueError(f"reg must be positive and finite, got {reg!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     return alpha
+
+
+def check_solver(solver: str) -> str:
+    """``solver`` if it is ``"auto"``, ``"exact"`` or ``"sinkhorn"``, else raise."""
+    if solver not in _SOLVERS:
+        raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
+    return solver
 
 
 def resolve_solver(solver: str, device: torch.device) -> str:

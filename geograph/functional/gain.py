@@ -12,7 +12,7 @@ from torch import Tensor
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs, tiled_topk
 from geograph.functional.graphs import csr_rowptr
-from geograph.functional.similarity import unit_rows
+from geograph.functional.similarity import minmax_normalize, unit_rows
 from geograph.outputs import topk_stable
 
 __all__ = ["gain_density", "gain_transition", "gain_edges", "gain_bound", "check_band", "csr", "DensityInfo",
@@ -70,12 +70,6 @@ def check_band(band: Optional[tuple[float, float]]) -> Optional[tuple[float, flo
     if not -1.0 <= lo < hi <= 1.0:
         raise ValueError(f"band must satisfy -1 <= lo < hi <= 1 (a non-empty similarity interval), got {band!r}")
     return lo, hi
-
-
-def _minmax(rho: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
-    span = hi - lo
-    safe = torch.where(span > 0, span, torch.ones_like(span))
-    return torch.where(span > 0, ((rho - lo) / safe).clamp(0.0, 1.0), torch.zeros_like(rho))
 
 
 def _positive_part(s: Tensor) -> Tensor:
@@ -148,7 +142,7 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Opt
     if sample is None or sample >= n:
         raw = _raw_density_exact(z, block, progress=progress)
         info = DensityInfo(sample=0, mean_stderr=0.0, max_stderr=0.0, exact_rows=n)
-        rho = _minmax(raw, raw.min(), raw.max())
+        rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True)
     else:
         sample = check_positive_int(sample, "sample")
         if sample < 2:
@@ -192,7 +186,7 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Opt
         raw[rows] = _raw_density_exact(z, block, rows).double()
         info = DensityInfo(sample=sample, mean_stderr=float(se.mean()) / n, max_stderr=float(se.max()) / n,
                            exact_rows=int(rows.numel()))
-        rho = _minmax(raw, raw[rows].min(), raw[rows].max())
+        rho = minmax_normalize(raw, lo=raw[rows].min(), hi=raw[rows].max(), clip=True)
     rho = rho.to(embeddings.dtype)
     return (rho, info) if return_info else rho
 

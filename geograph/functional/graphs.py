@@ -199,3 +199,33 @@ def csr_rowptr(rows: Tensor, num_nodes: int) -> Tensor:
     rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=rows.device)
     rowptr[1:] = torch.bincount(rows, minlength=num_nodes).cumsum(0)
     return rowptr
+
+
+def csr_row_slots(rowptr: Tensor, rows: Tensor, width: int, valid: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Padded positions of CSR rows: the entries of ``rows (...)`` as a ``(..., width)`` block.
+
+    ``at[..., j]`` is the position (into the CSR ``col`` / ``val`` arrays) of the ``j``-th
+    entry of the row, ``ok[..., j]`` whether that entry exists; missing slots point at
+    position 0 (read ``col[at]`` / ``val[at]`` and mask with ``ok``). ``width`` must be at
+    least the largest degree among ``rows`` (known a priori: no host read). Rows marked False
+    in ``valid`` are empty (a negative id, e.g. padding, reads row 0: mark it invalid). The
+    one padded CSR-row gather of the package (ISO-RAG's hops, G3RAG's diffusion).
+
+    Example:
+        >>> rowptr = torch.tensor([0, 2, 2, 3])
+        >>> at, ok = csr_row_slots(rowptr, torch.tensor([[0, 2, 1]]), 2)
+        >>> at, ok
+        (tensor([[[0, 1],
+                 [2, 0],
+                 [0, 0]]]), tensor([[[ True,  True],
+                 [ True, False],
+                 [False, False]]]))
+    """
+    safe = rows.clamp_min(0)
+    start, deg = rowptr[safe], rowptr[safe + 1] - rowptr[safe]
+    if valid is not None:
+        deg = torch.where(valid, deg, torch.zeros_like(deg))
+    offs = torch.arange(width, device=rows.device)
+    ok = offs < deg.unsqueeze(-1)
+    at = torch.where(ok, start.unsqueeze(-1) + offs, torch.zeros_like(start).unsqueeze(-1))
+    return at, ok

@@ -7,10 +7,10 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
 
-from geograph._checks import check_unit_interval
+from geograph._checks import check_tensor, check_unit_interval
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 
-__all__ = ["isoperimetric_ratio", "compatible_edges", "two_hop_shell"]
+__all__ = ["isoperimetric_ratio", "compatible_edges", "two_hop_shell", "conformal_volume"]
 
 
 def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
@@ -115,3 +115,28 @@ def compatible_edges(edge_index: Tensor, phi: Tensor, *, beta: float = 0.4) -> T
     lo, hi = torch.minimum(pu, pv), torch.maximum(pu, pv)
     ratio = torch.where(hi > 0, lo / torch.where(hi > 0, hi, torch.ones_like(hi)), torch.ones_like(hi))
     return ratio >= beta
+
+
+def conformal_volume(z: Tensor, *, p: float = 2.0, c: float = 1.0) -> Tensor:
+    r"""``v(z) = lambda_c(z) ** p`` with the conformal factor ``lambda_c(z) = 2 / (1 - c |z|^2)``.
+
+    Args:
+        z: ``(..., d)`` points strictly inside the ball.
+        p: power.
+        c: curvature magnitude.
+
+    Returns:
+        ``(...)`` volumes, float (finite: raises if a point is on or outside the boundary).
+
+    Example:
+        >>> conformal_volume(torch.tensor([[0.0, 0.0], [0.5, 0.0]]), p=1.0)
+        tensor([2.0000, 2.6667])
+    """
+    check_tensor(z, "z", z.dim() if isinstance(z, Tensor) and z.dim() > 0 else 1)
+    sq = c * (z.double() ** 2).sum(-1)
+    if bool((sq >= 1).any()):
+        raise ValueError("points must lie strictly inside the Poincare ball (|z| < 1/sqrt(c))")
+    import geoopt
+
+    lam = geoopt.PoincareBall(c=c).lambda_x(z.double())
+    return (lam**p).to(z.dtype)

@@ -85,3 +85,34 @@ def _zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     if mask is None:
         return x
     return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def minmax_normalize(x: Tensor, mask: Optional[Tensor] = None, *, dim: int = -1, lo: Optional[Tensor] = None,
+                     hi: Optional[Tensor] = None, clip: bool = False) -> Tensor:
+    r"""Min-max scale ``x`` to ``[0, 1]``: ``(x - lo) / (hi - lo)``; 0 where ``hi == lo`` and at masked entries.
+
+    ``lo`` and ``hi`` default to the min and max of the real (``mask``) entries along ``dim``;
+    given, they are used as they are (e.g. bounds taken from a subset), and ``clip`` clamps
+    the result to ``[0, 1]``. A constant vector normalises to 0. The one min-max of the
+    package (ISO-RAG's fusion, G3RAG's density).
+
+    Args:
+        x: floating ``(..., N, ...)``.
+        mask: bool like ``x``, True = real; ``None`` = all real.
+        dim: the dimension the default bounds are taken over.
+        lo, hi: bounds broadcastable to ``x``.
+        clip: clamp the result to ``[0, 1]``.
+
+    Example:
+        >>> minmax_normalize(torch.tensor([[1.0, 3.0, 2.0, 9.0]]), torch.tensor([[True, True, True, False]]))
+        tensor([[0.0000, 1.0000, 0.5000, 0.0000]])
+    """
+    if lo is None or hi is None:
+        big = torch.finfo(x.dtype).max
+        lo = (x if mask is None else torch.where(mask, x, torch.full_like(x, big))).amin(dim, keepdim=True)
+        hi = (x if mask is None else torch.where(mask, x, torch.full_like(x, -big))).amax(dim, keepdim=True)
+    span = hi - lo
+    out = (x - lo) / torch.where(span > 0, span, torch.ones_like(span))
+    if clip:
+        out = out.clamp(0.0, 1.0)
+    return torch.where(span > 0 if mask is None else mask & (span > 0), out, torch.zeros_like(x))

@@ -6,24 +6,22 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_cert_tol, check_finite_float, check_percentile, check_positive_int, check_unit_interval
-from geograph.functional.flow import check_step, ricci_flow
-from geograph.functional.graphs import query_graph
-from geograph.functional.similarity import cosine_similarity
-from geograph.outputs import RerankOutput, order_by_score
+from geograph.functional.curvature import resolve_solver
+from geograph.functional.ricci import check_ricci_options, ricci_filtration
+from geograph.outputs import RerankOutput
 
 __all__ = ["RicciFiltration"]
-
-_SOLVERS = ("auto", "exact", "sinkhorn")
 
 
 class RicciFiltration(nn.Module):
     r"""Keep the candidates whose query edge survives the normalized Ricci flow.
 
+    A thin holder of the hyperparameters: :meth:`forward` calls
+    :func:`geograph.functional.ricci_filtration` (the method's one home; bitwise the same result).
     Per query, the graph of :func:`~geograph.functional.graphs.query_graph` (query + candidates, edges between
     dissimilar pairs, every query edge forced, unit lengths) flows ``iterations`` steps of
     :func:`~geograph.functional.ricci_flow`; candidate ``j`` is kept iff its final query-edge
-    length ``w_0j <= eta`` (the surgery). The kept candidates are then ordered by the
+    length ``w_0j <= eta`` (the surgery, :func:`~geograph.functional.ricci_surgery`). The kept candidates are then ordered by the
     ``scorer`` (a :class:`~geograph.CrossEncoderScorer` or any callable of that signature) or,
     by default, by cosine to the query; dropped candidates and padding score ``-inf``.
 
@@ -99,31 +97,23 @@ class RicciFiltration(nn.Module):
         scorer: Optional[Callable[..., Tensor]] = None,
     ) -> None:
         super().__init__()
-        self.percentile = check_percentile(percentile)
-        if solver not in _SOLVERS:
-            raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
-        self.eta = check_finite_float(eta, "eta")
-        if not self.eta >= 0:
-            raise ValueError(f"eta must be non-negative, got {eta!r}")
-        self.alpha = check_unit_interval(alpha, "alpha")
-        self.exp_power = check_finite_float(exp_power, "exp_power")
-        self.iterations = check_positive_int(iterations, "iterations")
-        self.step = check_step(step)
-        self.delta = check_finite_float(delta, "delta")
-        if not self.delta >= 0:
-            raise ValueError(f"delta must be non-negative, got {delta!r}")
-        self.solver = solver
-        self.reg = check_finite_float(reg, "reg")
-        if not self.reg > 0:
-            raise ValueError(f"reg must be positive, got {reg!r}")
-        self.cert_tol = check_cert_tol(cert_tol)
+        opts = check_ricci_options(percentile=percentile, alpha=alpha, exp_power=exp_power, iterations=iterations,
+                                   step=step, delta=delta, eta=eta, solver=solver, reg=reg, cert_tol=cert_tol)
+        self.percentile = opts["percentile"]
+        self.eta = opts["eta"]
+        self.alpha = opts["alpha"]
+        self.exp_power = opts["exp_power"]
+        self.iterations = opts["iterations"]
+        self.step = opts["step"]
+        self.delta = opts["delta"]
+        self.solver = opts["solver"]
+        self.reg = opts["reg"]
+        self.cert_tol = opts["cert_tol"]
         self.scorer = scorer
 
     def resolved_solver(self, device: torch.device) -> str:
         """The solver ``"auto"`` stands for on ``device``."""
-        if self.solver != "auto":
-            return self.solver
-        return "exact" if torch.device(device).type == "cpu" else "sinkhorn"
+        return resolve_solver(self.solver, device)
 
     def forward(
         self,
@@ -134,32 +124,10 @@ class RicciFiltration(nn.Module):
         query_texts: Optional[Sequence[str]] = None,
         doc_texts: Optional[Sequence[Sequence[str]]] = None,
     ) -> RerankOutput:
-        adj, node_mask, _ = query_graph(query, docs, mask, percentile=self.percentile)
-        cand_mask = node_mask[:, 1:]
-        solver = self.resolved_solver(docs.device)
-        dtype = torch.float64 if solver == "exact" else docs.dtype
-        flow = ricci_flow(
-            adj, torch.ones(adj.shape, dtype=dtype, device=docs.device), node_mask, iterations=self.iterations,
-            step=self.step, delta=self.delta, alpha=self.alpha, exp_power=self.exp_power, solver=solver, reg=self.reg,
-            cert_tol=self.cert_tol,
-        )
-        full_length = flow.lengths[:, 0, 1:]
-        length = full_length.to(docs.dtype)
-        keep = cand_mask & (full_length <= self.eta)  # decided at the flow's precision
-        if self.scorer is not None:
-            if query_texts is None or doc_texts is None:
-                raise ValueError("a scorer is set: pass query_texts and doc_texts to forward")
-            if len(query_texts) != docs.shape[0] or len(doc_texts) != docs.shape[0]:
-                raise ValueError(f"expected {docs.shape[0]} query_texts and doc_texts lists")
-            n = docs.shape[1]
-            padded = [list(t) + [""] * (n - len(t)) for t in doc_texts]
-            scores = self.scorer(list(query_texts), padded, keep.cpu()).to(device=docs.device, dtype=docs.dtype)
-        else:
-            scores = cosine_similarity(query.unsqueeze(1), docs, y_mask=cand_mask).squeeze(1)
-        scores = torch.where(keep, scores, torch.full_like(scores, float("-inf")))
-        return RerankOutput(
-            scores=scores, order=order_by_score(scores), keep=keep,
-            query_edge_length=length, query_edge_curvature=flow.curvature[:, 0, 1:].to(docs.dtype),
+        return ricci_filtration(
+            query, docs, mask, percentile=self.percentile, alpha=self.alpha, exp_power=self.exp_power,
+            iterations=self.iterations, step=self.step, delta=self.delta, eta=self.eta, solver=self.solver,
+            reg=self.reg, cert_tol=self.cert_tol, scorer=self.scorer, query_texts=query_texts, doc_texts=doc_texts,
         )
 
     def extra_repr(self) -> str:

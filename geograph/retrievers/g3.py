@@ -10,13 +10,13 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_finite_float, check_finite_where, check_positive_int, check_same_device, check_tensor
+from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
 from geograph.functional.ann import default_join_nlist, default_join_nprobe, resolve_index, self_topk
 from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
-from geograph.functional.similarity import normalize
-from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
+from geograph.functional.g3 import _retrieve, check_g3_options
+from geograph.outputs import RetrievalOutput
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["G3Graph", "G3Retriever"]
@@ -288,6 +288,8 @@ SeedScorer = Callable[..., Tensor]
 class G3Retriever(nn.Module):
     r"""G3RAG retrieval: dense candidates, seeds, one diffusion step over ``T``, seeds first.
 
+    A holder of the graph and the hyperparameters: :meth:`forward` calls
+    :func:`geograph.functional.g3_retrieve`'s body, the method's one home (bitwise the same result).
     Per query (the whole batch at once): dense top-``candidates``; the ``seed_scorer`` (default:
     cosine) keeps the best ``seeds`` of them; ``p`` is uniform on the seeds and ``y = p T`` (one
     sparse-dense product for the batch); seeds are masked out of ``y`` and the ``k - seeds``
@@ -347,84 +349,16 @@ class G3Retriever(nn.Module):
         else:
             raise ValueError(f"expected a G3Graph or an (N, D) tensor, got {type(graph_or_embeddings).__name__}")
         self.graph = graph
-        self.candidates = check_positive_int(candidates, "candidates")
-        self.seeds = check_positive_int(seeds, "seeds")
-        if self.seeds > self.candidates:
-            raise ValueError(f"seeds ({seeds}) must not exceed candidates ({candidates})")
-        if self.candidates > graph.num_nodes:
-            raise ValueError(f"candidates ({candidates}) exceeds the corpus size {graph.num_nodes}")
+        self.candidates, self.seeds = check_g3_options(candidates, seeds, graph.num_nodes)
         self.dense = DenseRetriever(graph.embeddings, persistent=False)  # the unit embeddings, derived from the graph
         self.register_load_state_dict_post_hook(_rebuild_dense_after_load)
 
     def forward(self, query: Tensor, k: int = 5, seed_scorer: Optional[SeedScorer] = None,
                 query_texts: Optional[Sequence[str]] = None) -> RetrievalOutput:
-        check_same_device(query, "query", self.graph.device, "the G3Retriever")
-        check_tensor(query, "query", 2, finite=False)
-        check_finite_where(query, None, "query")
-        k = check_positive_int(k, "k")
-        n = self.graph.num_nodes
-        if k < self.seeds:
-            raise ValueError(f"k ({k}) must be at least seeds ({self.seeds}): the seeds come first")
-        if k > n:
-            raise ValueError(f"k ({k}) exceeds the corpus size {n}")
-        if query.shape[1] != self.dense.embeddings.shape[1]:
-            raise ValueError(f"query must have shape (B, D={self.dense.embeddings.shape[1]}), got {tuple(query.shape)}")
-        b = query.shape[0]
-        # one (B, N) cosine matrix serves the candidates and the top-up
-        cos_all = normalize(query.to(self.dense.embeddings.dtype)) @ self.dense.embeddings.T
-        cand_scores, cand_ids = topk_stable(cos_all, self.candidates)
-        if seed_scorer is None:
-            seed_score = cand_scores
-        else:
-            seed_score = torch.as_tensor(seed_scorer(query, cand_ids, query_texts)).to(cand_scores)
-            if tuple(seed_score.shape) != tuple(cand_ids.shape):
-                raise ValueError(f"seed_scorer returned shape {tuple(seed_score.shape)}, expected {tuple(cand_ids.shape)}")
-        seed_vals, pos = topk_by_key(seed_score, cand_ids, self.seeds)
-        seeds = cand_ids.gather(1, pos)
-        m = k - self.seeds
-        if m == 0:
-            return RetrievalOutput(indices=seeds, scores=seed_vals.to(query.dtype))
-        y = self._diffuse(seeds)
-        y = y.scatter(1, seeds, float("-inf"))
-        y_val, y_idx = topk_stable(y, m)
-        positive = y_val > 0
-        # top-up order: remaining candidates by cosine, then the rest of the corpus by cosine
-        # (two rankings, not one with a bonus added to the candidates, which would round cosines)
-        taken = torch.zeros(b, n, dtype=torch.bool, device=query.device)
-        taken.scatter_(1, seeds, True)
-        taken.scatter_(1, torch.where(positive, y_idx, seeds[:, :1].expand_as(y_idx)), True)
-        is_cand = torch.zeros_like(taken).scatter_(1, cand_ids, True)
-        ninf = torch.full_like(cos_all, float("-inf"))
-        c_val, c_idx = topk_stable(torch.where(taken | ~is_cand, ninf, cos_all), min(m, self.candidates))
-        _, r_idx = topk_stable(torch.where(taken | is_cand, ninf, cos_all), m)
-        n_cand = torch.isfinite(c_val).sum(1, keepdim=True)
-        slot = torch.arange(m, device=query.device).unsqueeze(0).expand(b, -1)
-        fill_idx = torch.where(slot < n_cand, c_idx.gather(1, slot.clamp_max(c_idx.shape[1] - 1)),
-                               r_idx.gather(1, (slot - n_cand).clamp_min(0)))
-        # diffused passages first (already sorted by y), then the fill, per row
-        n_pos = positive.sum(1, keepdim=True)
-        fill = fill_idx.gather(1, (slot - n_pos).clamp_min(0))
-        idx = torch.where(slot < n_pos, y_idx, fill)
-        val = torch.where(slot < n_pos, y_val.to(cos_all.dtype), cos_all.gather(1, fill))
-        scores = torch.cat([seed_vals.to(val.dtype), val], 1).to(query.dtype)
-        return RetrievalOutput(indices=torch.cat([seeds, idx], 1), scores=scores)
-
-    def _diffuse(self, seeds: Tensor) -> Tensor:
-        """``y = p T`` for ``p`` uniform on ``seeds (B, s)``: a gather of the seeds' CSR rows, ``(B, N)``."""
         g = self.graph
-        b, s = seeds.shape
-        width = g.row_width
-        if width == 0:
-            return torch.zeros(b, g.num_nodes, dtype=self.dense.embeddings.dtype, device=seeds.device)
-        start = g.crow[seeds]
-        deg = g.crow[seeds + 1] - start
-        offs = torch.arange(width, device=seeds.device)
-        ok = offs < deg.unsqueeze(-1)
-        at = torch.where(ok, start.unsqueeze(-1) + offs, torch.zeros_like(offs))
-        val = g.val[at]
-        val = torch.where(ok, val * (1.0 / s), torch.zeros_like(val))
-        y = torch.zeros(b, g.num_nodes, dtype=val.dtype, device=val.device)
-        return y.scatter_add_(1, g.col[at].flatten(1), val.flatten(1))
+        return _retrieve(query, self.dense.embeddings, g.crow, g.col, g.val, k, candidates=self.candidates,
+                         seeds=self.seeds, row_width=g.row_width, seed_scorer=seed_scorer, query_texts=query_texts,
+                         owner="the G3Retriever")
 
     def extra_repr(self) -> str:
         return f"candidates={self.candidates}, seeds={self.seeds}"

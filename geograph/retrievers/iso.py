@@ -1,56 +1,35 @@
 """ISO-RAG: isoperimetric edge pruning and personalized PageRank on query-local subgraphs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import (check_finite_float, check_finite_where, check_positive_int, check_same_device,
-                              check_tensor, check_unit_interval)
 from geograph.corpus import CorpusGraph
-from geograph.encoders import IdentityPoincare, conformal_volume
-from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
-from geograph.functional.pagerank import personalized_pagerank
-from geograph.functional.similarity import normalize
-from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
+from geograph.encoders import IdentityPoincare
+from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
+from geograph.functional.iso import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
+from geograph.outputs import LocalSubgraph, RetrievalOutput
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
-
-
-@dataclass(frozen=True)
-class LocalSubgraph:
-    """The padded query-local subgraphs of one batch (returned by :meth:`ISORetriever.local`).
-
-    Attributes:
-        nodes: ``(B, n)`` long corpus ids, by dense score; ``-1`` at padding.
-        mask: ``(B, n)`` bool, True = real node.
-        dense: ``(B, n)`` cosine to the query (``-inf`` at padding).
-        adj: ``(B, n, n)`` bool kept edges among the nodes.
-        personalization: ``(B, n)`` ``softmax(tau * s)`` over the seeds, 0 elsewhere.
-    """
-
-    nodes: Tensor
-    mask: Tensor
-    dense: Tensor
-    adj: Tensor
-    personalization: Tensor
 
 
 class ISORetriever(nn.Module):
     r"""Retrieve passages by dense similarity and PageRank over an isoperimetrically pruned graph.
 
     Offline, once per (graph, projection), cached on the module: ``z_u = f_theta(h_u)`` in the
-    Poincare ball, volumes ``v(u) = lambda(z_u) ** p`` (:func:`~geograph.encoders.conformal_volume`),
+    Poincare ball, volumes ``v(u) = lambda(z_u) ** p`` (:func:`~geograph.functional.conformal_volume`),
     ``phi`` by :func:`~geograph.functional.isoperimetric_ratio`, and the edges kept by
     :func:`~geograph.functional.compatible_edges` with ``beta``. Without a ``projection`` the
     default signal is :class:`~geograph.encoders.IdentityPoincare` (``exp_0`` of the raw
     embedding: for unit-norm embeddings every node gets the same volume, so ``phi`` is purely
     combinatorial).
 
-    Per query, batched (no loop over queries): dense cosine ``s``; seeds = top-``m``; the local
+    A holder of the hyperparameters and the offline state (:meth:`refresh`): :meth:`forward`
+    calls :func:`geograph.functional.iso_retrieve`'s body, the method's one home (bitwise the
+    same result). Per query, batched (no loop over queries): dense cosine ``s``; seeds = top-``m``; the local
     set = dense top-``L`` plus the ``hops``-hop neighbourhood of the seeds in the full graph,
     deduplicated and capped at ``max_nodes`` by dense score; its induced subgraph with kept
     edges only (unit weights); personalization ``softmax(tau * s)`` on the seeds;
@@ -142,23 +121,10 @@ class ISORetriever(nn.Module):
                                      "move one of them with .to() first")
         self.graph = graph
         self.projection = projection if projection is not None else IdentityPoincare()
-        self.m = check_positive_int(m, "m")
-        self.L = check_positive_int(L, "L")
-        if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
-            raise ValueError(f"hops must be a non-negative integer, got {hops!r}")
-        self.hops = hops
-        self.max_nodes = check_positive_int(max_nodes, "max_nodes")
-        if self.max_nodes < self.m:
-            raise ValueError(f"max_nodes ({max_nodes}) must be at least m ({m})")
-        self.beta = check_unit_interval(beta, "beta")
-        self.p = check_finite_float(p, "p")
-        self.tau = check_finite_float(tau, "tau")
-        self.alpha = check_finite_float(alpha, "alpha")
-        if not 0.0 <= self.alpha < 1.0:
-            raise ValueError(f"alpha must lie in [0, 1), got {alpha!r}")
-        self.lambda_g = check_finite_float(lambda_g, "lambda_g")
-        self.lambda_d = check_finite_float(lambda_d, "lambda_d")
-        self.max_iter = check_positive_int(max_iter, "max_iter")
+        opts = check_iso_options(m=m, L=L, hops=hops, max_nodes=max_nodes, beta=beta, p=p, tau=tau, alpha=alpha,
+                                 lambda_g=lambda_g, lambda_d=lambda_d, max_iter=max_iter)
+        for name, value in opts.items():
+            setattr(self, name, value)
         self.register_buffer("phi", torch.empty(0), persistent=False)
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
         self.refresh()
@@ -199,87 +165,26 @@ class ISORetriever(nn.Module):
         self.kept_keys = torch.sort(ei[0] * g.num_nodes + ei[1]).values
         self.pruned_share = 1.0 - float(kept.float().mean()) if kept.numel() else 0.0
 
-    def _neighbours(self, seeds: Tensor, seed_ok: Tensor) -> tuple[Tensor, Tensor]:
-        """All neighbours ``(B, S * Dmax)`` of ``seeds (B, S)`` in the full graph, with validity.
-
-        ``Dmax`` is the graph's largest degree, known a priori: no host read.
-        """
-        rowptr, col = self.graph.rowptr, self.graph.col
-        safe = seeds.clamp_min(0)
-        start, deg = rowptr[safe], rowptr[safe + 1] - rowptr[safe]
-        deg = torch.where(seed_ok, deg, torch.zeros_like(deg))
-        dmax = self._max_degree
-        if dmax == 0:
-            return seeds.new_zeros(seeds.shape[0], 0), seed_ok.new_zeros(seeds.shape[0], 0)
-        offs = torch.arange(dmax, device=seeds.device)
-        ok = offs < deg.unsqueeze(-1)
-        idx = torch.where(ok, start.unsqueeze(-1) + offs, torch.zeros_like(start).unsqueeze(-1))
-        return col[idx].flatten(1), ok.flatten(1)
-
     def local(self, query: Tensor) -> LocalSubgraph:
-        """The batch's padded local subgraphs (exposed for inspection and the benchmark)."""
-        check_same_device(query, "query", self.graph.device, "the ISORetriever")
-        check_tensor(query, "query", 2, finite=False)
-        check_finite_where(query, None, "query")
-        g = self.graph
-        if query.shape[1] != self.dense.embeddings.shape[1]:
-            raise ValueError(f"query must have shape (B, D={self.dense.embeddings.shape[1]}), got {tuple(query.shape)}")
-        v = g.num_nodes
-        top = self.dense(query, min(max(self.L, self.m), v))
-        seeds = top.indices[:, : self.m]
-        pool, pool_ok = [top.indices], [torch.ones_like(top.indices, dtype=torch.bool)]
-        frontier, frontier_ok = seeds, torch.ones_like(seeds, dtype=torch.bool)
-        for _ in range(self.hops):
-            frontier, frontier_ok = self._neighbours(frontier, frontier_ok)
-            pool.append(frontier)
-            pool_ok.append(frontier_ok)
-        cand = torch.cat(pool, 1)
-        ok = torch.cat(pool_ok, 1)
-        # dedupe per row: sort ids (invalid ones as v), keep the first of each run
-        ids = torch.where(ok, cand, torch.full_like(cand, v))
-        ids = ids.sort(1).values
-        first = torch.ones_like(ids, dtype=torch.bool)
-        first[:, 1:] = ids[:, 1:] != ids[:, :-1]
-        ok = first & (ids < v)
-        qn = normalize(query.to(self.dense.embeddings.dtype))
-        emb = self.dense.embeddings[ids.clamp_max(v - 1)]  # unit rows
-        s = (emb * qn.unsqueeze(1)).sum(-1)
-        s = torch.where(ok, s, torch.full_like(s, float("-inf")))
-        n = min(self.max_nodes, ids.shape[1])
-        dense, pos = topk_stable(s, n)  # by dense score (ids ascending: ties to the lower id), seeds survive
-        nodes = ids.gather(1, pos)
-        mask = torch.isfinite(dense)
-        nodes = torch.where(mask, nodes, torch.full_like(nodes, -1))
-        key = nodes.clamp_min(0).unsqueeze(2) * v + nodes.clamp_min(0).unsqueeze(1)
-        if self.kept_keys.numel():
-            at = torch.searchsorted(self.kept_keys, key.flatten(1)).clamp_max(self.kept_keys.numel() - 1)
-            adj = (self.kept_keys[at] == key.flatten(1)).view_as(key)
-        else:
-            adj = torch.zeros_like(key, dtype=torch.bool)
-        adj = adj & mask.unsqueeze(2) & mask.unsqueeze(1)
-        is_seed = (nodes.unsqueeze(2) == seeds.unsqueeze(1)).any(2) & mask
-        logits = torch.where(is_seed, self.tau * dense, torch.full_like(dense, float("-inf")))
-        r = torch.softmax(logits, dim=1)
-        r = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
-        return LocalSubgraph(nodes, mask, dense, adj, r)
+        """The batch's padded local subgraphs (:func:`geograph.functional.iso_local_subgraph`; exposed for
+        inspection and the benchmark)."""
+        check_iso_query(query, self.dense.embeddings, "the ISORetriever")
+        return _local_subgraph(query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys,
+                               **self._local_options())
+
+    def _local_options(self) -> dict:
+        return dict(max_degree=self._max_degree, m=self.m, L=self.L, hops=self.hops, max_nodes=self.max_nodes,
+                    tau=self.tau, chunk_size=self.dense.chunk_size)
 
     @property
     def max_k(self) -> int:
         """The largest ``k`` every query can get: the guaranteed local set size min(max(L, m), max_nodes, V)."""
-        return min(max(self.L, self.m), self.max_nodes, self.graph.num_nodes)
+        return iso_max_k(self.m, self.L, self.max_nodes, self.graph.num_nodes)
 
     def forward(self, query: Tensor, k: int) -> RetrievalOutput:
-        k = check_positive_int(k, "k")
-        limit = self.max_k
-        if k > limit:
-            raise ValueError(f"k={k} exceeds the guaranteed local set size min(max(L, m), max_nodes, V) = {limit}")
-        sub = self.local(query)
-        w = sub.adj.to(sub.dense.dtype)
-        pi = personalized_pagerank(w, sub.personalization, sub.mask, alpha=self.alpha, max_iter=self.max_iter)
-        score = self.lambda_g * _minmax(pi, sub.mask) + self.lambda_d * _minmax(sub.dense, sub.mask)
-        score = torch.where(sub.mask, score, torch.full_like(score, float("-inf")))
-        top, pos = topk_by_key(score, torch.where(sub.mask, sub.nodes, self.graph.num_nodes), k)
-        return RetrievalOutput(indices=sub.nodes.gather(1, pos), scores=top.to(query.dtype))
+        return _retrieve(query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys, k,
+                         alpha=self.alpha, lambda_g=self.lambda_g, lambda_d=self.lambda_d, max_iter=self.max_iter,
+                         owner="the ISORetriever", **self._local_options())
 
     def extra_repr(self) -> str:
         return (f"nodes={self.graph.num_nodes}, m={self.m}, L={self.L}, hops={self.hops}, max_nodes={self.max_nodes}, "
@@ -290,11 +195,3 @@ def _refresh_after_load(module: ISORetriever, incompatible_keys) -> None:
     """``load_state_dict`` post hook: the derived state follows the loaded graph and projection."""
     module.refresh()
 
-
-def _minmax(x: Tensor, mask: Tensor) -> Tensor:
-    big = torch.finfo(x.dtype).max
-    lo = torch.where(mask, x, torch.full_like(x, big)).amin(1, keepdim=True)
-    hi = torch.where(mask, x, torch.full_like(x, -big)).amax(1, keepdim=True)
-    span = hi - lo
-    out = (x - lo) / torch.where(span > 0, span, torch.ones_like(span))
-    return torch.where(mask & (span > 0), out, torch.zeros_like(x))

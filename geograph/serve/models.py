@@ -1,24 +1,27 @@
 """The module a ``geograph serve`` worker runs, built from the method, its parameters and artefacts.
 
-``params`` are the module's constructor arguments (checked here against the list below, and
-by the module's own constructor); ``graph`` is a directory written by
+``params`` are the module's constructor arguments: every keyword-only argument of the method's
+class (read from its signature, so a new constructor argument is servable at once), except the
+ones a config file cannot hold (a Python callable, an artefact given by its own key), plus the
+graph-building ``knn`` of ``iso``. They are checked here (:func:`check_params`) and by the
+module's own constructor. ``graph`` is a directory written by
 :meth:`geograph.CorpusGraph.save` (ISO) or :meth:`geograph.G3Graph.save` (G3) loaded instead of
 building one at start; ``projection`` a file written by :meth:`geograph.PoincareProjection.save`.
 
 =========  ==========================================================================
-method     params
+method     class; params not taken from its signature
 =========  ==========================================================================
-maniscope  ``k``, ``alpha``, ``early_stop``
-ricci      ``percentile``, ``alpha``, ``exp_power``, ``iterations``, ``step``, ``delta``,
-           ``eta``, ``solver``, ``reg``
-iso        ``knn`` (k-NN graph built at start when no ``graph``), ``m``, ``L``, ``hops``,
-           ``max_nodes``, ``beta``, ``p``, ``tau``, ``alpha``, ``lambda_g``, ``lambda_d``,
-           ``max_iter``
-g3         ``candidates``, ``seeds``, and when no ``graph``: ``band``, ``beta``, ``max_degree``
+maniscope  :class:`~geograph.Maniscope`
+ricci      :class:`~geograph.RicciFiltration`; not ``scorer`` (a callable)
+iso        :class:`~geograph.ISORetriever`; plus ``knn`` (k-NN graph built at start when no
+           ``graph``); not ``projection`` (the ``projection`` key)
+g3         :class:`~geograph.G3Retriever`; ``band``, ``beta``, ``max_degree`` only when no ``graph``
 =========  ==========================================================================
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Optional
 
 METHODS = ("maniscope", "ricci", "iso", "g3")
@@ -27,13 +30,46 @@ RERANKERS = ("maniscope", "ricci")
 #: workers compile or load them (:func:`geograph.functional.warmup`) before reporting ready
 KERNEL_METHODS = ("ricci",)
 
-PARAMS: dict[str, tuple[str, ...]] = {
-    "maniscope": ("k", "alpha", "early_stop"),
-    "ricci": ("percentile", "alpha", "exp_power", "iterations", "step", "delta", "eta", "solver", "reg"),
-    "iso": ("knn", "m", "L", "hops", "max_nodes", "beta", "p", "tau", "alpha", "lambda_g", "lambda_d", "max_iter"),
-    "g3": ("candidates", "seeds", "band", "beta", "max_degree"),
-}
+#: constructor arguments a config cannot set: callables and artefacts with their own key
+_NOT_PARAMS = {"ricci": ("scorer",), "iso": ("projection",)}
+#: parameters that are not constructor arguments: building the graph at start
+_EXTRA_PARAMS = {"iso": ("knn",)}
 _GRAPH_BUILD = {"iso": ("knn",), "g3": ("band", "beta", "max_degree")}
+
+
+def method_class(method: str) -> type:
+    """The module class that serves ``method``."""
+    if method == "maniscope":
+        from geograph.rerankers import Maniscope as cls
+    elif method == "ricci":
+        from geograph.rerankers import RicciFiltration as cls
+    elif method == "iso":
+        from geograph.retrievers import ISORetriever as cls
+    elif method == "g3":
+        from geograph.retrievers import G3Retriever as cls
+    else:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    return cls
+
+
+@functools.lru_cache(maxsize=None)
+def method_params(method: str) -> tuple[str, ...]:
+    """The ``params`` keys ``method`` accepts, derived from its class's constructor signature.
+
+    Example:
+        >>> method_params("maniscope")
+        ('k', 'alpha', 'early_stop')
+    """
+    sig = inspect.signature(method_class(method).__init__)
+    skip = _NOT_PARAMS.get(method, ())
+    own = tuple(name for name, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY and name not in skip)
+    return _EXTRA_PARAMS.get(method, ()) + own
+
+
+def __getattr__(name: str):
+    if name == "PARAMS":  # the former hand-written table, now derived (computed on first use: imports torch)
+        return {m: method_params(m) for m in METHODS}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_params(method: str, params: dict[str, Any], *, graph: Optional[str] = None,
@@ -50,9 +86,10 @@ def check_params(method: str, params: dict[str, Any], *, graph: Optional[str] = 
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    allowed = method_params(method)
     for key in params:
-        if key not in PARAMS[method]:
-            raise ValueError(f"params: unknown key {key!r} for method {method} (allowed: {', '.join(PARAMS[method])})")
+        if key not in allowed:
+            raise ValueError(f"params: unknown key {key!r} for method {method} (allowed: {', '.join(allowed)})")
         if graph is not None and key in _GRAPH_BUILD.get(method, ()):
             raise ValueError(f"params: {key} is fixed by the saved graph (graph: {graph}); remove it")
     if graph is not None and method not in ("iso", "g3"):
