@@ -137,8 +137,10 @@ from geograph.functional._simplex_stats import N_STATS, STAT_DUAL, STAT_PIVOTS, 
 STATUS_OK = 0
 STATUS_PIVOT_CAP = 1
 
-_DIST_EPS = 1e-7  # GraphRicciCurvature: d(x, y) below this gives curvature 0
-_WEIGHT_SUM_EPS = 1e-7  # GraphRicciCurvature: neighbour weight sum at or below this -> uniform
+# GraphRicciCurvature's thresholds (one home: functional/_grc.py): d(x, y) below _DIST_EPS gives
+# curvature 0; a neighbour weight sum at or below _WEIGHT_SUM_EPS falls back to the uniform measure
+from geograph.functional._grc import DIST_EPS as _DIST_EPS  # noqa: E402
+from geograph.functional._grc import WEIGHT_SUM_EPS as _WEIGHT_SUM_EPS  # noqa: E402
 # |m_x(v) - m_y(v)| at or below this puts v in neither support: rounding noise of the lazy
 # measures (sums of a few exp terms) is a few ulps, and a spurious tiny support only adds work
 _SUPPORT_EPS = 8 * np.finfo(np.float64).eps
