@@ -106,7 +106,7 @@ union_root     (n,)          i8      ``[:nn]`` union-find parents (:func:`_warm_
 Solver statistics: each chunk adds into one row of an ``(chunks, 4)`` int64 array whose columns
 are named in :mod:`geograph.functional._simplex_stats`; the entry points sum it into a
 :class:`~geograph.functional.SimplexStats`. A problem is counted when the simplex runs on it (an edge with
-``d(x, y) < 1e-7`` or an empty support has no problem).
+``d(x, y) <`` ``_grc.DIST_EPS`` (1e-7) or an empty support has no problem).
 
 Threads and the GIL
 -------------------
