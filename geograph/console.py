@@ -80,7 +80,7 @@ def plain_text(text: str) -> str:
 def format_table(rows: dict[str, dict[str, float]], columns: Sequence[str],
                  formats: Optional[dict[str, str]] = None) -> str:
     """A plain-text table, one row per method: the name, then each column right-aligned in 12
-    characters (``formats[column]``, default ``"12.3f"``).
+    characters, or its name's length plus 2 if longer (``formats[column]``, default ``"12.3f"``).
 
     Example:
         >>> print(format_table({"dense": {"nDCG@10": 0.5}}, ["nDCG@10"]))
@@ -90,8 +90,9 @@ def format_table(rows: dict[str, dict[str, float]], columns: Sequence[str],
     """
     formats = formats or {}
     width = max(len(r) for r in rows) + 2
-    head = "method".ljust(width) + "".join(c.rjust(12) for c in columns)
+    cw = {c: max(12, len(c) + 2) for c in columns}  # names never run into each other
+    head = "method".ljust(width) + "".join(c.rjust(cw[c]) for c in columns)
     lines = [head, "-" * len(head)]
     for name, vals in rows.items():
-        lines.append(name.ljust(width) + "".join(format(vals[c], formats.get(c, "12.3f")).rjust(12) for c in columns))
+        lines.append(name.ljust(width) + "".join(format(vals[c], formats.get(c, "12.3f")).rjust(cw[c]) for c in columns))
     return "\n".join(lines)

@@ -21,6 +21,7 @@ def smoke(tmp_path_factory):
     return results, bench_run.write(results, out)
 
 
+@pytest.mark.slow
 def test_smoke_run_has_every_method_and_writes_outputs(smoke):
     from geograph.data import DEMO_PATH, load_beir
 

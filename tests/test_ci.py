@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROBE = '''
 import pytest
 from conftest import require
@@ -19,6 +21,8 @@ def test_require_present():
     assert require("json").dumps(1) == "1"
 '''
 
+
+@pytest.mark.integration
 def test_missing_package_fails_under_ci(tmp_path):
     """One pytest run in a subprocess (the local behaviour, a skip, is what every other test shows)."""
     ci, failed, skipped = "true", 2, 0

@@ -142,6 +142,7 @@ def test_bad_options():
         ollivier_ricci(torch.ones(1, 2, 2), adj, alpha=1.5)
 
 
+@pytest.mark.slow
 def test_live_graphriccicurvature_parity():
     """>= 50 graphs: 24 real SciFact query graphs and 30 random weighted ones, all edges."""
     pytest.importorskip("GraphRicciCurvature")

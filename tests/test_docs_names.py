@@ -167,6 +167,7 @@ def test_exports(name):
     resolve(name)
 
 
+@pytest.mark.integration
 def test_import_geograph_does_not_import_optional_packages():
     """BM25Retriever is exported eagerly: its module imports bm25s only when one is built."""
     import subprocess

@@ -61,6 +61,7 @@ def test_no_early_stop_gives_same_result():
     torch.testing.assert_close(a.lengths, b.lengths)
 
 
+@pytest.mark.slow
 def test_sinkhorn_flow_close_to_exact_on_real_graphs():
     adj = real_adjacency(8)
     ones = torch.ones(adj.shape, dtype=torch.float64)
@@ -110,6 +111,7 @@ def test_single_edge_and_empty_graph_match_the_reference(alpha):
         assert (int(out.iterations[b]), bool(out.converged[b])) == (steps, converged)
 
 
+@pytest.mark.slow
 def test_live_graphriccicurvature_flow_parity():
     """Flowed lengths and curvature vs compute_ricci_flow on real and random graphs."""
     pytest.importorskip("GraphRicciCurvature")

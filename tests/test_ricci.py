@@ -160,6 +160,7 @@ def test_outputs_keep_the_input_dtype(dtype):
         assert out.scores.dtype == dtype
 
 
+@pytest.mark.slow
 def test_certified_sinkhorn_keeps_the_exact_set_on_real_graphs():
     """The entropic path's parity target: >= 99.5% of candidates kept/dropped as by the exact flow."""
     q, docs = scifact_graphs(24, 20)  # the whole shipped fixture (the benchmark: 256 SciFact + MuSiQue)

@@ -69,6 +69,7 @@ def run_cli(*argv, env=None):
                           timeout=300, env=env)
 
 
+@pytest.mark.integration
 def test_cli_config_errors_exit_2_with_one_line(tmp_path):
     r = run_cli("--config", write(tmp_path, {"method": "maniscope", "corpus": DEMO, "workers": 2}))
     assert r.returncode == 2
@@ -77,6 +78,7 @@ def test_cli_config_errors_exit_2_with_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
 
 
+@pytest.mark.integration
 def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
     """Bad parameter values (the module's own check) and artefacts that do not match the corpus."""
     from geograph import CorpusGraph

@@ -74,6 +74,7 @@ def mismatches(encoder, texts, want):
     return [t for t, a, b in zip(texts, got, want) if not np.array_equal(a, b)]
 
 
+@pytest.mark.slow
 def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts):
     assert encoder.grouped()
     counts = [min(256, 16 * ((c + 15) // 16)) for c in token_counts(encoder, texts)]
@@ -86,6 +87,7 @@ def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts)
     assert mismatches(encoder, shuffled, want[::-1]) == []
 
 
+@pytest.mark.slow
 def test_padding_changes_a_vector_by_rounding_only(encoder, texts):
     """Against sentence-transformers' unpadded single encoding: float32 rounding, never more."""
     got, plain = alone(encoder, texts), unpadded(encoder, texts)
@@ -93,6 +95,7 @@ def test_padding_changes_a_vector_by_rounding_only(encoder, texts):
     assert (got != plain).any()  # the padding is real: the reference above is not the unpadded one
 
 
+@pytest.mark.slow
 def test_a_shifted_vector_in_a_group_is_caught(encoder, texts, monkeypatch):
     """The check can fail: one row of every bucket of several texts nudged by one float32 ulp,
     or the texts of a bucket padded to their longest member instead of the bucket length."""

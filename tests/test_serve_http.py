@@ -33,7 +33,11 @@ requests = require("requests")
 psutil = require("psutil")
 require("prometheus_client")
 
+# every test here talks to a `geograph serve` subprocess
+pytestmark = pytest.mark.integration
+
 from geograph import CorpusGraph, G3Retriever, ISORetriever, Maniscope, RicciFiltration  # noqa: E402
+from geograph.bench.serve import wait_healthy  # noqa: E402
 from geograph.data import DEMO_PATH, Encoder, load_demo  # noqa: E402
 from geograph.retrievers import DenseRetriever  # noqa: E402
 
@@ -99,18 +103,11 @@ class Server:
         self.log = []
         self.reader = threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True)
         self.reader.start()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.output()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).text == "ok":
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.kill()
-        raise RuntimeError("server did not become healthy in 300 s")
+        try:
+            wait_healthy(self.url, self.proc, 300, self.output)
+        except RuntimeError:
+            self.kill()
+            raise
 
     def output(self):
         return b"".join(self.log).decode(errors="replace")[-4000:]

@@ -257,6 +257,8 @@ def test_shipped_config_trains_on_the_demo_corpus(tmp_path, monkeypatch, capsys,
     assert torch.isfinite(iso(graph.embeddings[:2], 5).scores).all()
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_ddp_two_processes_train_export_and_load(tmp_path, demo_cache):
     """The multi-process path of the README for real: gloo, two CPU processes, one epoch."""
     import os

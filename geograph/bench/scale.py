@@ -436,7 +436,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)")
     p.add_argument("--ranking", default="weight", choices=["weight", "cosine"],
                    help="G3 candidate ranking: the weight itself, or cosine with the certificate (default weight)")
-    p.add_argument("--density-sample", type=int, default=None, help="G3 density columns sampled (default 4096)")
+    p.add_argument("--density-sample", type=int, default=None,
+                   help="G3 density columns sampled (default: G3Graph.build's, 8192 for the IVF build; 0 = exact)")
     p.add_argument("--check-rows", type=int, default=2000, help="sampled rows checked against exact")
     p.add_argument("--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N")
     p.add_argument("--queries", type=int, default=640, help="DenseRetriever queries per size")

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from geograph.console import UsageError, make_parser
 
@@ -205,12 +205,28 @@ def summarise(calls, got, seconds: float) -> dict:
 
 
 # -- the server ----------------------------------------------------------------------------
+def wait_healthy(url: str, proc: subprocess.Popen, seconds: float, output: Callable[[], str]) -> None:
+    """Poll ``url/health`` every 0.5 s until it answers ``ok``. RuntimeError (with the end of
+    ``output()``) when ``proc`` exits first, or when ``seconds`` pass (the process is left running)."""
+    import requests
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}: {output()[-2000:]}")
+        try:
+            if requests.get(url + "/health", timeout=2).text == "ok":
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not healthy after {seconds:g} s")
+
+
 class Server:
     """``geograph serve`` in a subprocess on a free port of 127.0.0.1, stopped with SIGTERM."""
 
     def __init__(self, method: str, corpus: str, extra: Sequence[str], wait: float = 600) -> None:
-        import requests
-
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -221,18 +237,11 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.log: list[bytes] = []
         threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"geograph bench serve: the server exited: {self.output()[-2000:]}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).text == "ok":
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise SystemExit(f"geograph bench serve: the server was not healthy after {wait:g} s")
+        try:
+            wait_healthy(self.url, self.proc, wait, self.output)
+        except RuntimeError as exc:
+            self.stop()
+            raise SystemExit(f"geograph bench serve: {exc}") from None
 
     def output(self) -> str:
         return b"".join(self.log).decode(errors="replace")
