@@ -359,3 +359,23 @@ def test_consumed_candidates_give_the_same_edges_and_are_released():
         assert torch.equal(getattr(keep, name), getattr(used, name)), name
     assert x.numel() == 0 and ids.numel() == 0
     assert torch.equal(keep.rows, torch.repeat_interleave(torch.arange(700), keep.crow.diff()))
+
+
+def test_g3_build_holds_compact_buffers_that_are_not_views():
+    """The IVF build's edges are compacted inside the consumed lists and held without a copy: the
+    buffers must still own exactly their elements (a saved graph carries no list tail) and be
+    no view of another tensor (dynamo traces them)."""
+    from geograph.retrievers.g3 import G3Graph
+
+    z = torch.from_numpy(clustered(900, seed=4)).float()
+    g = G3Graph.build(z, max_degree=8, index="ivf", nlist=8, nprobe=2, ranking="weight")
+    ref = G3Graph.build(z, max_degree=8, index="ivf", nlist=8, nprobe=2, ranking="weight")
+    for name in ("crow", "col", "val"):
+        t = getattr(g, name)
+        assert t._base is None and t.untyped_storage().nbytes() == t.numel() * t.element_size(), name
+        assert torch.equal(t, getattr(ref, name))
+    dense = torch.zeros(900, 900)
+    rows = torch.repeat_interleave(torch.arange(900), g.crow.diff())
+    dense[rows, g.col] = g.val
+    assert torch.equal(g.transition.to_dense(), dense)
+    torch.testing.assert_close(dense.sum(1)[g.crow.diff() > 0], torch.ones(int((g.crow.diff() > 0).sum())))

@@ -81,12 +81,28 @@ class G3Graph(nn.Module):
             if t.device != embeddings.device:
                 raise ValueError(f"{name} is on {t.device} but embeddings is on {embeddings.device}: "
                                  "move one of them with .to() first")
+        # copies, not views into the sparse tensor (dynamo cannot trace a view of a sparse base)
+        self._hold(embeddings, density, transition.crow_indices().to(torch.long, copy=True),
+                   transition.col_indices().to(torch.long, copy=True), transition.values().clone(),
+                   band=band, beta=beta, max_degree=max_degree)
+
+    @classmethod
+    def _from_parts(cls, embeddings: Tensor, density: Tensor, crow: Tensor, col: Tensor, val: Tensor, *, band,
+                    beta: float, max_degree: Optional[int]) -> "G3Graph":
+        """A graph holding ``T``'s CSR parts as given (no copy: :meth:`build`'s own fresh arrays; at
+        1M passages x 128 edges a copy would be 1.5 GB more at the peak)."""
+        graph = cls.__new__(cls)
+        nn.Module.__init__(graph)
+        graph._hold(embeddings, density, crow, col, val, band=band, beta=beta, max_degree=max_degree)
+        return graph
+
+    def _hold(self, embeddings: Tensor, density: Tensor, crow: Tensor, col: Tensor, val: Tensor, *, band,
+              beta: float, max_degree: Optional[int]) -> None:
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("density", density)
-        # copies, not views into the sparse tensor (dynamo cannot trace a view of a sparse base)
-        self.register_buffer("crow", transition.crow_indices().to(torch.long, copy=True))
-        self.register_buffer("col", transition.col_indices().to(torch.long, copy=True))
-        self.register_buffer("val", transition.values().clone())
+        self.register_buffer("crow", crow)
+        self.register_buffer("col", col)
+        self.register_buffer("val", val)
         self.band = check_band(band)
         self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
@@ -189,8 +205,11 @@ class G3Graph(nn.Module):
         if edges is not None:
             info.update(certified=int(edges.certified.sum()), redone=int(edges.redone.sum()))
         del z, cand, edges
-        t = csr(t.crow_indices(), t.col_indices(), t.values().to(embeddings.dtype), n)
-        graph = cls(embeddings, t, rho.to(embeddings.dtype), band=band, beta=beta, max_degree=max_degree)
+        # T's parts are fresh arrays of this build (not views of another tensor): held without a copy
+        crow, col, val = t.crow_indices(), t.col_indices(), t.values()
+        del t
+        graph = cls._from_parts(embeddings, rho.to(embeddings.dtype), _plain(crow), _plain(col),
+                                _plain(val).to(embeddings.dtype), band=band, beta=beta, max_degree=max_degree)
         graph.build_info = info
         log.info("G3Graph.build: %s", info)
         return graph
@@ -375,3 +394,10 @@ def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys) -> None:
 
 def _keys(blob) -> str:
     return f"keys {sorted(map(str, blob))}" if isinstance(blob, dict) else f"a {type(blob).__name__}"
+
+
+def _plain(t: Tensor) -> Tensor:
+    """A tensor on ``t``'s memory that is not a view (no ``_base``): a sparse tensor's parts held
+    as buffers without a copy (dynamo cannot trace a view of a sparse base)."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                                t.stride())
