@@ -29,6 +29,27 @@ def test_knn_matches_bruteforce_and_chunking(device):
     assert (g.degree() >= 4).all() and g.num_edges == len(expect) // 2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_knn_ties_match_a_numpy_reference(dtype):
+    """Exact ties everywhere (unit vectors with dyadic coordinates: every cosine is exact in any
+    summation order), ranked by numpy's lexsort on (-cosine, index): the documented rule, lowest
+    index first, computed without torch."""
+    atoms = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0.5, 0.5, 0.5, 0.5], [0.5, -0.5, 0.5, -0.5],
+                      [0, 0, 0.6, 0.8], [-1, 0, 0, 0]])
+    rng = np.random.default_rng(11)
+    x = atoms[rng.integers(0, len(atoms), 40)]
+    k = 5
+    sim = x @ x.T
+    expect = set()
+    for i in range(len(x)):
+        others = np.array([j for j in range(len(x)) if j != i])
+        order = np.lexsort((others, -sim[i, others]))  # primary: cosine descending, then index
+        expect |= {(i, int(j)) for j in others[order[:k]]}
+    expect |= {(j, i) for i, j in expect}
+    for chunk in (7, 1000):
+        assert edge_set(CorpusGraph.from_knn(torch.from_numpy(x).to(dtype), k, chunk_size=chunk)) == expect
+
+
 def test_knn_faiss_same_neighbours():
     pytest.importorskip("faiss")
     rng = np.random.default_rng(1)
