@@ -19,7 +19,8 @@ Every timing is warmed up and repeated (median and min-max over ``--repeat`` run
 table and the JSON), with the thread counts (torch and numba). It reports ms/query with the
 ratio to (a), the flowed query-edge length error and the kept-set agreement with (a), and for
 SciFact the quality (nDCG@10, Recall@10) of dense top-20 vs the kept set ordered by cosine.
-Needs the ``ref`` extra (GraphRicciCurvature) for (a).
+Needs GraphRicciCurvature for (a): the ``ref`` extra, or `make`, which installs it with
+``--no-deps`` (its metadata pins an old scipy).
 """
 from __future__ import annotations
 
@@ -174,21 +175,23 @@ def _print(name: str, res: dict, threads: dict) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="geograph bench ricci", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="SciFact BEIR folder (default: ../shared/data/scifact)")
-    p.add_argument("--datasets", nargs="+", default=["scifact", "musique"])
+    p.add_argument("--data", help="SciFact BEIR folder (default: ../shared/data/scifact); MuSiQue is always read "
+                   "from the shared data folder (../shared/data/musique)")
+    p.add_argument("--datasets", nargs="+", default=["scifact", "musique"], help="(default: %(default)s)")
     p.add_argument("--split", default="test", help="SciFact split (MuSiQue: test)")
     p.add_argument("--cache", help="embedding cache directory")
-    p.add_argument("--candidates", type=int, default=20)
+    p.add_argument("--candidates", type=int, default=20, help="dense candidates per query (default: %(default)s)")
     p.add_argument("--queries", type=int, default=300,
-                   help="query graphs per data set for (a) kept sets and (b) (default: SciFact test 300, MuSiQue 100)")
-    p.add_argument("--ref-queries", type=int, default=8, help="queries of (a) timed per repeat")
+                   help="query graphs per data set for (a) kept sets and (b), at most the set's queries (default: %(default)s; "
+                        "SciFact test has 300, MuSiQue 100)")
+    p.add_argument("--ref-queries", type=int, default=8, help="queries of (a) timed per repeat (default: %(default)s)")
     p.add_argument("--sinkhorn-queries", type=int, help="query graphs for (c)'s kept sets (default: all --queries)")
-    p.add_argument("--sinkhorn-timed", type=int, default=16, help="queries of (c) timed per repeat")
-    p.add_argument("--single", type=int, default=16, help="queries timed one at a time (B = 1)")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default="bench-results")
+    p.add_argument("--sinkhorn-timed", type=int, default=16, help="queries of (c) timed per repeat (default: %(default)s)")
+    p.add_argument("--single", type=int, default=16, help="queries timed one at a time (B = 1) (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=64, help="queries per batch of (b) and (c) (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=5, help="timing repeats, at least 5 (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="(default: %(default)s)")
+    p.add_argument("--out", default="bench-results", help="output folder of ricci.json (default: %(default)s)")
     args = p.parse_args(argv)
     if args.repeat < 5:
         p.error("--repeat must be >= 5")

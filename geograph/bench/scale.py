@@ -1,6 +1,6 @@
 """``geograph bench scale``: corpus graphs and dense retrieval at corpus scale, ANN vs exact.
 
-For each ``--sizes`` N and each ``--generators`` synthetic corpus (384-d unit vectors that
+For each size N (positional arguments) and each ``--generators`` synthetic corpus (384-d unit vectors that
 reproduce all-MiniLM-L6-v2's geometry, fitted to the cached SciFact passage embeddings;
 see :func:`fit_generators`), in a fresh process per build (peak resident memory
 of that process): the k-NN graph (k = 10) and the G3 graph (``max_degree`` 128) built with
@@ -431,21 +431,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
     p.add_argument("--nprobe", type=int, help="cells each cell meets in the IVF join (default: the builders' own, "
                    "geograph.functional.ann.default_join_nprobe)")
-    p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes")
+    p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes (default: %(default)s)")
     p.add_argument("--candidates", type=int, default=None,
                    help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)")
     p.add_argument("--ranking", default="weight", choices=["weight", "cosine"],
                    help="G3 candidate ranking: the weight itself, or cosine with the certificate (default weight)")
     p.add_argument("--density-sample", type=int, default=None,
                    help="G3 density columns sampled (default: G3Graph.build's, 8192 for the IVF build; 0 = exact)")
-    p.add_argument("--check-rows", type=int, default=2000, help="sampled rows checked against exact")
-    p.add_argument("--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N")
-    p.add_argument("--queries", type=int, default=640, help="DenseRetriever queries per size")
+    p.add_argument("--check-rows", type=int, default=2000, help="sampled rows checked against exact (default: %(default)s)")
+    p.add_argument("--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N (default: %(default)s)")
+    p.add_argument("--queries", type=int, default=640, help="DenseRetriever queries per size (default: %(default)s)")
     p.add_argument("--datasets", nargs="*", default=["scifact", "musique"])
-    p.add_argument("--data-root", default=str(DEFAULT_DATA))
+    p.add_argument("--data-root", default=str(DEFAULT_DATA), help="folder of the real sets (default: %(default)s)")
     p.add_argument("--cache", help="embedding cache directory")
     p.add_argument("--progress", action="store_true", help="progress bars of the builds")
-    p.add_argument("--out", default="bench-results")
+    p.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="also build both graphs with their tiles on Ray (alone: a local Ray on this machine; "
                         "'auto' or ray://HOST:PORT: a cluster) and report the overhead against the single-process build")
