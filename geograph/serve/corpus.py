@@ -149,28 +149,36 @@ class TextEncoder:
         todo = list(dict.fromkeys(texts[i] for i in missing))  # a text repeated in a batch is encoded once
         if todo:
             model = enc.model
-            ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
-            buckets: dict[int, list[str]] = {}
-            for t, row in zip(todo, ids):
-                buckets.setdefault(bucket_length(len(row), model.max_seq_length), []).append(t)
+            # tokenized once: the lengths pick the buckets, the same tokens are then padded
+            tokens = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)
+            buckets: dict[int, list[int]] = {}
+            for j, row in enumerate(tokens["input_ids"]):
+                buckets.setdefault(bucket_length(len(row), model.max_seq_length), []).append(j)
             vectors = {}
             with one_thread():
-                for length, group in buckets.items():
-                    vectors.update(zip(group, encode_padded(model, group, length)))
+                for length, rows in buckets.items():
+                    group = [todo[j] for j in rows]
+                    part = {name: [tokens[name][j] for j in rows] for name in tokens.keys()}
+                    vectors.update(zip(group, encode_padded(model, group, length, tokens=part)))
             enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
             for i in missing:
                 found[i] = vectors[texts[i]]
         return torch.from_numpy(np.stack(found))
 
 
-def encode_padded(model, texts: Sequence[str], length: int):
+def encode_padded(model, texts: Sequence[str], length: int, *, tokens: Optional[dict] = None):
     """``(len(texts), D)`` float32 unit vectors of a sentence-transformers ``model``, every text
     padded (or truncated) to ``length`` tokens: the model's own forward and pooling, then L2
-    normalisation as ``encode(..., normalize_embeddings=True)`` does."""
+    normalisation as ``encode(..., normalize_embeddings=True)`` does. ``tokens``: the texts
+    already tokenized (the tokenizer's lists, at most ``length`` long), padded here instead
+    of tokenizing the texts again."""
     import torch
 
-    features = model.tokenizer(list(texts), padding="max_length", truncation=True, max_length=length,
-                               return_tensors="pt")
+    if tokens is None:
+        features = model.tokenizer(list(texts), padding="max_length", truncation=True, max_length=length,
+                                   return_tensors="pt")
+    else:
+        features = model.tokenizer.pad(tokens, padding="max_length", max_length=length, return_tensors="pt")
     features = {name: x.to(model.device) for name, x in features.items()}
     with torch.inference_mode():
         out = model(features)["sentence_embedding"]
