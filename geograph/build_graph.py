@@ -19,7 +19,8 @@ python -m train fit --data.graph_dir OUT.
 
 Corpora of millions: --index ivf (or auto: exact up to 50,000 passages) builds the k-NN and G3
 graphs from an IVF cell join (--nlist cells trained on --sample passages, each joined with its
---nprobe nearest; exact scores), G3 from --candidates cosine candidates per passage with a
+--nprobe nearest, by default as many as the sampled passages show are needed to find
+--recall-target of their exact neighbours; exact scores), G3 from --candidates cosine candidates per passage with a
 per-row certificate (rows it cannot prove are recomputed exactly) and a density estimated
 from --density-sample columns. A build interrupted by Ctrl-C writes nothing; the save itself
 writes the graph's metadata last, so an interrupted save never leaves a graph that loads.
@@ -42,8 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     idx.add_argument("--index", default="exact", choices=["exact", "ivf", "auto"],
                      help="candidate pairs: every pair (exact), an IVF cell join, or auto (default: exact)")
     idx.add_argument("--nlist", type=int, help="IVF cells of the join (default: about 2 sqrt(N), a power of two)")
-    idx.add_argument("--nprobe", type=int, help="cells each cell is joined with (default: 32, or as many as hold "
-                     "2,560 passages where cells are small)")
+    idx.add_argument("--nprobe", type=int, help="cells each cell is joined with (default: chosen for --recall-target "
+                     "from 32, or as many as hold 2,560 passages where cells are small)")
+    idx.add_argument("--recall-target", type=float, default=0.98,
+                     help="share of each passage's exact neighbours the IVF join must find, estimated on sampled "
+                          "passages; the build probes more cells, or scans exactly, to reach it (default: %(default)s)")
     idx.add_argument("--sample", type=int, help="passages the IVF cells are trained on (default: 256 per cell)")
     g3 = p.add_argument_group("G3 (--g3)")
     g3.add_argument("--max-degree", type=int, default=128, help="strongest edges kept per passage (default: 128)")
@@ -105,7 +109,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                   batch_size=args.batch_size)
             print(f"embedding on Ray: {report}")
         emb = Encoder(cache=args.cache, progress=True, batch_size=args.batch_size).encode(dataset.passages())
-        ivf = dict(index=args.index, nlist=args.nlist, nprobe=args.nprobe, sample=args.sample, progress=True)
+        ivf = dict(index=args.index, nlist=args.nlist, nprobe=args.nprobe, sample=args.sample, progress=True,
+                   recall_target=args.recall_target)
         try:
             if args.knn is not None:
                 graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
@@ -150,6 +155,8 @@ def _check_index_options(args, n: int) -> None:
             raise UsageError(f"--band must satisfy -1 <= LO < HI <= 1, got {lo} {hi}")
     elif args.candidates is not None or args.density_sample is not None:
         raise UsageError("--candidates and --density-sample apply to --g3")
+    if not 0.0 < args.recall_target <= 1.0:
+        raise UsageError(f"--recall-target must be in (0, 1], got {args.recall_target}")
     if args.index != "exact":
         from geograph.functional.ann import check_ivf, default_join_nlist, default_join_nprobe
 

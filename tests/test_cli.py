@@ -124,6 +124,8 @@ def _cases(tmp: Path):
         (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "2", "--nprobe", "2", "--sample", "20", *g],
          "--sample", "too small"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--nlist", "2", *g], "--nlist", "apply to --index ivf"),
+        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--recall-target", "1.5", *g], "--recall-target",
+         "must be in (0, 1], got 1.5"),
         (["build-graph", "--data", DEMO, "--mentions", "--index", "ivf", *g], "--index", "not --mentions"),
         (["build-graph", "--data", DEMO, "--g3", "--candidates", "8", "--max-degree", "16", *g], "--candidates",
          "at least --max-degree"),

@@ -48,6 +48,51 @@ def test_a_cancelled_request_leaves_no_entry_in_the_response_table():
     assert len(asyncio.run(cancel_waiting(RegularRequestHandler))) == 1
 
 
+def batches(bodies, *, size=64, cap=None):
+    """The batches :class:`~geograph.serve.api.WaitingBatchedLoop` forms from ``bodies`` already queued."""
+    import time
+
+    from geograph.serve.api import WaitingBatchedLoop
+
+    q = queue.Queue()
+    for n, body in enumerate(bodies):
+        q.put((0, f"u{n}", time.monotonic(), body))
+    loop = WaitingBatchedLoop()
+    loop.put_response = lambda **kw: None  # the START acknowledgements go nowhere
+    api = SimpleNamespace(max_batch_size=size, batch_timeout=0.0, request_timeout=60.0, max_batch_texts=cap)
+    out = []
+    while not q.empty():
+        payloads, timed_out = loop.get_batch_requests(api, q, None)
+        assert not timed_out
+        out.append([uid for _, uid, _ in payloads])
+    return out
+
+
+def test_a_batch_takes_no_more_requests_once_its_texts_reach_max_batch_texts():
+    from geograph.serve.schema import RerankRequest, RetrieveRequest
+
+    rerank = RerankRequest(query="q", candidates=[f"passage {i}" for i in range(8)])  # 9 texts
+    ids = RerankRequest(query="q", candidate_ids=["a", "b"])  # 1 text
+    vector = RetrieveRequest(query_embedding=[1.0, 0.0], k=1)  # none
+    assert batches([rerank] * 5, cap=16) == [["u0", "u1"], ["u2", "u3"], ["u4"]]
+    assert batches([ids, rerank, ids, ids], cap=10) == [["u0", "u1"], ["u2", "u3"]]
+    assert batches([vector] * 5, size=3, cap=1) == [["u0", "u1", "u2"], ["u3", "u4"]]  # no texts: the count bounds it
+    assert batches([rerank] * 5, cap=None) == [["u0", "u1", "u2", "u3", "u4"]]
+    assert batches([rerank] * 3, cap=1) == [["u0"], ["u1"], ["u2"]]  # a request over the cap still runs, alone
+
+
+def test_max_batch_texts_is_a_config_key_and_a_flag(tmp_path):
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "a", "text": "x"}\n')
+    (tmp_path / "s.yaml").write_text("max_batch_texts: 32\n")
+    base = ["--method", "maniscope", "--corpus", str(tmp_path)]
+    assert load_config(base + ["--config", str(tmp_path / "s.yaml")]).max_batch_texts == 32
+    assert load_config(base + ["--max-batch-texts", "8"]).max_batch_texts == 8
+    assert load_config(base).max_batch_texts == 64
+    with pytest.raises(ConfigError, match="max_batch_texts") as e:
+        load_config(base + ["--max-batch-texts", "0"])
+    assert "\n" not in str(e.value)
+
+
 def test_worker_threads_divide_the_cpus_among_the_workers(monkeypatch):
     import os
 

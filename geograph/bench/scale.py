@@ -16,7 +16,10 @@ same run:
   own density (isolating the candidate error) and the density error is measured on the
   sampled rows (exact raw density, normalised by the build's exact extremes);
 - ``DenseRetriever`` IVF recall@20 and ms/query at B=64 next to the exact scan (same
-  queries, warmed, repeated: median and spread).
+  queries, warmed, repeated: median and spread), on held-out draws of the generator;
+- the ``nprobe`` each IVF build and the dense index chose for its recall target (``exact``
+  where a build fell back to the exact scan; JSON: ``build_info`` / ``calibration`` with the
+  recall each measured on its own sampled rows).
 
 With ``--ray [ADDRESS]`` both builds are made again with their tiles on Ray
 (:mod:`geograph.distributed`; alone: a local Ray on this machine), each in a fresh process that
@@ -185,6 +188,7 @@ def _build(task: dict, x: torch.Tensor, out: dict) -> None:
         g = CorpusGraph.from_knn(x, KNN_K, index=task["index"], nprobe=task["nprobe"], progress=task["progress"])
         np.save(task["out"], g.edge_index.numpy())
         out["stages"] = g.build_info.get("seconds", {})
+        out["build_info"] = g.build_info
     else:
         from geograph.retrievers.g3 import G3Graph
 
@@ -195,6 +199,17 @@ def _build(task: dict, x: torch.Tensor, out: dict) -> None:
         info = g.build_info
         out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
         out["build_info"] = info
+
+
+def _probes(info: dict) -> str:
+    """The cells an IVF build probed (``exact`` when its recall target sent it to the exact scan; ``-``: not IVF)."""
+    if info.get("exact"):
+        return "exact"
+    return str(info["nprobe"]) if info.get("nprobe") else "-"
+
+
+#: the table's text columns
+SCALE_FORMATS = {"kNN nprobe": "s", "G3 nprobe": "s", "dense nprobe": "s"}
 
 
 def build_in_child(task: dict) -> dict:
@@ -269,7 +284,19 @@ def raw_density(z: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.T
 
 
 # -- dense retrieval -------------------------------------------------------------------------
-def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe: int, k: int = 20, batch: int = 64) -> dict:
+def _nprobe_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value}")
+    return value
+
+
+def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe, k: int = 20, batch: int = 64) -> dict:
     from geograph.retrievers import DenseRetriever
 
     exact = DenseRetriever(x)
@@ -285,7 +312,8 @@ def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe: int, k: int
     te = time_calls(lambda: exact(q, k), repeat=5)
     ti = time_calls(lambda: ivf(q, k), repeat=5)
     ms = lambda t: {key: t[key] * 1000 / batch for key in ("median", "min", "max")}
-    return {"recall@20": hits / (len(queries) * k), "nlist": ivf.nlist, "nprobe": nprobe, "index_build_s": build,
+    return {"recall@20": hits / (len(queries) * k), "nlist": ivf.nlist, "nprobe": ivf.nprobe,
+            "calibration": ivf.calibration, "index_build_s": build,
             "exact_ms_per_query": ms(te), "ivf_ms_per_query": ms(ti), "speedup": te["median"] / ti["median"]}
 
 
@@ -426,12 +454,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("sizes", type=int, nargs="*", default=[200_000, 1_000_000], help="corpus sizes (default 200k 1M)")
     p.add_argument("--generators", nargs="*", default=list(GENERATORS), choices=GENERATORS,
                    help="synthetic corpora (none: only the real sets)")
+    p.add_argument("--gauss-max", type=int, default=200_000,
+                   help="largest size the Gaussian generator runs at (default: %(default)s): with no topics, the "
+                        "recall target makes its builds probe a large share of the corpus or scan it exactly "
+                        "(200k: 4 and 14 minutes; hours at 1M on two cores)")
     p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=BUILDS,
                    help="what to build and check at each size (default: all)")
     p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
     p.add_argument("--nprobe", type=int, help="cells each cell meets in the IVF join (default: the builders' own, "
                    "geograph.functional.ann.default_join_nprobe)")
-    p.add_argument("--dense-nprobe", type=int, default=64, help="lists a DenseRetriever query probes (default: %(default)s)")
+    p.add_argument("--dense-nprobe", type=_nprobe_arg, default="auto",
+                   help="lists a DenseRetriever query probes, or auto: chosen on sampled passages for recall@20 0.99 "
+                        "(default: %(default)s)")
     p.add_argument("--candidates", type=int, default=None,
                    help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)")
     p.add_argument("--ranking", default="weight", choices=["weight", "cosine"],
@@ -469,10 +503,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(format_table({k: dict(zip(qcols, v["nn1"] + v["nn10"] + [v["mean_cos"]])) for k, v in geo.items()}, qcols))
 
     results: dict = {"threads": torch.get_num_threads(), "index": args.index, "nprobe": args.nprobe,
+                     "gauss_max": args.gauss_max, "exact_limit": args.exact_limit,
                      "geometry": geo, "sizes": {}, "real": {}}
     with tempfile.TemporaryDirectory(prefix="geograph-scale-") as tmp:
         for n in args.sizes:
             for g in args.generators:
+                if g == "gauss" and n > args.gauss_max:
+                    print(f"[gauss-{n}] skipped: above --gauss-max {args.gauss_max}", flush=True)
+                    continue
                 x = generate(model, g, n, seed=11)
                 qs = generate(model, g, args.queries, seed=12)
                 label = f"{g}-{n}"
@@ -487,19 +525,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for label, r in results["sizes"].items():
         nan = float("nan")  # a build left out by --builds
         k, g, d = r.get("knn", {}), r.get("g3", {}), r.get("dense", {})
-        bi = g.get("build_info", {})
+        bi, ki = g.get("build_info", {}), k.get("build_info", {})
         rows[label] = {
             "kNN s": k.get("seconds", nan), "kNN RSS GB": k.get("peak_rss_mb", nan) / 1024,
-            "kNN rec@10": k.get("recall@10", nan), "G3 s": g.get("seconds", nan),
+            "kNN nprobe": _probes(ki), "kNN rec@10": k.get("recall@10", nan), "G3 s": g.get("seconds", nan),
+            "G3 nprobe": _probes(bi),
             "G3 RSS GB": g.get("peak_rss_mb", nan) / 1024, "G3 edge rec": g.get("edge_recall", nan),
             "G3 L1": g.get("weight_l1", nan), "certified": bi.get("certified", nan) / r["N"],
             "redone": bi.get("redone", nan), "rho err": g.get("rho_max_error", nan),
+            "dense nprobe": str(d["nprobe"]) if d.get("nprobe") else "-",
             "dense rec@20": d.get("recall@20", nan), "dense x": d.get("speedup", nan),
         }
     table_cols = list(next(iter(rows.values())).keys()) if rows else []
     if rows:
         print("\ncorpus scale (synthetic MiniLM-like 384-d, this machine):")
-        print(format_table(rows, table_cols))
+        print(format_table(rows, table_cols, SCALE_FORMATS))
     ray_rows = {f"{label} {kind}": {"single s": r["ray"][kind]["single_process_seconds"], "Ray s": r["ray"][kind]["seconds"],
                                     "overhead": r["ray"][kind]["overhead"], "tasks": r["ray"][kind]["ray"]["tasks"],
                                     "connect s": r["ray"][kind]["ray"]["connect_seconds"],
@@ -515,7 +555,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_table(results["real"], real_cols))
     path = write_json("scale", results, args.out)
     md = Path(args.out) / "scale.md"
-    md.write_text("# geograph bench scale\n\n```\n" + (format_table(rows, table_cols) if rows else "") + "\n\n"
+    md.write_text("# geograph bench scale\n\n```\n" + (format_table(rows, table_cols, SCALE_FORMATS) if rows else "") + "\n\n"
                   + (format_table(results["real"], real_cols) if results["real"] else "")
                   + ("\n\n" + format_table(ray_rows, ray_cols, RAY_FORMATS) if ray_rows else "") + "\n```\n")
     print(f"\nwrote {path} and {md}")

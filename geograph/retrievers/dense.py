@@ -1,17 +1,25 @@
 """Exact dense retrieval by chunked matrix products."""
 from __future__ import annotations
 
+import logging
+from typing import Optional, Union
+
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_positive_int, check_same_device, check_tensor
-from typing import Optional
-
-from geograph._checks import tracing
-from geograph.functional.allpairs import sort_topk, tiled_topk
-from geograph.functional.ann import QUERY_POINTS_PER_CELL, build_ivf_index, check_ivf, default_nlist, resolve_index
+from geograph._checks import check_positive_int, check_same_device, check_tensor, tracing
+from geograph.functional.allpairs import sort_topk, tiled_pairs, tiled_topk
+from geograph.functional.ann import (DEFAULT_RECALL_ROWS, QUERY_POINTS_PER_CELL, build_ivf_index, check_ivf, default_nlist,
+                                     resolve_index)
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
+
+log = logging.getLogger("geograph.dense")
+
+#: recall@:data:`DENSE_RECALL_K` ``nprobe="auto"`` asks of sampled corpus passages used as queries
+DENSE_RECALL_TARGET = 0.99
+#: the list length of that recall (the first-stage pool of the rerankers is about this size)
+DENSE_RECALL_K = 20
 
 
 class DenseRetriever(nn.Module):
@@ -35,6 +43,20 @@ class DenseRetriever(nn.Module):
         embeddings: ``(V, D)`` passage embeddings (normalised here; stored as a buffer, so
             ``.to(device)`` moves the corpus and ``state_dict()`` carries it).
         chunk_size: passages scored per matrix product.
+        index: ``"exact"`` (the chunked scan), ``"ivf"`` (a faiss IVF-Flat index over ``nlist``
+            lists, default about ``4 sqrt(V)``, trained on ``sample`` passages; its candidates
+            are re-scored exactly) or ``"auto"`` (exact up to
+            :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages).
+        nprobe: lists an IVF query scans, or ``"auto"`` (default): when the index is built (on
+            the first call), :data:`~geograph.functional.ann.DEFAULT_RECALL_ROWS` sampled
+            passages are searched as queries at 1, 2, 4, ... lists until their recall@``recall_k``
+            (without the passage itself) against the exact scan reaches ``recall_target``;
+            :attr:`calibration` records the choice. Why: the lists a query needs depend on the
+            data (``geograph bench scale``, 200k MiniLM-like passages: 32 of 2,048 lists give
+            recall@20 0.999 with topics, a Gaussian of the same covariance needs many more). Real
+            queries are not passages: check the recall on your own queries (the bench does on
+            its generators' held-out draws) or give ``nprobe``.
+        recall_target, recall_k: the ``"auto"`` calibration's target and list length.
         persistent: whether ``state_dict()`` carries the corpus. ``False`` is for a module that
             holds the corpus elsewhere and rebuilds this retriever from it after
             ``load_state_dict`` (:class:`~geograph.ISORetriever`, :class:`~geograph.G3Retriever`).
@@ -51,7 +73,9 @@ class DenseRetriever(nn.Module):
     """
 
     def __init__(self, embeddings: Tensor, *, chunk_size: int = 4096, index: str = "exact", nlist: Optional[int] = None,
-                 nprobe: int = 64, sample: Optional[int] = None, seed: int = 0, persistent: bool = True) -> None:
+                 nprobe: Union[int, str] = "auto", sample: Optional[int] = None, seed: int = 0,
+                 recall_target: float = DENSE_RECALL_TARGET, recall_k: int = DENSE_RECALL_K,
+                 persistent: bool = True) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         if embeddings.shape[0] == 0:
@@ -60,8 +84,16 @@ class DenseRetriever(nn.Module):
         n = embeddings.shape[0]
         self.index = resolve_index(index, n, "DenseRetriever")
         self.nlist = default_nlist(n) if nlist is None else nlist
-        self.nprobe = nprobe
-        self.sample = check_ivf(n, self.nlist, nprobe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
+        if nprobe != "auto" and (isinstance(nprobe, str) or not isinstance(nprobe, int)):
+            raise ValueError(f"nprobe must be a positive integer or 'auto', got {nprobe!r}")
+        if not 0.0 < float(recall_target) <= 1.0:
+            raise ValueError(f"recall_target must be in (0, 1], got {recall_target}")
+        self.recall_target, self.recall_k = float(recall_target), check_positive_int(recall_k, "recall_k")
+        self._auto = nprobe == "auto"
+        self.nprobe: Optional[int] = None if self._auto else nprobe
+        self.calibration: Optional[dict] = None  # what nprobe="auto" chose and measured
+        probe = 1 if self.nprobe is None else self.nprobe
+        self.sample = check_ivf(n, self.nlist, probe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
         self.seed = seed
         self._ivf = None  # the faiss index, built on first use from the embeddings buffer
         self.register_load_state_dict_post_hook(_drop_index)
@@ -98,6 +130,8 @@ class DenseRetriever(nn.Module):
         completed by the exact scan."""
         if self._ivf is None:
             self._ivf = build_ivf_index(self.embeddings, self.nlist, sample=self.sample, seed=self.seed)
+        if self.nprobe is None:
+            self.nprobe = self._calibrate()
         self._ivf.nprobe = self.nprobe
         _, ids = self._ivf.search(q.detach().float().cpu().contiguous().numpy(), k)
         ids = torch.from_numpy(ids).to(q.device)
@@ -111,11 +145,43 @@ class DenseRetriever(nn.Module):
             vals, ids = vals.index_copy(0, rows, ev), ids.index_copy(0, rows, ei)
         return vals, ids
 
+    def _calibrate(self) -> int:
+        """``nprobe="auto"``: the fewest lists (a power of two) at which sampled passages, searched
+        as queries, find ``recall_target`` of their exact top-``recall_k`` other passages."""
+        n = self.num_passages
+        k = min(self.recall_k, n - 1)
+        if k < 1:
+            return 1
+        rows = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + 1))[:DEFAULT_RECALL_ROWS]
+        rows = rows.sort().values.to(self.embeddings.device)
+        q = self.embeddings[rows]
+        exact = tiled_pairs(q, self.embeddings, k, block=self.chunk_size, exclude=rows)[1].cpu()
+        qn = q.detach().float().cpu().contiguous().numpy()
+        own = rows.cpu().unsqueeze(1)
+        nprobe, recall = 1, 0.0
+        while True:
+            self._ivf.nprobe = nprobe
+            ids = torch.from_numpy(self._ivf.search(qn, k + 1)[1])
+            ids = ids.masked_fill(ids == own, -1)  # the passage itself is not one of its neighbours
+            recall = float((exact.unsqueeze(2) == ids.unsqueeze(1)).any(2).float().mean())
+            if recall >= self.recall_target or nprobe >= self.nlist:
+                break
+            nprobe = min(2 * nprobe, self.nlist)
+        self.calibration = {"nprobe": nprobe, "recall": recall, "recall_k": k, "rows": len(rows),
+                            "recall_target": self.recall_target}
+        log.info("DenseRetriever: nprobe='auto' chose %d of %d lists (recall@%d %.4f on %d sampled passages)",
+                 nprobe, self.nlist, k, recall, len(rows))
+        return nprobe
+
     def extra_repr(self) -> str:
-        ivf = f", index='ivf', nlist={self.nlist}, nprobe={self.nprobe}" if self.index == "ivf" else ""
+        probe = "'auto'" if self.nprobe is None else self.nprobe
+        ivf = f", index='ivf', nlist={self.nlist}, nprobe={probe}" if self.index == "ivf" else ""
         return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}{ivf}"
 
 
 def _drop_index(module: DenseRetriever, _incompatible) -> None:
-    """After ``load_state_dict`` the IVF index is rebuilt from the loaded corpus on first use."""
+    """After ``load_state_dict`` the IVF index is rebuilt (and ``nprobe="auto"`` chosen again)
+    from the loaded corpus on first use."""
     module._ivf = None
+    if module._auto:
+        module.nprobe, module.calibration = None, None

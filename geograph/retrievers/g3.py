@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.ann import default_join_nlist, default_join_nprobe, resolve_index, self_topk
+from geograph.functional.ann import DEFAULT_RECALL_TARGET, default_join_nlist, resolve_index, self_topk
 from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
 from geograph.functional.g3 import _retrieve, check_g3_options
 from geograph.outputs import RetrievalOutput
@@ -118,7 +118,8 @@ class G3Graph(nn.Module):
               max_degree: Optional[int] = DEFAULT_MAX_DEGREE, block: Optional[int] = None, index: str = "exact",
               candidates: Optional[int] = None, nlist: Optional[int] = None, nprobe: Optional[int] = None,
               sample: Optional[int] = None, density_sample: Optional[int] = None, ranking: str = "weight",
-              seed: int = 0, progress: bool = False) -> "G3Graph":
+              seed: int = 0, recall_target: Optional[float] = DEFAULT_RECALL_TARGET,
+              progress: bool = False) -> "G3Graph":
         """Build by tiles: memory ``O(block^2 + N x max_degree)`` (``band=None``: the authors' T).
 
         ``max_degree`` defaults to :data:`DEFAULT_MAX_DEGREE` (128) strongest edges a row: the
@@ -134,7 +135,10 @@ class G3Graph(nn.Module):
 
         Corpora of millions: ``index="exact"`` ranks every pair's weight (time ``O(N^2 D)``);
         ``index="ivf"`` takes each row's top-``candidates`` list from the IVF join
-        (:func:`~geograph.functional.ann.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``)
+        (:func:`~geograph.functional.ann.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``;
+        with ``nprobe`` left out it is chosen on sampled rows so that the lists hold
+        ``recall_target`` of each row's exact top-``candidates``, or the lists are computed
+        exactly, and the recall is measured on other sampled rows; ``None`` skips both)
         and keeps its ``max_degree`` largest weights. ``ranking="weight"`` (default) ranks the
         join's pairs by their weight ``W_ij`` itself (``f(x)`` in the band times the target's
         penalty; each computed block serves both directions), so the lists are the rows'
@@ -191,12 +195,13 @@ class G3Graph(nn.Module):
                 rank = dict(transform=candidate_cap(band))
             else:
                 rank = dict(transform=gain_rank(band), target=torch.exp(-check_finite_float(beta, "beta") * rho.to(z)))
+            report: dict = {}
             cand = self_topk(z, candidates, index=index, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed,
-                             block=tile, progress="G3 candidates" if progress else False, **rank)
+                             block=tile, progress="G3 candidates" if progress else False,
+                             recall_target=recall_target, report=report, **rank)
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
             if index == "ivf":
-                cells = nlist or default_join_nlist(n)
-                info.update(nlist=cells, nprobe=nprobe or default_join_nprobe(n, cells))
+                info.update(nlist=nlist or default_join_nlist(n), **report)
         t0 = time.perf_counter()
         t, edges = gain_transition(z, band=band, beta=beta, max_degree=max_degree, block=block, density=rho,
                                    candidates=cand, ranking=ranking, progress="G3 edges" if progress else False,

@@ -43,6 +43,8 @@ class ServeConfig(BaseModel):
     host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_batch_size: int = Field(64, ge=1)
+    max_batch_texts: int = Field(64, ge=1, description="a batch takes no more requests once their texts (queries and "
+                                 "candidates to encode) reach this many")
     batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
     candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")
     max_candidates: int = Field(1000, ge=1, description="largest candidate list of /rerank")
@@ -126,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="127.0.0.1 (default), 0.0.0.0 or ::")
     p.add_argument("--port", type=int, help="8000")
     p.add_argument("--max-batch-size", type=int, help="64")
+    p.add_argument("--max-batch-texts", type=int, help="a batch takes no more requests once their texts to encode "
+                   "reach this many (64)")
     p.add_argument("--batch-timeout", type=float, help="seconds a batch waits to fill (0.01)")
     p.add_argument("--candidates", type=int, help="default dense pool of /retrieve for maniscope, ricci (20)")
     p.add_argument("--max-candidates", type=int, help="largest candidate list of /rerank (1000)")

@@ -1,0 +1,142 @@
+"""The IVF join's recall target: ``nprobe`` chosen from sampled rows' exact neighbours, the exact
+fallback, and the measured recall, against brute-force numpy neighbours of the raw vectors."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+from conftest import require
+
+from geograph import CorpusGraph
+from geograph.functional import ann
+from geograph.functional.allpairs import tiled_topk
+from geograph.functional.ann import ivf_self_topk, sample_recall, train_centroids
+from geograph.retrievers.g3 import G3Graph
+
+require("faiss")
+
+
+def gaussian(n, d, seed=0):
+    """Unit vectors of an isotropic Gaussian: no topics, the IVF join's hard case."""
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return torch.from_numpy(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def np_neighbours(z, rows, k):
+    """Exact top-k other rows of ``rows`` by numpy (ties lowest index first)."""
+    x = z.numpy().astype(np.float64)
+    s = x[rows] @ x.T
+    s[np.arange(len(rows)), rows] = -np.inf
+    return np.argsort(-s, axis=1, kind="stable")[:, :k]
+
+
+def np_recall(indices, rows, ref):
+    got = indices[torch.as_tensor(rows)].numpy()
+    return float(np.mean([len(set(g) & set(r)) / len(r) for g, r in zip(got, ref)]))
+
+
+@pytest.fixture(scope="module")
+def hard():
+    return gaussian(30_000, 24)
+
+
+@pytest.mark.slow
+def test_recall_target_raises_nprobe_until_the_join_finds_enough(hard):
+    rows = np.random.default_rng(5).choice(len(hard), 800, replace=False)
+    ref = np_neighbours(hard, rows, 10)
+    _, plain = ivf_self_topk(hard, 10, recall_target=None)
+    report = {}
+    _, guarded = ivf_self_topk(hard, 10, recall_target=0.95, report=report)
+    assert np_recall(plain, rows, ref) < 0.95  # the default nprobe misses on this data: the check can fail
+    assert report["nprobe"] > ann.default_join_nprobe(len(hard), ann.default_join_nlist(len(hard)))
+    assert report["predicted_recall"] >= 0.95 and not report["exact"]
+    assert np_recall(guarded, rows, ref) >= 0.95
+    assert abs(report["recall"] - np_recall(guarded, rows, ref)) < 0.02  # its own measure agrees with numpy's
+    assert report["recall_rows"] == ann.DEFAULT_RECALL_ROWS
+
+
+def test_predicted_recall_is_the_joins_recall_before_refining(hard):
+    """The prediction is exact for the join: a neighbour is found iff its cell is met."""
+    n, nlist = len(hard), ann.default_join_nlist(len(hard))
+    rows = torch.from_numpy(np.sort(np.random.default_rng(6).choice(n, 500, replace=False)))
+    ref = torch.from_numpy(np_neighbours(hard, rows.numpy(), 10))
+    centroids = train_centroids(hard, nlist, sample=ann.check_ivf(n, nlist, 32, None), seed=0)
+    assign = tiled_topk(hard, centroids, 1)[1].squeeze(1)
+    for nprobe in (8, 32, 64):
+        p, predicted = ann._choose_nprobe(hard, rows, ref, centroids, assign, nprobe, 0.0)
+        _, joined = ivf_self_topk(hard, 10, nlist=nlist, nprobe=nprobe, refine=False)
+        assert p == nprobe
+        assert predicted == pytest.approx(sample_recall(joined, rows, ref), abs=1e-12)
+
+
+def test_recall_out_of_reach_falls_back_to_the_exact_scan(caplog):
+    z = gaussian(8_000, 16, seed=1)
+    report = {}
+    with caplog.at_level(logging.INFO, logger="geograph.ann"):
+        v, i = ivf_self_topk(z, 10, nlist=64, recall_target=0.9999, report=report)
+    assert report["exact"] and report["nprobe"] is None and report["recall"] == 1.0
+    ev, ei = tiled_topk(z, z, 10, exclude_self=True)
+    assert torch.equal(i, ei) and torch.equal(v, ev)
+    assert "exact tiled scan" in caplog.text
+
+
+def test_a_given_nprobe_is_kept_and_its_recall_measured_with_a_warning(hard, caplog):
+    report = {}
+    with caplog.at_level(logging.WARNING, logger="geograph.ann"):
+        ivf_self_topk(hard, 10, nprobe=4, recall_target=0.99, report=report)
+    assert report["nprobe"] == 4 and "predicted_recall" not in report
+    assert report["recall"] < 0.99 and "below recall_target" in caplog.text
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -0.1])
+def test_bad_recall_target_names_it(value):
+    with pytest.raises(ValueError, match="recall_target must be in"):
+        ivf_self_topk(gaussian(500, 8), 5, recall_target=value)
+
+
+@pytest.mark.slow
+def test_builders_record_the_chosen_nprobe_and_the_measured_recall(hard):
+    g = CorpusGraph.from_knn(hard, 10, index="ivf")
+    info = g.build_info
+    assert info["recall"] >= ann.DEFAULT_RECALL_TARGET and info["recall_target"] == ann.DEFAULT_RECALL_TARGET
+    rows = np.random.default_rng(7).choice(len(hard), 300, replace=False)
+    ref = np_neighbours(hard, rows, 10)
+    src, dst = g.edge_index.numpy()
+    hits = sum(len(set(dst[src == r]) & set(want)) for r, want in zip(rows, ref))
+    assert hits / ref.size >= ann.DEFAULT_RECALL_TARGET - 0.01
+    g3 = G3Graph.build(hard[:12_000], index="ivf", max_degree=16, candidates=20)
+    assert g3.build_info["recall"] >= ann.DEFAULT_RECALL_TARGET
+    assert "nprobe" in g3.build_info and "recall_rows" in g3.build_info
+
+
+def held_out_recall(retriever, z, queries, k=20):
+    x = z.numpy().astype(np.float64)
+    ref = np.argsort(-(queries.numpy().astype(np.float64) @ x.T), axis=1, kind="stable")[:, :k]
+    got = retriever(queries, k).indices.numpy()
+    return float(np.mean([len(set(g) & set(r)) / k for g, r in zip(got, ref)]))
+
+
+def test_dense_auto_nprobe_reaches_the_target_on_held_out_queries():
+    from geograph import DenseRetriever
+
+    z, queries = gaussian(20_000, 24, seed=3), gaussian(300, 24, seed=4)
+    fixed = DenseRetriever(z, index="ivf", nlist=256, nprobe=4)
+    auto = DenseRetriever(z, index="ivf", nlist=256)
+    assert "nprobe='auto'" in repr(auto)
+    assert held_out_recall(fixed, z, queries) < 0.9  # too few lists on this data: the check can fail
+    rec = held_out_recall(auto, z, queries)
+    cal = auto.calibration
+    assert cal["nprobe"] == auto.nprobe > 4 and cal["recall"] >= 0.99 and cal["recall_k"] == 20
+    assert rec >= 0.98, rec  # queries the calibration never saw, against numpy's exact lists
+    auto.load_state_dict(auto.state_dict())  # a new corpus may need other lists: chosen again
+    assert auto.nprobe is None and auto.calibration is None
+
+
+@pytest.mark.parametrize("kwargs, match", [({"nprobe": "many"}, "nprobe must be a positive integer or 'auto'"),
+                                           ({"recall_target": 0.0}, "recall_target must be in"),
+                                           ({"recall_k": 0}, "recall_k")])
+def test_dense_bad_calibration_options_name_them(kwargs, match):
+    from geograph import DenseRetriever
+
+    with pytest.raises(ValueError, match=match):
+        DenseRetriever(gaussian(2000, 8), index="ivf", nlist=16, **kwargs)
