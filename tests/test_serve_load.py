@@ -79,6 +79,8 @@ def test_a_batch_takes_no_more_requests_once_its_texts_reach_max_batch_texts():
     assert batches([vector] * 5, size=3, cap=1) == [["u0", "u1", "u2"], ["u3", "u4"]]  # no texts: the count bounds it
     assert batches([rerank] * 5, cap=None) == [["u0", "u1", "u2", "u3", "u4"]]
     assert batches([rerank] * 3, cap=1) == [["u0"], ["u1"], ["u2"]]  # a request over the cap still runs, alone
+    pooled = RetrieveRequest.model_construct(query="q", k=5, candidates=20)  # a pool size, not texts: one text
+    assert batches([pooled] * 5, cap=2) == [["u0", "u1"], ["u2", "u3"], ["u4"]]
 
 
 def test_max_batch_texts_is_a_config_key_and_a_flag(tmp_path):
