@@ -20,9 +20,9 @@ python -m train fit --data.graph_dir OUT.
 Corpora of millions: --index ivf (or auto: exact up to 50,000 passages) builds the k-NN and G3
 graphs from an IVF cell join (--nlist cells trained on --sample passages, each joined with its
 --nprobe nearest, by default as many as the sampled passages show are needed to find
---recall-target of their exact neighbours; exact scores), G3 from --candidates cosine candidates per passage with a
-per-row certificate (rows it cannot prove are recomputed exactly) and a density estimated
-from --density-sample columns. A build interrupted by Ctrl-C writes nothing; the save itself
+--recall-target of their exact neighbours; exact scores), G3 from each passage's
+--candidates best pairs by weight (every row certified up to the join's misses) and a
+density estimated from --density-sample columns. A build interrupted by Ctrl-C writes nothing; the save itself
 writes the graph's metadata last, so an interrupted save never leaves a graph that loads.
 
 Past one machine: --ray embeds the missing passages on a Ray Data actor pool (--concurrency

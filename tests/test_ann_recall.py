@@ -71,9 +71,10 @@ def test_predicted_recall_is_the_joins_recall_before_refining(hard):
 
 def test_recall_out_of_reach_falls_back_to_the_exact_scan(caplog):
     z = gaussian(8_000, 16, seed=1)
-    report = {}
+    report, timings = {}, {}
     with caplog.at_level(logging.INFO, logger="geograph.ann"):
-        v, i = ivf_self_topk(z, 10, nlist=64, recall_target=0.9999, report=report)
+        v, i = ivf_self_topk(z, 10, nlist=64, recall_target=0.9999, report=report, timings=timings)
+    assert {"train", "assign", "recall", "exact"} <= set(timings)
     assert report["exact"] and report["nprobe"] is None and report["recall"] == 1.0
     ev, ei = tiled_topk(z, z, 10, exclude_self=True)
     assert torch.equal(i, ei) and torch.equal(v, ev)

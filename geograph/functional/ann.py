@@ -303,8 +303,8 @@ def ivf_self_topk(
             which of them the join would meet (its cell pairs and the row's own probes), so
             ``nprobe`` is the smallest power-of-two multiple of the default whose predicted
             recall reaches the target (the refining round only adds to it). Above
-            ``nlist / 4`` cells the join costs about what the exact tiled scan does: then the
-            rows are computed exactly instead. Either way ``recall_rows`` other sampled rows
+            ``nlist / 4`` cells (probed from both sides, a large share of all pairs) the rows
+            are computed exactly instead: a simple bound, not a cost model. Either way ``recall_rows`` other sampled rows
             measure the recall of the result. Why: IVF's recall depends on the data, not only
             on its size (at 50k rows of MiniLM-like topics ``nprobe`` 32 finds 0.9999 of the
             top-10; on a Gaussian with the same covariance 0.88, and 0.99 needs 128 of 512
@@ -312,8 +312,9 @@ def ivf_self_topk(
             given or by default, nothing measured.
         recall_rows: rows sampled for the choice and as many for the measure (at most ``N``).
         report: a dict that receives what was chosen and measured: ``nprobe``,
-            ``predicted_recall``, ``recall`` (measured), ``recall_rows``, ``exact`` (fell back
-            to the exact scan).
+            ``predicted_recall``, ``recall`` (measured), ``recall_rows``, ``exact``. After a
+            fall-back to the exact scan ``exact`` is True, ``nprobe`` None and ``recall`` 1.0
+            by construction (not measured).
 
     Returns:
         ``(values, indices)``, both ``(N, k)``, best first (ties: lowest index); a row with
@@ -340,6 +341,7 @@ def ivf_self_topk(
     centroids = train_centroids(z, nlist, sample=sample, seed=seed)
     clock("train")
     assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
+    clock("assign")
     info: dict = {"nprobe": nprobe, "exact": False}
     if recall_target is not None:
         gen = torch.Generator().manual_seed(seed + 1)
@@ -356,6 +358,7 @@ def ivf_self_topk(
                      recall_target, nlist // 4, n)
             del centroids, assign
             vals, out_i = _exact_self_topk(z, k, block, transform, target, progress, timings)
+            clock.reset()  # the scan timed itself ("exact")
             info.update(exact=True, nprobe=None)
             _measure(z, vals, out_i, check_rows, k, block, transform, target, info, clock, recall_target, report)
             return vals, out_i
@@ -548,6 +551,10 @@ class _Clock:
 
     def __init__(self, out: Optional[dict]) -> None:
         self.out, self.time = out, time.perf_counter
+        self.last = self.time()
+
+    def reset(self) -> None:
+        """Start the next stage now (the time since the last call was recorded elsewhere)."""
         self.last = self.time()
 
     def __call__(self, stage: str) -> None:

@@ -171,6 +171,10 @@ class DenseRetriever(nn.Module):
                             "recall_target": self.recall_target}
         log.info("DenseRetriever: nprobe='auto' chose %d of %d lists (recall@%d %.4f on %d sampled passages)",
                  nprobe, self.nlist, k, recall, len(rows))
+        if 4 * nprobe >= self.nlist:
+            log.warning("DenseRetriever: the recall target needs %d of %d IVF lists: little faster than "
+                        "index='exact' on this corpus (no cluster structure for the lists to cut along)",
+                        nprobe, self.nlist)
         return nprobe
 
     def extra_repr(self) -> str:

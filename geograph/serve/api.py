@@ -232,8 +232,9 @@ if ls is not None:
         already queued, up to ``max_batch_size`` requests, and no more once the batch's texts
         to encode (:func:`request_texts`) reach ``max_batch_texts``: encoding the request texts
         is most of a batch's time on the CPU and a ``/rerank`` request with candidate texts
-        weighs as many queries, so the bound is on the work its batch-mates wait for (one
-        request with hundreds of candidate texts runs without them), not on a count. On
+        weighs as many queries, so the bound is on the work its batch-mates wait for, not on
+        a count (the requests after one with hundreds of candidate texts go to the next batch;
+        the text count is checked after a request is taken, so those before it still wait). On
         ``geograph bench serve``'s mix (8 candidate texts) the default 64 changed nothing
         measurable, and 24 cost ~10% of req/s without moving p99. The rest of LitServe's
         protocol is unchanged:
