@@ -353,7 +353,7 @@ def ivf_self_topk(
                                                float(recall_target))
             info.update(nprobe=nprobe, predicted_recall=predicted)
         clock("recall")
-        if nprobe is None:  # the join would cost about what the exact scan does
+        if nprobe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
             log.info("ivf join: recall %.3f needs more than nlist/4 = %d cells: exact tiled scan of %d rows",
                      recall_target, nlist // 4, n)
             del centroids, assign

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from geograph._checks import check_positive_int, check_same_device, check_tensor, tracing
 from geograph.functional.allpairs import sort_topk, tiled_pairs, tiled_topk
 from geograph.functional.ann import (DEFAULT_RECALL_ROWS, QUERY_POINTS_PER_CELL, build_ivf_index, check_ivf, default_nlist,
-                                     resolve_index)
+                                     resolve_index, sample_recall)
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
 
@@ -163,7 +163,7 @@ class DenseRetriever(nn.Module):
             self._ivf.nprobe = nprobe
             ids = torch.from_numpy(self._ivf.search(qn, k + 1)[1])
             ids = ids.masked_fill(ids == own, -1)  # the passage itself is not one of its neighbours
-            recall = float((exact.unsqueeze(2) == ids.unsqueeze(1)).any(2).float().mean())
+            recall = sample_recall(ids, torch.arange(len(ids)), exact)
             if recall >= self.recall_target or nprobe >= self.nlist:
                 break
             nprobe = min(2 * nprobe, self.nlist)
