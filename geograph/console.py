@@ -25,9 +25,10 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """An argument parser whose mistakes print one line and exit 2, and whose help is plain text."""
-    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def make_parser(prog: str, description: Optional[str], **kwargs) -> argparse.ArgumentParser:
+    """An argument parser whose mistakes print one line and exit 2, and whose help is plain text
+    (``kwargs``: more :class:`argparse.ArgumentParser` options, e.g. ``argument_default``)."""
+    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
 
 def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> None:

@@ -131,7 +131,16 @@ def _cases(tmp: Path):
          "at least --max-degree"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--candidates", "8", *g], "--candidates", "apply to --g3"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--out", str(not_beir / "notes.txt")], "--out", "is a file"),
+        (["serve", "--port", "abc"], "--port", "invalid int value"),
+        (["serve", "--max-batch-texts", "x"], "--max-batch-texts", "invalid int value"),
+        *[(["bench", name, "--no-such-flag"], "--no-such-flag", "unrecognized arguments") for name in _bench_names()],
     ]
+
+
+def _bench_names():
+    from geograph.bench.__main__ import BENCHES
+
+    return list(BENCHES)
 
 
 def test_every_mistake_is_one_line_naming_the_argument(tmp_path, capsys, no_embedding):

@@ -12,7 +12,6 @@ Recall@5 and HitAll@5; beta and band tuned by Recall@5 on a split that is not re
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import multiprocessing as mp
 import resource
@@ -24,7 +23,7 @@ import torch
 
 from geograph.bench.common import DEFAULT_DATA, tuning_split, write_json
 from geograph.data import Encoder
-from geograph.console import format_table
+from geograph.console import format_table, make_parser
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids as _run
 
@@ -105,8 +104,7 @@ def quality(name: str, root: str, encoder: Encoder) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="geograph bench g3", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench g3", __doc__)
     p.add_argument("--sizes", type=int, nargs="*", default=[10_000, 50_000, 200_000])
     p.add_argument("--max-degree", type=int, default=32)
     p.add_argument("--dense-limit-gb", type=float, default=6.0, help="run the dense reference while 3 N^2 float64 fit")

@@ -12,7 +12,6 @@ test suite does that with small sizes so the script cannot rot between GPU loans
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import platform
@@ -22,6 +21,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from geograph.bench.common import time_calls
+from geograph.console import make_parser
 
 
 def clustered(n: int, dim: int, *, clusters: int = 50, seed: int = 0) -> torch.Tensor:
@@ -129,8 +129,7 @@ def module_parity_and_timing(dev: torch.device, sizes: Sequence[int], *, corpus:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="geograph bench gpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench gpu", __doc__)
     p.add_argument("--device", default="cuda")
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 64, 1024])
     p.add_argument("--corpus", type=int, default=20000, help="synthetic corpus size for the retrievers")

@@ -12,7 +12,6 @@ spread in the JSON).
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 from typing import Optional, Sequence
 
@@ -22,7 +21,7 @@ import torch
 from geograph.bench.common import DEFAULT_DATA, time_calls, tuning_split, write_json
 from geograph.corpus import CorpusGraph
 from geograph.data import Encoder
-from geograph.console import format_table
+from geograph.console import format_table, make_parser
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids as _run
@@ -92,8 +91,7 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="geograph bench iso", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench iso", __doc__)
     p.add_argument("--data-root", default=str(DEFAULT_DATA), help="folder holding musique/ and scifact/")
     p.add_argument("--datasets", nargs="+", default=["musique", "scifact"])
     p.add_argument("--knn", type=int, default=10)

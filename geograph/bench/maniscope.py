@@ -10,7 +10,6 @@ checks that both give the same order, and reports nDCG@10 of dense vs Maniscope.
 """
 from __future__ import annotations
 
-import argparse
 from typing import Optional, Sequence
 
 import numpy as np
@@ -19,15 +18,14 @@ from tqdm.auto import tqdm
 
 from geograph.bench.common import dense_candidate_set, time_calls, write_json
 from geograph.bench.reference import maniscope_reference
-from geograph.console import format_table
+from geograph.console import format_table, make_parser
 from geograph.metrics import evaluate
 from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import Maniscope
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="geograph bench maniscope", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench maniscope", __doc__)
     p.add_argument("--data", help="BEIR folder (default: ../shared/data/scifact)")
     p.add_argument("--split", default="test")
     p.add_argument("--cache", help="embedding cache directory")

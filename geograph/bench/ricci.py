@@ -24,7 +24,6 @@ Needs GraphRicciCurvature for (a): the ``ref`` extra, or `make`, which installs 
 """
 from __future__ import annotations
 
-import argparse
 from typing import Optional, Sequence
 
 import numpy as np
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 
 from geograph.bench.common import dense_candidate_set, resolve_data, time_calls, write_json
 from geograph.bench.reference import ricci_graph_reference, ricci_reference
-from geograph.console import format_table
+from geograph.console import format_table, make_parser
 from geograph.metrics import evaluate
 from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import RicciFiltration
@@ -173,8 +172,7 @@ def _print(name: str, res: dict, threads: dict) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="geograph bench ricci", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench ricci", __doc__)
     p.add_argument("--data", help="SciFact BEIR folder (default: ../shared/data/scifact); MuSiQue is always read "
                    "from the shared data folder (../shared/data/musique)")
     p.add_argument("--datasets", nargs="+", default=["scifact", "musique"], help="(default: %(default)s)")

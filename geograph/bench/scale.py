@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from geograph.bench.common import DEFAULT_DATA, time_calls, write_json
-from geograph.console import format_table
+from geograph.console import format_table, make_parser
 
 GENERATORS = ("mixture", "gauss")
 BUILDS = ("knn", "g3", "dense")
@@ -449,8 +449,7 @@ def real_set(name: str, root: str, encoder, args) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="geograph bench scale", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench scale", __doc__)
     p.add_argument("sizes", type=int, nargs="*", default=[200_000, 1_000_000], help="corpus sizes (default 200k 1M)")
     p.add_argument("--generators", nargs="*", default=list(GENERATORS), choices=GENERATORS,
                    help="synthetic corpora (none: only the real sets)")

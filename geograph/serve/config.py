@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from geograph.console import make_parser
 from geograph.serve.models import METHODS, check_params
 
 
@@ -112,8 +113,7 @@ def parser() -> argparse.ArgumentParser:
     """The ``geograph serve`` argument parser (every default comes from :class:`ServeConfig`)."""
     from geograph.serve import __doc__ as doc
 
-    p = argparse.ArgumentParser(prog="geograph serve", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                argument_default=argparse.SUPPRESS)
+    p = make_parser("geograph serve", doc, argument_default=argparse.SUPPRESS)
     p.add_argument("--config", help="YAML file with any of the keys below (flags override it)")
     p.add_argument("--method", choices=METHODS)
     p.add_argument("--corpus", help="BEIR-format folder (corpus.jsonl)")

@@ -1,19 +1,18 @@
 """``geograph bench run``: the command line."""
 from __future__ import annotations
 
-import argparse
 from typing import Optional, Sequence
 
 from geograph.bench.run.config import DEFAULT_CONFIG, load_config
 from geograph.bench.run.protocol import run
 from geograph.bench.run.tables import print_table, write
+from geograph.console import make_parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from geograph.bench import run as package
 
-    p = argparse.ArgumentParser(prog="geograph bench run", description=package.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser("geograph bench run", package.__doc__)
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="bench YAML (default: configs/bench/default.yaml)")
     p.add_argument("--data", nargs="*", default=[], help="more BEIR-format folders with qrels")
     p.add_argument("--out", help="output folder (default: the config's out)")
