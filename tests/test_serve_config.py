@@ -150,12 +150,14 @@ def test_retrieve_schema_rejects(limits, body, method, fragment):
 
 
 def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_path):
-    """The worker's result handling: one ``.cpu()`` per batch and no host read of a tensor in the
-    server's code (the modules' own input checks are not counted), answers equal per-request calls."""
+    """The worker's result handling on a batch that interleaves ``/rerank`` and ``/retrieve``
+    requests (one pool serves both): one ``.cpu()`` per endpoint and batch, no host read of a
+    tensor in the server's code (the modules' own input checks are not counted), answers in the
+    batch's order equal per-request calls."""
     from geograph import Maniscope
     from geograph.data import Encoder, load_demo
     from geograph.retrievers import DenseRetriever
-    from geograph.serve.api import RerankAPI, RetrieveAPI
+    from geograph.serve.api import GeoAPI
     from geograph.serve.config import load_config
     from geograph.serve.models import k_bounds
 
@@ -170,9 +172,9 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
         rer = [RerankRequest(query_embedding=q.tolist(), candidate_ids=[data.doc_ids[j] for j in range(i, 3 * i + 4)])
                for i, q in enumerate(qs)]
         ret = [RetrieveRequest(query_embedding=q.tolist(), k=1 + i, candidates=2 + 3 * i) for i, q in enumerate(qs)]
-        apis = {"rerank": RerankAPI(cfg.model_dump()), "retrieve": RetrieveAPI(cfg.model_dump())}
-        for api in apis.values():
-            api.setup("cpu")
+        api = GeoAPI(cfg.model_dump())
+        assert set(api.routes) == {"/retrieve", "/rerank"}
+        api.setup("cpu")
         counts = {"cpu": 0, "host": 0}
         real_cpu = torch.Tensor.cpu
 
@@ -192,9 +194,11 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
         monkeypatch.setattr(torch.Tensor, "cpu", cpu)
         for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
             monkeypatch.setattr(torch.Tensor, name, host(name))
-        got_rer = apis["rerank"].predict(rer)
-        got_ret = apis["retrieve"].predict(ret)
+        got = api.predict([r for pair in zip(rer, ret) for r in pair])  # rerank, retrieve, rerank, ...
+        got_rer, got_ret = got[0::2], got[1::2]
         assert counts == {"cpu": 2, "host": 0}, counts
+        assert [a["batch_size"] for a in got] == [6] * 12
+        assert all("order" in a for a in got_rer) and all("ids" in a for a in got_ret)
         monkeypatch.undo()
         model = Maniscope(early_stop=False)
         for i, (req, got) in enumerate(zip(rer, got_rer)):

@@ -22,7 +22,9 @@ under ``params`` or ``--param KEY=VALUE``. Endpoints (JSON schema in the README)
 With an API key (``--api-key`` or ``$GEOGRAPH_API_KEY``) every endpoint but ``/health`` needs
 ``Authorization: Bearer <key>`` (:mod:`~geograph.serve.auth`; ``public`` opens ``/metrics``, ``/docs``).
 
-A response depends only on its own request and the configuration, never on its batch-mates.
+Every endpoint's requests go to one queue that one pool of inference workers serves
+(:mod:`~geograph.serve.api`). A response depends only on its own request and the configuration,
+never on its batch-mates.
 A request unanswered after ``request_timeout`` seconds gets 504. SIGTERM/SIGINT stop every
 process the server started, quietly (status 0); an inference worker that dies stops the server
 with status 1, for its supervisor to restart it.

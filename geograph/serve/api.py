@@ -1,4 +1,14 @@
-"""The LitServe worker of ``geograph serve``: one padded, masked module call per batch.
+"""The LitServe worker of ``geograph serve``: one pool of workers for every endpoint, one padded,
+masked module call per endpoint and batch.
+
+One queue, one pool: ``/retrieve`` and ``/rerank`` (and the interop routes, which join
+``/rerank``) put their requests on one queue that one pool of inference workers serves, first
+come first served, and a batch may hold both kinds (each kind is one module call). Two pools,
+one per endpoint, ran four processes on two cores: the fast ``/retrieve`` pool idled while the
+``/rerank`` queue grew, and under closed-loop load the ``/rerank`` requests waited about five
+times as long as the ``/retrieve`` ones (p99 700-835 ms over all requests against p50 ~190 ms);
+one pool of one worker per core serves as many requests per second (114-128 against 108-125)
+with p99 515-584 ms and every kind waiting about as long (issue 26, ``geograph bench serve``).
 
 Per-request semantics: a response depends only on its own request and the server's
 configuration. Every request brings its own candidate pool and ``k``; a batch of mixed
@@ -7,23 +17,28 @@ requests is padded to its largest pool and masked, and the modules treat padding
 corpus retrievers (ISO, G3), which take one ``k`` per call, the batch runs with its largest
 ``k`` and each request gets the first ``k`` of its row (top-k is a prefix of top-k').
 
-Results are read back with one device-to-host transfer per batch: everything a response
-needs is packed into one tensor first.
+Results are read back with one device-to-host transfer per endpoint and batch: everything a
+response needs is packed into one tensor first.
 """
-# no `from __future__ import annotations`: LitServe reads decode_request's annotation as a class
 import time
 from typing import Any, Optional
 
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
+from geograph.serve.schema import RerankRequest, RetrieveRequest
 
 try:
     import litserve as ls
 except ImportError:  # pragma: no cover - exercised only without the serve extra
     ls = None
 
+#: LitServe's name of the server's one API: its queue and workers (``infer_0``, ``infer_1``, ...);
+#: not a route (the routes are :attr:`GeoAPI.routes`)
+API_PATH = "/infer"
+
 
 class GeoAPI(ls.LitAPI if ls is not None else object):
-    """One endpoint (``/rerank`` or ``/retrieve``) of one method; LitServe batches its requests.
+    """Every endpoint of one method (``/retrieve``, and ``/rerank`` for the rerankers) in one
+    LitServe API: one request queue, one pool of workers; a batch may mix the endpoints.
 
     ``setup`` (in the worker process) embeds the corpus through the on-disk cache, builds
     the module (or loads its artefacts) and the text encoder, and for Ricci-Filtration compiles
@@ -31,16 +46,19 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
     ready (``/health`` says ``ok`` only then); ``predict`` answers a batch.
 
     Args:
-        endpoint: ``"retrieve"`` or ``"rerank"``.
         settings: the server configuration as a dict (see :class:`geograph.serve.config.ServeConfig`).
     """
 
-    def __init__(self, endpoint: str, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__(max_batch_size=settings["max_batch_size"], batch_timeout=settings["batch_timeout"],
-                         api_path=f"/{endpoint}", loop=WaitingBatchedLoop())
-        self.endpoint, self.settings = endpoint, dict(settings)
+                         api_path=API_PATH, loop=WaitingBatchedLoop())
+        self.settings = dict(settings)
         self.method = settings["method"]
         self.max_batch_texts = settings.get("max_batch_texts")  # None: batches are bounded by count only
+        #: route -> request model; the server registers one POST route for each
+        self.routes = {"/retrieve": RetrieveRequest}
+        if self.method in RERANKERS:
+            self.routes["/rerank"] = RerankRequest
 
     def setup(self, device) -> None:
         import torch
@@ -75,7 +93,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         from geograph.functional import warmup
 
         info = warmup()
-        print(f"geograph serve: worker {self.endpoint} (pid {os.getpid()}): numba kernels ready in {info['seconds']:.1f} s "
+        print(f"geograph serve: worker (pid {os.getpid()}): numba kernels ready in {info['seconds']:.1f} s "
               f"(cache: {info['source']} {info['directory']}; threading layer {info['threading_layer']}, "
               f"{info['threads']} threads)", file=sys.stderr, flush=True)
 
@@ -89,13 +107,26 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
     def encode_response(self, output):
         return output
 
+    def decode_request(self, request):
+        return request
+
     def predict(self, reqs):
+        """Answers to a batch of validated requests, in order: the ``/retrieve`` ones in one module
+        call, the ``/rerank`` ones in another (each answer says its own part's ``batch_size``)."""
         import torch
 
+        out: list = [None] * len(reqs)
+        parts = {"retrieve": [i for i, r in enumerate(reqs) if not isinstance(r, RerankRequest)],
+                 "rerank": [i for i, r in enumerate(reqs) if isinstance(r, RerankRequest)]}
         with torch.inference_mode():
-            out = self._retrieve(reqs) if self.endpoint == "retrieve" else self._rerank(reqs)
-        if getattr(self, "_logger_queue", None) is not None:
-            self.log("batch", (self.endpoint, len(reqs)))
+            for endpoint, rows in parts.items():
+                if not rows:
+                    continue
+                run = self._retrieve if endpoint == "retrieve" else self._rerank
+                for i, answer in zip(rows, run([reqs[i] for i in rows])):
+                    out[i] = answer
+                if getattr(self, "_logger_queue", None) is not None:
+                    self.log("batch", (endpoint, len(rows)))
         return out
 
     # ---------------------------------------------------------------------------------------
@@ -218,8 +249,6 @@ if ls is not None:
     from litserve.loops.simple_loops import BatchedLoop
     from litserve.utils import LitAPIStatus, LoopResponseType
 
-    from geograph.serve.schema import RerankRequest, RetrieveRequest
-
     class WaitingBatchedLoop(BatchedLoop):
         """LitServe's batched loop with a batch collected by blocking waits, not by polling.
 
@@ -269,21 +298,3 @@ if ls is not None:
                     item = request_queue.get(timeout=left) if left > 0 else request_queue.get_nowait()
                 except Empty:
                     return payloads, timed_out
-
-    class RetrieveAPI(GeoAPI):
-        """``POST /retrieve`` (pydantic validates :class:`~geograph.serve.schema.RetrieveRequest`)."""
-
-        def __init__(self, settings: dict[str, Any]) -> None:
-            super().__init__("retrieve", settings)
-
-        def decode_request(self, request: RetrieveRequest):
-            return request
-
-    class RerankAPI(GeoAPI):
-        """``POST /rerank`` (pydantic validates :class:`~geograph.serve.schema.RerankRequest`)."""
-
-        def __init__(self, settings: dict[str, Any]) -> None:
-            super().__init__("rerank", settings)
-
-        def decode_request(self, request: RerankRequest):
-            return request

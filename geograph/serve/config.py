@@ -55,8 +55,8 @@ class ServeConfig(BaseModel):
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Union[int, Literal["auto"]] = "auto"
     workers_per_device: Union[int, Literal["auto"]] = Field(
-        "auto", description="inference workers per device and endpoint (auto: on the CPU one per usable CPU, "
-        "at most 4; on GPUs 1)")
+        "auto", description="inference workers per device, one pool for every endpoint (auto: on the CPU one "
+        "per usable CPU, at most 4; on GPUs 1)")
     threads: Union[int, Literal["auto"]] = Field("auto", description="torch intra-op threads of each inference worker "
                                                  "on the CPU (auto: the usable CPUs divided among the workers)")
     api_servers: int = Field(1, ge=1)
@@ -139,7 +139,7 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds from a request's arrival to its answer, then 504 (60; --timeout: the old name)")
     p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
     p.add_argument("--devices", help="number of devices or auto")
-    p.add_argument("--workers-per-device", help="inference workers per device and endpoint, or auto "
+    p.add_argument("--workers-per-device", help="inference workers per device (one pool serves every endpoint), or auto "
                    "(on the CPU one per usable CPU, at most 4; on GPUs 1)")
     p.add_argument("--threads", help="torch threads per inference worker on the CPU, or auto (the CPUs divided among the workers)")
     p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")

@@ -2,10 +2,10 @@
 
 Events are put on LitServe's logger queue (``LitAPI.log``): the API servers log every
 finished HTTP request (:class:`RequestMetricsMiddleware`: endpoint, status, seconds), the
-inference workers every batch (endpoint, size). LitServe's logger process hands them to
-:class:`PrometheusLogger`, which updates prometheus-client metrics in multiprocess mode
-(``$PROMETHEUS_MULTIPROC_DIR``, a private temporary folder unless set); ``/metrics`` in every
-API server reads that folder. Exported:
+inference workers each endpoint's part of every batch (endpoint, size). LitServe's logger
+process hands them to :class:`PrometheusLogger`, which updates prometheus-client metrics in
+multiprocess mode (``$PROMETHEUS_MULTIPROC_DIR``, a private temporary folder unless set);
+``/metrics`` in every API server reads that folder. Exported:
 
 * ``geograph_requests_total{endpoint, status}`` (counter)
 * ``geograph_request_errors_total{endpoint, status}`` (counter, status >= 400)

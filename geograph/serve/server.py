@@ -53,7 +53,7 @@ def build_server(cfg: ServeConfig):
         from fastapi.exceptions import RequestValidationError
     except ImportError:  # pragma: no cover - exercised only without the extra
         raise StartupError("geograph serve needs the serve extra: pip install 'geograph[serve]'") from None
-    from geograph.serve.api import RerankAPI, RetrieveAPI
+    from geograph.serve.api import GeoAPI
     from geograph.serve.auth import APIKeyMiddleware, exposure_warning
     from geograph.serve.interop import MessageErrorMiddleware, add_routes
     from geograph.serve.corpus import TextEncoder, read_corpus
@@ -87,12 +87,9 @@ def build_server(cfg: ServeConfig):
     del model, emb
 
     settings = cfg.model_dump()
-    n_apis = 2 if cfg.method in RERANKERS else 1
     workers = workers_per_device(cfg.workers_per_device, cfg.accelerator)
-    settings["worker_threads"] = worker_threads(cfg.threads, n_apis * workers * (cfg.devices if isinstance(cfg.devices, int) else 1))
-    apis = [RetrieveAPI(settings)]
-    if cfg.method in RERANKERS:
-        apis.append(RerankAPI(settings))
+    settings["worker_threads"] = worker_threads(cfg.threads, workers * (cfg.devices if isinstance(cfg.devices, int) else 1))
+    apis = [GeoAPI(settings)]  # one queue and one pool of workers for every endpoint (geograph.serve.api)
     devices = cfg.devices
     # the last middleware runs first: metrics count every answer, 401s and 504s included;
     # LitServe's payload limit is outside them all, and the interop error bodies are rewritten last
@@ -112,8 +109,8 @@ def build_server(cfg: ServeConfig):
     return server
 
 
-#: the most inference workers per endpoint ``workers_per_device="auto"`` starts on the CPU (each
-#: holds its own copy of the model, the encoder and the corpus)
+#: the most inference workers per device ``workers_per_device="auto"`` starts on the CPU (each
+#: holds its own copy of the model, the encoder and the corpus; they serve every endpoint)
 MAX_AUTO_WORKERS = 4
 
 
@@ -126,13 +123,16 @@ def usable_cpus() -> int:
 
 
 def workers_per_device(workers, accelerator: str) -> int:
-    """Inference workers per device and endpoint: ``workers``, or for ``"auto"`` one per usable
-    CPU (at most :data:`MAX_AUTO_WORKERS`) when the server runs on the CPU, else 1.
+    """Inference workers per device (one pool serves every endpoint): ``workers``, or for
+    ``"auto"`` one per usable CPU (at most :data:`MAX_AUTO_WORKERS`) when the server runs on the
+    CPU, else 1.
 
     Why: request texts are encoded on one thread per worker (the price of vectors that do not
-    depend on batch-mates, :mod:`geograph.serve.corpus`), so one worker per endpoint leaves the
-    other cores idle under text traffic: on the 2-core machine ``/retrieve`` with distinct query
-    texts went from 115 to 143-157 req/s with two workers per endpoint (issue 26).
+    depend on batch-mates, :mod:`geograph.serve.corpus`), so one worker leaves the other cores
+    idle under text traffic: on the 2-core machine ``/retrieve`` with distinct query texts went
+    from 115 to 143-157 req/s with two workers (issue 26). More busy workers than cores cost
+    throughput (two pools of two workers, or of two and four, on two cores: 112 and 92 req/s
+    against one pool of two: 121 on ``geograph bench serve``'s mix).
 
     Example:
         >>> workers_per_device(3, "cpu"), workers_per_device("auto", "cpu") == min(usable_cpus(), MAX_AUTO_WORKERS)
@@ -181,7 +181,9 @@ def _server_class():
             they are "already not alive")."""
 
             def _register_api_endpoints(self, lit_api, request_type, response_type):
-                # LitServe 0.2.19's own method with :class:`ForgetfulHandler` (pyproject caps litserve<0.3)
+                # LitServe 0.2.19's own method (pyproject caps litserve<0.3) with :class:`ForgetfulHandler`,
+                # and a POST route for each of the API's routes (GeoAPI.routes: path -> request
+                # model), all on the API's one queue
                 if lit_api.stream:
                     return super()._register_api_endpoints(lit_api, request_type, response_type)
                 from fastapi import Depends
@@ -189,16 +191,11 @@ def _server_class():
 
                 self._callback_runner.trigger_event(EventTypes.ON_SERVER_START.value, litserver=self)
                 handler = _handler_class()(lit_api, self)
-
-                async def endpoint_handler(request):
-                    return await handler.handle_request(request, request_type)
-
-                # real classes, not the strings of this module's postponed annotations: FastAPI reads them
-                endpoint_handler.__annotations__ = {"request": request_type, "return": response_type}
-
+                routes = getattr(lit_api, "routes", {lit_api.api_path: request_type})
                 if not lit_api.spec:
-                    self.app.add_api_route(lit_api.api_path, endpoint_handler, methods=["POST"],
-                                           dependencies=[Depends(self.setup_auth(lit_api))])
+                    for path, model in routes.items():
+                        self.app.add_api_route(path, _endpoint(handler, model, response_type), methods=["POST"],
+                                               dependencies=[Depends(self.setup_auth(lit_api))])
                 self._register_spec_endpoints(lit_api)
 
             def _start_worker_monitoring(self, manager, uvicorn_workers):
@@ -224,6 +221,17 @@ def _server_class():
 
         _STATE["server_class"] = GeoLitServer
     return _STATE["server_class"]
+
+
+def _endpoint(handler, request_type, response_type):
+    """The FastAPI endpoint function of one route: the request, validated as ``request_type``, to ``handler``."""
+
+    async def endpoint_handler(request):
+        return await handler.handle_request(request, request_type)
+
+    # real classes, not the strings of this module's postponed annotations: FastAPI reads them
+    endpoint_handler.__annotations__ = {"request": request_type, "return": response_type}
+    return endpoint_handler
 
 
 def _handler_class():
