@@ -30,6 +30,9 @@ def test_bench_help_lists_its_subcommands(capsys):
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "name a benchmark: " in err and "run" in err
+    assert main(["bench", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown benchmark 'nosuch': " in err and "scale" in err
 
 
 @pytest.mark.parametrize("command", ["demo", "build-graph", "embed"])

@@ -19,8 +19,10 @@ BENCHES = {
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in BENCHES:
-        print(f"usage: geograph bench {{{','.join(BENCHES)}}} [options]", file=sys.stderr)
-        return 2
+        from geograph.console import UsageError
+
+        what = f"unknown benchmark {argv[0]!r}" if argv else "name a benchmark"
+        return UsageError(f"{what}: {', '.join(BENCHES)} (see 'geograph bench --help')").exit("geograph bench")
     import importlib
 
     return importlib.import_module(BENCHES[argv[0]]).main(argv[1:])

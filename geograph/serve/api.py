@@ -31,8 +31,8 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the serve extra
     ls = None
 
-#: LitServe's name of the server's one API: its queue and workers (``infer_0``, ``infer_1``, ...);
-#: not a route (the routes are :attr:`GeoAPI.routes`)
+#: LitServe's name of the server's one API: its queue and workers (``infer_0``, ``infer_1``, ...)
+#: and its key in LitServe's ``GET /info``; not a route (the routes are :attr:`GeoAPI.routes`)
 API_PATH = "/infer"
 
 

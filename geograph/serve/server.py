@@ -131,8 +131,8 @@ def workers_per_device(workers, accelerator: str) -> int:
     depend on batch-mates, :mod:`geograph.serve.corpus`), so one worker leaves the other cores
     idle under text traffic: on the 2-core machine ``/retrieve`` with distinct query texts went
     from 115 to 143-157 req/s with two workers (issue 26). More busy workers than cores cost
-    throughput (two pools of two workers, or of two and four, on two cores: 112 and 92 req/s
-    against one pool of two: 121 on ``geograph bench serve``'s mix).
+    throughput (two pools of two workers, or of two and four, on two cores: 113 and 92 req/s
+    against one pool of two: 121 on ``geograph bench serve``'s mix, one seed).
 
     Example:
         >>> workers_per_device(3, "cpu"), workers_per_device("auto", "cpu") == min(usable_cpus(), MAX_AUTO_WORKERS)
@@ -277,11 +277,12 @@ def watch_workers(server, interval: float = 0.5) -> None:
     """The worker monitor (a thread of the main process, replacing LitServe's).
 
     An inference worker that dies while the server serves (the OOM killer, a segfault) makes
-    the server stop with exit status 1, so that its supervisor restarts it: ``/health`` turns
-    ``not ready`` at once (the worker's status is set to error), one line names the worker and
-    its signal or status, then SIGTERM to this process runs the normal stop (the API servers
-    drain: requests the remaining workers can answer are answered, the others get 503 after
-    ``shutdown_timeout``). Workers that stop while the server stops are not reported.
+    the server stop with exit status 1, so that its supervisor restarts it: within ``interval``
+    the worker's status is set to error (``/health``: ``not ready`` on a connection still open),
+    one line names the worker and its signal or status, then SIGTERM to this process runs the
+    normal stop (the API servers stop accepting connections, so a new health check gets no
+    answer or a refused connection, and drain: requests the remaining workers can answer are
+    answered, the others get 503 after ``shutdown_timeout``; then the port closes). Workers that stop while the server stops are not reported.
     LitServe's own monitor would report those, and shuts down from its thread while the main
     thread still waits on the manager.
     """
