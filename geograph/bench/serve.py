@@ -32,7 +32,6 @@ import os
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
