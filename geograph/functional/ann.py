@@ -38,7 +38,7 @@ from geograph.functional.allpairs import (DEFAULT_BLOCK, current_executor, map_t
 
 __all__ = ["train_centroids", "ivf_self_topk", "refine_neighbours", "check_ivf", "MIN_POINTS_PER_CELL",
            "default_nlist", "default_join_nlist", "default_join_nprobe", "DEFAULT_POINTS_PER_CELL", "QUERY_POINTS_PER_CELL", "resolve_index", "self_topk", "build_ivf_index", "INDEXES", "AUTO_EXACT_MAX",
-           "DEFAULT_RECALL_TARGET", "DEFAULT_RECALL_ROWS", "sample_recall"]
+           "DEFAULT_RECALL_TARGET", "DEFAULT_RECALL_ROWS", "sample_recall", "exact_rows"]
 
 #: the candidate sources a corpus-wide build accepts
 INDEXES = ("exact", "ivf", "auto")
@@ -348,9 +348,9 @@ def ivf_self_topk(
         picks = torch.randperm(n, generator=gen)[: 2 * recall_rows]
         choose_rows, check_rows = picks[: len(picks) // 2].sort().values, picks[len(picks) // 2 :].sort().values
         if not chosen:
-            ref = _exact_rows(z, choose_rows.to(z.device), k, block, transform, target)
-            nprobe, predicted = _choose_nprobe(z, choose_rows.to(z.device), ref, centroids, assign, nprobe,
-                                               float(recall_target))
+            choose_rows = choose_rows.to(z.device)
+            ref = exact_rows(z, choose_rows, k, block, transform, target)
+            nprobe, predicted = _choose_nprobe(z, choose_rows, ref, centroids, assign, nprobe, float(recall_target))
             info.update(nprobe=nprobe, predicted_recall=predicted)
         clock("recall")
         if nprobe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
@@ -407,9 +407,10 @@ def ivf_self_topk(
     return vals, out_i
 
 
-def _exact_rows(z: Tensor, rows: Tensor, k: int, block: int, transform: Optional[Transform],
-                target: Optional[Tensor]) -> Tensor:
-    """Exact top-``k`` ids of ``rows`` against every row (``-1`` where a pair is never ranked)."""
+def exact_rows(z: Tensor, rows: Tensor, k: int, block: int = DEFAULT_BLOCK, transform: Optional[Transform] = None,
+               target: Optional[Tensor] = None) -> Tensor:
+    """Exact top-``k`` ids of ``rows`` against every other row of ``z``, ranked as :func:`self_topk`
+    ranks them (``-1`` where a pair is never ranked): the reference :func:`sample_recall` compares with."""
     v, i, _ = tiled_pairs(z[rows], z, k, block=block, exclude=rows, score=_score(transform, target))
     return torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
 
@@ -466,7 +467,7 @@ def _measure(z: Tensor, vals: Tensor, out_i: Tensor, rows: Tensor, k: int, block
              target: Optional[Tensor], info: dict, clock: "_Clock", recall_target: float, report: Optional[dict]) -> None:
     """The recall of the built lists on ``rows`` (not those that chose ``nprobe``), logged and reported."""
     rows = rows.to(z.device)
-    recall = 1.0 if info["exact"] else sample_recall(out_i, rows, _exact_rows(z, rows, k, block, transform, target))
+    recall = 1.0 if info["exact"] else sample_recall(out_i, rows, exact_rows(z, rows, k, block, transform, target))
     clock("recall")
     info.update(recall=recall, recall_rows=len(rows), recall_target=recall_target)
     if recall < recall_target:

@@ -8,9 +8,9 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_same_device, check_tensor, tracing
-from geograph.functional.allpairs import sort_topk, tiled_pairs, tiled_topk
+from geograph.functional.allpairs import sort_topk, tiled_topk
 from geograph.functional.ann import (DEFAULT_RECALL_ROWS, QUERY_POINTS_PER_CELL, build_ivf_index, check_ivf, default_nlist,
-                                     resolve_index, sample_recall)
+                                     exact_rows, resolve_index, sample_recall)
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
 
@@ -154,9 +154,8 @@ class DenseRetriever(nn.Module):
             return 1
         rows = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + 1))[:DEFAULT_RECALL_ROWS]
         rows = rows.sort().values.to(self.embeddings.device)
-        q = self.embeddings[rows]
-        exact = tiled_pairs(q, self.embeddings, k, block=self.chunk_size, exclude=rows)[1].cpu()
-        qn = q.detach().float().cpu().contiguous().numpy()
+        exact = exact_rows(self.embeddings, rows, k, block=self.chunk_size).cpu()
+        qn = self.embeddings[rows].detach().float().cpu().contiguous().numpy()
         own = rows.cpu().unsqueeze(1)
         nprobe, recall = 1, 0.0
         while True:
