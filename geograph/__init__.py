@@ -1,4 +1,5 @@
 """geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry."""
+
 from geograph import functional
 from geograph.outputs import RerankOutput, RetrievalOutput
 from geograph.rerankers import Maniscope, RicciFiltration
@@ -9,4 +10,19 @@ from geograph.retrievers import BM25Retriever, DenseRetriever, G3Graph, G3Retrie
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "RerankOutput", "RetrievalOutput", "Maniscope", "RicciFiltration", "CrossEncoderScorer", "BM25Retriever", "DenseRetriever", "ISORetriever", "G3Graph", "G3Retriever", "CorpusGraph", "PoincareProjection", "__version__"]
+__all__ = [
+    "functional",
+    "RerankOutput",
+    "RetrievalOutput",
+    "Maniscope",
+    "RicciFiltration",
+    "CrossEncoderScorer",
+    "BM25Retriever",
+    "DenseRetriever",
+    "ISORetriever",
+    "G3Graph",
+    "G3Retriever",
+    "CorpusGraph",
+    "PoincareProjection",
+    "__version__",
+]

@@ -8,6 +8,7 @@ are skipped, since each is a host synchronisation and a graph break; shape, rank
 checks still run (they are static). A server that compiles a module validates its inputs
 before the call (``geograph serve`` does, in the request schema).
 """
+
 from __future__ import annotations
 
 import math
@@ -87,9 +88,7 @@ def check_finite_float(value: float, name: str) -> float:
 def check_same_device(x: Tensor, name: str, device: torch.device, owner: str = "the module") -> None:
     """Raise if ``x`` is not on ``device`` (one device per call), naming both devices."""
     if isinstance(x, Tensor) and x.device != device:
-        raise ValueError(
-            f"{name} is on {x.device} but {owner} is on {device}: move one of them with .to() first"
-        )
+        raise ValueError(f"{name} is on {x.device} but {owner} is on {device}: move one of them with .to() first")
 
 
 def check_candidates(query: Tensor, docs: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -124,6 +123,10 @@ def check_cert_tol(cert_tol: Optional[float]) -> Optional[float]:
     """``None``, or ``cert_tol`` as a finite float ``>= 0``, or raise."""
     if cert_tol is None:
         return None
-    if isinstance(cert_tol, bool) or not isinstance(cert_tol, (int, float)) or not (cert_tol >= 0 and math.isfinite(cert_tol)):
+    if (
+        isinstance(cert_tol, bool)
+        or not isinstance(cert_tol, (int, float))
+        or not (cert_tol >= 0 and math.isfinite(cert_tol))
+    ):
         raise ValueError(f"cert_tol must be None or a finite number >= 0, got {cert_tol!r}")
     return float(cert_tol)

@@ -6,6 +6,7 @@ half-way, never sees a partial file under the final name. A directory of several
 loadable last: its metadata file is removed first and written back last, so a killed save
 leaves a directory that does not load rather than one that mixes two saves.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,15 @@ from typing import Any, BinaryIO, Callable, Optional, Union
 
 import torch
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_torch_save", "read_json", "read_torch", "check_file_size",
-           "one_line"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_json",
+    "atomic_torch_save",
+    "read_json",
+    "read_torch",
+    "check_file_size",
+    "one_line",
+]
 
 PathLike = Union[str, Path]
 
@@ -81,7 +89,9 @@ def read_json(path: PathLike) -> dict:
     except FileNotFoundError:
         raise ValueError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read it as JSON (truncated or not written by geograph?): {one_line(e)}") from e
+        raise ValueError(
+            f"{path}: cannot read it as JSON (truncated or not written by geograph?): {one_line(e)}"
+        ) from e
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     return meta
@@ -95,8 +105,10 @@ def check_file_size(path: PathLike, expected: Optional[int], meta_file: PathLike
     if expected is not None:
         size = path.stat().st_size
         if size != int(expected):
-            raise ValueError(f"{path}: {size} bytes, {Path(meta_file).name} says {int(expected)} "
-                             "(truncated, or overwritten by another save)")
+            raise ValueError(
+                f"{path}: {size} bytes, {Path(meta_file).name} says {int(expected)} "
+                "(truncated, or overwritten by another save)"
+            )
 
 
 def read_torch(path: PathLike, map_location=None) -> Any:

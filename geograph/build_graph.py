@@ -1,4 +1,5 @@
 """geograph build-graph: embed a BEIR folder (cached) and save a CorpusGraph for ISO-RAG and training."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,31 +34,60 @@ or --ray ray://HOST:PORT joins a cluster (--data and --cache on storage every no
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("geograph build-graph", DESCRIPTION)
-    p.add_argument("--data", required=True, metavar="DIR", help="BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/)")
+    p.add_argument(
+        "--data", required=True, metavar="DIR", help="BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/)"
+    )
     p.add_argument("--split", default="test", help="qrels split read by the loader (default: test)")
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--knn", type=int, metavar="K", help="k-NN graph over the passage embeddings, 1 <= K < passages")
     kind.add_argument("--mentions", action="store_true", help="passage -> passage whose title it mentions")
     kind.add_argument("--g3", action="store_true", help="G3RAG's geometric-gain graph (a G3Graph)")
     idx = p.add_argument_group("index (--knn and --g3)")
-    idx.add_argument("--index", default="exact", choices=["exact", "ivf", "auto"],
-                     help="candidate pairs: every pair (exact), an IVF cell join, or auto (default: exact)")
+    idx.add_argument(
+        "--index",
+        default="exact",
+        choices=["exact", "ivf", "auto"],
+        help="candidate pairs: every pair (exact), an IVF cell join, or auto (default: exact)",
+    )
     idx.add_argument("--nlist", type=int, help="IVF cells of the join (default: about 2 sqrt(N), a power of two)")
-    idx.add_argument("--nprobe", type=int, help="cells each cell is joined with (default: chosen for --recall-target "
-                     "from 32, or as many as hold 2,560 passages where cells are small)")
-    idx.add_argument("--recall-target", type=float, default=0.98,
-                     help="share of each passage's exact neighbours the IVF join must find, estimated on sampled "
-                          "passages; the build probes more cells, or scans exactly, to reach it (default: %(default)s)")
+    idx.add_argument(
+        "--nprobe",
+        type=int,
+        help="cells each cell is joined with (default: chosen for --recall-target "
+        "from 32, or as many as hold 2,560 passages where cells are small)",
+    )
+    idx.add_argument(
+        "--recall-target",
+        type=float,
+        default=0.98,
+        help="share of each passage's exact neighbours the IVF join must find, estimated on sampled "
+        "passages; the build probes more cells, or scans exactly, to reach it (default: %(default)s)",
+    )
     idx.add_argument("--sample", type=int, help="passages the IVF cells are trained on (default: 256 per cell)")
     g3 = p.add_argument_group("G3 (--g3)")
     g3.add_argument("--max-degree", type=int, default=128, help="strongest edges kept per passage (default: 128)")
     g3.add_argument("--beta", type=float, default=0.4, help="density penalty (default: 0.4)")
-    g3.add_argument("--band", type=float, nargs=2, default=(0.1, 0.7), metavar=("LO", "HI"),
-                    help="cosine band of the edges (default: 0.1 0.7)")
-    g3.add_argument("--candidates", type=int, help="candidates per passage with --index ivf (default: max-degree + a quarter; 512 with --ranking cosine)")
-    g3.add_argument("--density-sample", type=int,
-                    help="columns sampled for the density (default: exact; 8192 with --index ivf; 0 = exact)")
-    p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
+    g3.add_argument(
+        "--band",
+        type=float,
+        nargs=2,
+        default=(0.1, 0.7),
+        metavar=("LO", "HI"),
+        help="cosine band of the edges (default: 0.1 0.7)",
+    )
+    g3.add_argument(
+        "--candidates",
+        type=int,
+        help="candidates per passage with --index ivf (default: max-degree + a quarter; 512 with --ranking cosine)",
+    )
+    g3.add_argument(
+        "--density-sample",
+        type=int,
+        help="columns sampled for the density (default: exact; 8192 with --index ivf; 0 = exact)",
+    )
+    p.add_argument(
+        "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the graph to")
     add_ray_options(p)
     return p
@@ -105,20 +135,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 executor = stack.enter_context(on_ray(args.ray))
             except (ConnectionError, ValueError, RuntimeError) as e:
                 return UsageError(f"--ray {args.ray}: cannot connect ({str(e).splitlines()[0]})").exit(parser.prog)
-            report = embed_corpus(args.data, cache=args.cache, concurrency=args.concurrency, num_gpus=args.num_gpus,
-                                  batch_size=args.batch_size)
+            report = embed_corpus(
+                args.data,
+                cache=args.cache,
+                concurrency=args.concurrency,
+                num_gpus=args.num_gpus,
+                batch_size=args.batch_size,
+            )
             print(f"embedding on Ray: {report}")
         emb = Encoder(cache=args.cache, progress=True, batch_size=args.batch_size).encode(dataset.passages())
-        ivf = dict(index=args.index, nlist=args.nlist, nprobe=args.nprobe, sample=args.sample, progress=True,
-                   recall_target=args.recall_target)
+        ivf = dict(
+            index=args.index,
+            nlist=args.nlist,
+            nprobe=args.nprobe,
+            sample=args.sample,
+            progress=True,
+            recall_target=args.recall_target,
+        )
         try:
             if args.knn is not None:
                 graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
             elif args.g3:
                 from geograph.retrievers.g3 import G3Graph
 
-                graph = G3Graph.build(emb, max_degree=args.max_degree, beta=args.beta, band=tuple(args.band),
-                                      candidates=args.candidates, density_sample=args.density_sample, **ivf)
+                graph = G3Graph.build(
+                    emb,
+                    max_degree=args.max_degree,
+                    beta=args.beta,
+                    band=tuple(args.band),
+                    candidates=args.candidates,
+                    density_sample=args.density_sample,
+                    **ivf,
+                )
             else:
                 graph = CorpusGraph.from_mentions(emb, dataset.titles, dataset.texts)
         except ValueError as e:  # an index option the corpus cannot take
@@ -130,8 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{parser.prog}: error: {e}; nothing was written", file=sys.stderr)
             return 1
         if args.ray is not None and getattr(graph, "build_info", None) is not None:
-            graph.build_info = dict(graph.build_info, ray={"address": args.ray, "tasks": executor.tasks,
-                                                           "cpus": executor.session["cpus"]})
+            graph.build_info = dict(
+                graph.build_info, ray={"address": args.ray, "tasks": executor.tasks, "cpus": executor.session["cpus"]}
+            )
     graph.save(args.out)
     if getattr(graph, "build_info", None):
         print(f"build: {graph.build_info}")

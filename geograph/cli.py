@@ -1,4 +1,5 @@
 """The geograph command: geograph demo, geograph bench <name>, geograph build-graph, geograph serve."""
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not rest:
             from geograph.bench.__main__ import BENCHES
 
-            return UsageError(f"name a benchmark: {', '.join(BENCHES)} (see 'geograph bench --help')").exit("geograph bench")
+            return UsageError(f"name a benchmark: {', '.join(BENCHES)} (see 'geograph bench --help')").exit(
+                "geograph bench"
+            )
         if rest[0] in ("-h", "--help"):
             print(bench_usage())
             return 0

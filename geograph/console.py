@@ -3,6 +3,7 @@ errors, argument parsers whose help is plain text, and plain-text tables.
 
 It imports nothing from geograph, so every application can use it without importing another.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,13 @@ def make_parser(prog: str, description: Optional[str], **kwargs) -> argparse.Arg
 def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> None:
     """``--ray [ADDRESS]`` and, with ``embed``, the encoder actor pool's options (the ``ray`` extra)."""
     g = parser.add_argument_group("Ray (pip install 'geograph[ray]')")
-    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run on Ray: alone, a local Ray on this machine; 'auto' or ray://HOST:PORT joins a cluster")
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run on Ray: alone, a local Ray on this machine; 'auto' or ray://HOST:PORT joins a cluster",
+    )
     if embed:
         g.add_argument("--concurrency", type=int, default=2, help="encoder actors with --ray (default: 2)")
         g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per encoder actor with --ray (default: 0)")
@@ -66,6 +72,7 @@ def plain_text(text: str) -> str:
         >>> plain_text("``geograph bench``: see :func:`~geograph.bench.common.tuning_split` and **this**.")
         'geograph bench: see tuning_split and this.'
     """
+
     def role(m: re.Match) -> str:
         target = m.group(1).strip()
         return target.rsplit(".", 1)[-1] if m.group(0).find("`~") >= 0 else target
@@ -78,8 +85,9 @@ def plain_text(text: str) -> str:
     return text
 
 
-def format_table(rows: dict[str, dict[str, float]], columns: Sequence[str],
-                 formats: Optional[dict[str, str]] = None) -> str:
+def format_table(
+    rows: dict[str, dict[str, float]], columns: Sequence[str], formats: Optional[dict[str, str]] = None
+) -> str:
     """A plain-text table, one row per method: the name, then each column right-aligned in 12
     characters, or its name's length plus 2 if longer (``formats[column]``, default ``"12.3f"``).
 
@@ -95,5 +103,7 @@ def format_table(rows: dict[str, dict[str, float]], columns: Sequence[str],
     head = "method".ljust(width) + "".join(c.rjust(cw[c]) for c in columns)
     lines = [head, "-" * len(head)]
     for name, vals in rows.items():
-        lines.append(name.ljust(width) + "".join(format(vals[c], formats.get(c, "12.3f")).rjust(cw[c]) for c in columns))
+        lines.append(
+            name.ljust(width) + "".join(format(vals[c], formats.get(c, "12.3f")).rjust(cw[c]) for c in columns)
+        )
     return "\n".join(lines)

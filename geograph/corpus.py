@@ -1,4 +1,5 @@
 """CorpusGraph: passage embeddings plus an undirected sparse passage graph, with builders."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,9 +98,21 @@ class CorpusGraph(nn.Module):
         return cls(embeddings, edge_index, name="edge_index")
 
     @classmethod
-    def from_knn(cls, embeddings: Tensor, k: int, *, chunk_size: int = 4096, faiss: bool = False, index: str = "exact",
-                 nlist: Optional[int] = None, nprobe: Optional[int] = None, sample: Optional[int] = None, seed: int = 0,
-                 recall_target: Optional[float] = DEFAULT_RECALL_TARGET, progress: bool = False) -> "CorpusGraph":
+    def from_knn(
+        cls,
+        embeddings: Tensor,
+        k: int,
+        *,
+        chunk_size: int = 4096,
+        faiss: bool = False,
+        index: str = "exact",
+        nlist: Optional[int] = None,
+        nprobe: Optional[int] = None,
+        sample: Optional[int] = None,
+        seed: int = 0,
+        recall_target: Optional[float] = DEFAULT_RECALL_TARGET,
+        progress: bool = False,
+    ) -> "CorpusGraph":
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 
         ``index="exact"`` (default) scans every pair with the tiled all-pairs routine
@@ -134,9 +147,20 @@ class CorpusGraph(nn.Module):
         if faiss:
             idx = _faiss_knn(z, k + 1)
         else:
-            idx = self_topk(z, k, index=index, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, block=chunk_size,
-                            progress="k-NN graph" if progress else False, timings=timings,
-                            recall_target=recall_target, report=report)[1]
+            idx = self_topk(
+                z,
+                k,
+                index=index,
+                nlist=nlist,
+                nprobe=nprobe,
+                sample=sample,
+                seed=seed,
+                block=chunk_size,
+                progress="k-NN graph" if progress else False,
+                timings=timings,
+                recall_target=recall_target,
+                report=report,
+            )[1]
         del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
             self_hit = idx == torch.arange(v, device=idx.device).unsqueeze(1)
@@ -171,7 +195,12 @@ class CorpusGraph(nn.Module):
 
     @classmethod
     def from_mentions(
-        cls, embeddings: Tensor, titles: Sequence[str], texts: Sequence[str], *, min_title_len: int = 4,
+        cls,
+        embeddings: Tensor,
+        titles: Sequence[str],
+        texts: Sequence[str],
+        *,
+        min_title_len: int = 4,
         case_sensitive: bool = False,
     ) -> "CorpusGraph":
         """Hyperlink-like graph: passage ``u`` links to ``v`` when ``u``'s text mentions ``v``'s title.
@@ -226,16 +255,30 @@ class CorpusGraph(nn.Module):
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / _META).unlink(missing_ok=True)  # not loadable until the new graph.json is in place
-        sizes = {"embeddings.pt": atomic_torch_save(self.embeddings.cpu(), path / "embeddings.pt"),
-                 "edge_index.pt": atomic_torch_save(self.edge_index.cpu(), path / "edge_index.pt")}
-        meta = {"format": _FORMAT, "name": self.name, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
-                "dim": int(self.embeddings.shape[1]), "files": sizes, "build": self.build_info}
+        sizes = {
+            "embeddings.pt": atomic_torch_save(self.embeddings.cpu(), path / "embeddings.pt"),
+            "edge_index.pt": atomic_torch_save(self.edge_index.cpu(), path / "edge_index.pt"),
+        }
+        meta = {
+            "format": _FORMAT,
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+            "dim": int(self.embeddings.shape[1]),
+            "files": sizes,
+            "build": self.build_info,
+        }
         atomic_write_json(meta, path / _META)
         return path
 
     @classmethod
-    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None,
-             corpus_shape: Optional[tuple[int, int]] = None) -> "CorpusGraph":
+    def load(
+        cls,
+        directory: Union[str, Path],
+        *,
+        device: Optional[Union[str, torch.device]] = None,
+        corpus_shape: Optional[tuple[int, int]] = None,
+    ) -> "CorpusGraph":
         """Read a graph written by :meth:`save`.
 
         Args:
@@ -254,26 +297,38 @@ class CorpusGraph(nn.Module):
             raise ValueError(f"{path} is not a saved CorpusGraph (no {_META})")
         meta = read_json(meta_file)
         if meta.get("format") != _FORMAT:
-            raise ValueError(f"{meta_file}: CorpusGraph format {meta.get('format')!r}, this geograph reads format {_FORMAT}")
+            raise ValueError(
+                f"{meta_file}: CorpusGraph format {meta.get('format')!r}, this geograph reads format {_FORMAT}"
+            )
         try:
             v, e, d = int(meta["num_nodes"]), int(meta["num_edges"]), int(meta["dim"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{meta_file}: missing or bad num_nodes / num_edges / dim ({one_line(exc)})") from None
         if corpus_shape is not None and (v, d) != tuple(corpus_shape):
-            raise ValueError(f"{meta_file}: a graph of {v} passages x {d} dimensions, the corpus is "
-                             f"{corpus_shape[0]} x {corpus_shape[1]}")
+            raise ValueError(
+                f"{meta_file}: a graph of {v} passages x {d} dimensions, the corpus is "
+                f"{corpus_shape[0]} x {corpus_shape[1]}"
+            )
         files = meta.get("files") or {}  # (sizes are recorded since the atomic save)
         for name in ("embeddings.pt", "edge_index.pt"):
             check_file_size(path / name, files.get(name), meta_file)
         emb = read_torch(path / "embeddings.pt", device)
         ei = read_torch(path / "edge_index.pt", device)
         if not isinstance(emb, Tensor) or tuple(emb.shape) != (v, d) or not emb.is_floating_point():
-            raise ValueError(f"{path / 'embeddings.pt'}: expected ({v}, {d}) floating embeddings as {_META} says, "
-                             f"got {_describe(emb)}")
-        if (not isinstance(ei, Tensor) or tuple(ei.shape) != (2, 2 * e) or ei.is_floating_point()
-                or (ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= v))):
-            raise ValueError(f"{path / 'edge_index.pt'}: expected (2, {2 * e}) node ids in [0, {v}) as {_META} says, "
-                             f"got {_describe(ei)}")
+            raise ValueError(
+                f"{path / 'embeddings.pt'}: expected ({v}, {d}) floating embeddings as {_META} says, "
+                f"got {_describe(emb)}"
+            )
+        if (
+            not isinstance(ei, Tensor)
+            or tuple(ei.shape) != (2, 2 * e)
+            or ei.is_floating_point()
+            or (ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= v))
+        ):
+            raise ValueError(
+                f"{path / 'edge_index.pt'}: expected (2, {2 * e}) node ids in [0, {v}) as {_META} says, "
+                f"got {_describe(ei)}"
+            )
         try:
             graph = cls(emb, ei, name=meta.get("name", "edge_index"))
         except ValueError as exc:

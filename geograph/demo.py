@@ -7,6 +7,7 @@ Maniscope chain; then nDCG@10 / Recall@5 / HitAll@5 / MRR@10 and ms/query of eve
 of BM25, per part of the corpus when its queries carry a ``part`` field, and where each method
 differs from dense.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,17 +52,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = make_parser("geograph demo", DESCRIPTION)
     p.add_argument("--data", metavar="DIR", help="a BEIR-format folder (default: the shipped demo corpus)")
     p.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
-    p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
-    p.add_argument("--candidates", type=int, default=20, metavar="M",
-                   help="dense top-M that the rerankers (Maniscope, Ricci-Filtration, the chain) reorder (default: 20)")
+    p.add_argument(
+        "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
+    )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        default=20,
+        metavar="M",
+        help="dense top-M that the rerankers (Maniscope, Ricci-Filtration, the chain) reorder (default: 20)",
+    )
     p.add_argument("--k", type=int, default=5, help="Maniscope's k-NN degree over the candidates (default: 5)")
     p.add_argument("--alpha", type=float, default=0.3, help="Maniscope's cosine weight in [0, 1] (default: 0.3)")
-    p.add_argument("--graph", choices=("auto", "mentions", "knn"), default="auto",
-                   help="ISO-RAG's passage graph: passages linked when one mentions the other's title, a k-NN "
-                        "graph, or auto: mentions when they link at least a quarter of the passages (default: auto)")
+    p.add_argument(
+        "--graph",
+        choices=("auto", "mentions", "knn"),
+        default="auto",
+        help="ISO-RAG's passage graph: passages linked when one mentions the other's title, a k-NN "
+        "graph, or auto: mentions when they link at least a quarter of the passages (default: auto)",
+    )
     p.add_argument("--graph-k", type=int, default=10, metavar="K", help="degree of the k-NN graph (default: 10)")
-    p.add_argument("--show", type=int, default=4, metavar="N",
-                   help="queries printed side by side, spread over the corpus parts (default: 4)")
+    p.add_argument(
+        "--show",
+        type=int,
+        default=4,
+        metavar="N",
+        help="queries printed side by side, spread over the corpus parts (default: 4)",
+    )
     return p
 
 
@@ -82,8 +99,9 @@ def validate(args: argparse.Namespace, dataset: Dataset) -> None:
         raise UsageError(f"--data: the demo needs at least {DEPTH + 1} passages, {dataset.name} has {v}")
 
 
-def _timed(fn: Callable[[], tuple[Tensor, Tensor]], n_queries: int, warmup: Optional[Callable[[], object]] = None
-           ) -> tuple[Tensor, Tensor, float]:
+def _timed(
+    fn: Callable[[], tuple[Tensor, Tensor]], n_queries: int, warmup: Optional[Callable[[], object]] = None
+) -> tuple[Tensor, Tensor, float]:
     if warmup is not None:  # one-time costs (JIT compilation, first allocations) are not per-query costs
         warmup()
     t0 = time.perf_counter()
@@ -143,8 +161,9 @@ def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, quer
         return cand.gather(1, out.order), out.scores.gather(1, out.order)
 
     r_idx, r_s, r_ms = _timed(rf, q, lambda: ricci(query[:1], docs[:1]))
-    runs["Ricci-Filtration"] = MethodRun("Ricci-Filtration (percentile 50, kept by cosine)", r_idx, r_s, r_ms,
-                                         {"keep": keep["keep"]})
+    runs["Ricci-Filtration"] = MethodRun(
+        "Ricci-Filtration (percentile 50, kept by cosine)", r_idx, r_s, r_ms, {"keep": keep["keep"]}
+    )
 
     def chain():  # Maniscope over the candidates Ricci-Filtration kept (its first stage is the run above)
         out = maniscope(query, corpus[r_idx], torch.isfinite(r_s))
@@ -156,13 +175,19 @@ def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, quer
     graph, about = choose_graph(args, dataset, corpus)
     iso = ISORetriever(graph, L=min(50, v))
     i_idx, i_s, ms = _timed(lambda: _pair(iso(query, min(DEPTH, iso.max_k))), q)
-    runs["ISO-RAG"] = MethodRun(f"ISO-RAG (m={iso.m}, L={iso.L}, graph: {about})", i_idx, i_s, ms,
-                                {"graph": graph, "seeds": d_idx[:, : iso.m]})
+    runs["ISO-RAG"] = MethodRun(
+        f"ISO-RAG (m={iso.m}, L={iso.L}, graph: {about})", i_idx, i_s, ms, {"graph": graph, "seeds": d_idx[:, : iso.m]}
+    )
 
     g3 = G3Retriever(corpus, candidates=min(10, v))
     g_idx, g_s, ms = _timed(lambda: _pair(g3(query, DEPTH)), q)
-    runs["G3RAG"] = MethodRun(f"G3RAG ({g3.seeds} cosine seeds of the dense top-{g3.candidates}, one diffusion step)",
-                              g_idx, g_s, ms, {"seeds": g3.seeds})
+    runs["G3RAG"] = MethodRun(
+        f"G3RAG ({g3.seeds} cosine seeds of the dense top-{g3.candidates}, one diffusion step)",
+        g_idx,
+        g_s,
+        ms,
+        {"seeds": g3.seeds},
+    )
     return runs
 
 
@@ -208,9 +233,15 @@ def show_query(dataset: Dataset, runs: dict[str, MethodRun], qi: int, top: int =
     rf = runs["Ricci-Filtration"]
     keep = rf.extra["keep"][qi]
     kept = ids(rf)
-    dropped = [i for i in rf.indices[qi].tolist() if i not in set(rf.indices[qi][torch.isfinite(rf.scores[qi])].tolist())]
-    lines.append("  " + "Ricci-Filtration".ljust(width) + f"kept {int(keep.sum())}/{keep.numel()}, top: "
-                 + " ".join(tag(i) for i in kept))
+    dropped = [
+        i for i in rf.indices[qi].tolist() if i not in set(rf.indices[qi][torch.isfinite(rf.scores[qi])].tolist())
+    ]
+    lines.append(
+        "  "
+        + "Ricci-Filtration".ljust(width)
+        + f"kept {int(keep.sum())}/{keep.numel()}, top: "
+        + " ".join(tag(i) for i in kept)
+    )
     cos_rank = {i: r for r, i in enumerate(runs["dense"].indices[qi].tolist())}
     dropped = sorted(dropped, key=lambda i: cos_rank.get(i, 10**9))[:top]
     lines.append("  " + "".ljust(width) + "dropped (best by cosine): " + " ".join(tag(i) for i in dropped))
@@ -228,8 +259,14 @@ def show_query(dataset: Dataset, runs: dict[str, MethodRun], qi: int, top: int =
     g3 = runs["G3RAG"]
     s = g3.extra["seeds"]
     g3_ids = ids(g3)
-    lines.append("  " + "G3RAG".ljust(width) + "seeds: " + " ".join(tag(i) for i in g3_ids[:s])
-                 + " | diffused: " + " ".join(tag(i) for i in g3_ids[s:]))
+    lines.append(
+        "  "
+        + "G3RAG".ljust(width)
+        + "seeds: "
+        + " ".join(tag(i) for i in g3_ids[:s])
+        + " | diffused: "
+        + " ".join(tag(i) for i in g3_ids[s:])
+    )
     lines.append("  " + "Ricci -> Maniscope".ljust(width) + " ".join(tag(i) for i in ids(runs["Ricci -> Maniscope"])))
     lines.append("  passages:")
     for i in shown:
@@ -241,8 +278,10 @@ def show_query(dataset: Dataset, runs: dict[str, MethodRun], qi: int, top: int =
 def quality(dataset: Dataset, runs: dict[str, MethodRun]) -> dict[str, dict[str, Tensor]]:
     """Per-query metrics of every method, ``{method: {metric: (Q,)}}``."""
     qrels = dataset.qrels_list()
-    return {name: per_query(run_ids(dataset, r.indices[:, :DEPTH], r.scores[:, :DEPTH]), qrels, METRICS)
-            for name, r in runs.items()}
+    return {
+        name: per_query(run_ids(dataset, r.indices[:, :DEPTH], r.scores[:, :DEPTH]), qrels, METRICS)
+        for name, r in runs.items()
+    }
 
 
 def report(dataset: Dataset, runs: dict[str, MethodRun], split: str) -> str:
@@ -262,8 +301,10 @@ def report(dataset: Dataset, runs: dict[str, MethodRun], split: str) -> str:
         cols = list(METRICS) + (["ms/query"] if label == "all queries" else [])
         out.append(f"\nQuality on {dataset.name} ({split}), {label}: {len(rows)} queries")
         out.append(format_table(table, cols, {"ms/query": "12.2f"}))
-    out.append("\nms/query: one batched call over all queries after one warm-up call, on this machine (not a benchmark:"
-               "\nsee `geograph bench run`); rerankers are timed without the dense stage. Recall@5/HitAll@5: judged passages in the top 5 (HitAll: all of them).")
+    out.append(
+        "\nms/query: one batched call over all queries after one warm-up call, on this machine (not a benchmark:"
+        "\nsee `geograph bench run`); rerankers are timed without the dense stage. Recall@5/HitAll@5: judged passages in the top 5 (HitAll: all of them)."
+    )
     out.append("\nWhere each method differs from dense (top-5 as a set; nDCG@10 per query):")
     base = per["dense"]["nDCG@10"]
     dense5 = runs["dense"].indices[:, :5]
@@ -276,8 +317,10 @@ def report(dataset: Dataset, runs: dict[str, MethodRun], split: str) -> str:
         delta = per[name]["nDCG@10"] - base
         better, worse = (delta > 1e-12), (delta < -1e-12)
         best = [dataset.query_ids[i] for i in torch.argsort(-delta)[: min(3, int(better.sum()))].tolist()]
-        line = (f"  {name:<20} top-5 differs on {int((~same).sum()):>3}/{len(same)} queries; "
-                f"nDCG@10 better on {int(better.sum())}, worse on {int(worse.sum())}")
+        line = (
+            f"  {name:<20} top-5 differs on {int((~same).sum()):>3}/{len(same)} queries; "
+            f"nDCG@10 better on {int(better.sum())}, worse on {int(worse.sum())}"
+        )
         if best:
             line += f" (largest gains: {', '.join(best)})"
         out.append(line)
@@ -310,8 +353,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     todo = missing_embeddings(dataset, encoder)
     total = len(dataset.doc_ids) + len(dataset.queries)
     if todo:
-        print(f"{dataset}: embedding {todo} of {total} texts with all-MiniLM-L6-v2 (first run; cached afterwards)",
-              flush=True)
+        print(
+            f"{dataset}: embedding {todo} of {total} texts with all-MiniLM-L6-v2 (first run; cached afterwards)",
+            flush=True,
+        )
     else:
         print(f"{dataset}: embeddings of all {total} texts from the cache (cached)", flush=True)
     corpus, query = embed(dataset, encoder)
@@ -322,8 +367,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
         print(show_query(dataset, runs, qi))
     if args.show:
-        print("\n(* = judged relevant, + = not in the dense top-5, (via X) = ISO-RAG reached it from seed X "
-              "through the graph)")
+        print(
+            "\n(* = judged relevant, + = not in the dense top-5, (via X) = ISO-RAG reached it from seed X "
+            "through the graph)"
+        )
     print("\nMethods: " + "; ".join(r.name for r in runs.values() if r.name != "dense"))
     print(report(dataset, runs, args.split))
     print(f"\ndone in {time.perf_counter() - t0:.1f} s (embedding {t_embed:.1f} s)")

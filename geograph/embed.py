@@ -1,4 +1,5 @@
 """geograph embed: embed the passages of a BEIR folder (or a JSONL file) into the embedding cache."""
+
 from __future__ import annotations
 
 import sys
@@ -23,9 +24,13 @@ shard per --rows-per-shard passages): alone it starts a local Ray; --ray auto or
 def build_parser():
     p = make_parser("geograph embed", DESCRIPTION)
     p.add_argument("--data", required=True, metavar="PATH", help="BEIR-format folder or a JSONL file of passages")
-    p.add_argument("--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)")
+    p.add_argument(
+        "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
+    )
     add_ray_options(p)
-    p.add_argument("--rows-per-shard", type=int, default=1024, help="passages per cache shard with --ray (default: 1024)")
+    p.add_argument(
+        "--rows-per-shard", type=int, default=1024, help="passages per cache shard with --ray (default: 1024)"
+    )
     return p
 
 
@@ -53,19 +58,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ImportError as e:
             return UsageError(f"--ray: {e}").exit(parser.prog)
         try:
-            report = embed_corpus(args.data, cache=args.cache, address=args.ray, concurrency=args.concurrency,
-                                  num_gpus=args.num_gpus, batch_size=args.batch_size, rows_per_shard=args.rows_per_shard)
+            report = embed_corpus(
+                args.data,
+                cache=args.cache,
+                address=args.ray,
+                concurrency=args.concurrency,
+                num_gpus=args.num_gpus,
+                batch_size=args.batch_size,
+                rows_per_shard=args.rows_per_shard,
+            )
         except ConnectionError as e:
             return UsageError(f"--ray {args.ray}: cannot connect ({str(e).splitlines()[0]})").exit(parser.prog)
         except RuntimeError as e:
             print(f"{parser.prog}: error: {e}", file=sys.stderr)
             return 1
-        print(f"{report.passages} passages: {report.cached} already cached, {report.encoded} encoded on Ray by "
-              f"{args.concurrency} actors into {report.shards} shards of {report.cache} ({report.seconds:.1f} s)")
+        print(
+            f"{report.passages} passages: {report.cached} already cached, {report.encoded} encoded on Ray by "
+            f"{args.concurrency} actors into {report.shards} shards of {report.cache} ({report.seconds:.1f} s)"
+        )
         return 0
     encoder = Encoder(cache=args.cache, batch_size=args.batch_size, progress=True)
     _, missing = encoder.cache.get(passages)
     encoder.encode(passages)
-    print(f"{len(passages)} passages: {len(passages) - len(missing)} already cached, {len(missing)} encoded into "
-          f"{encoder.cache.path} ({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"{len(passages)} passages: {len(passages) - len(missing)} already cached, {len(missing)} encoded into "
+        f"{encoder.cache.path} ({time.perf_counter() - t0:.1f} s)"
+    )
     return 0

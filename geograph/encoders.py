@@ -1,4 +1,5 @@
 """Encoders: ISO-RAG's hyperbolic projection f_theta onto the Poincare ball (geoopt)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -83,13 +84,16 @@ class PoincareProjection(nn.Module):
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save({"kind": "PoincareProjection", "format": _FORMAT, "config": self.config(),
-                           "state_dict": self.state_dict()}, path)
+        atomic_torch_save(
+            {"kind": "PoincareProjection", "format": _FORMAT, "config": self.config(), "state_dict": self.state_dict()},
+            path,
+        )
         return path
 
     @classmethod
-    def load(cls, path: Union[str, Path], *, map_location: Optional[str] = "cpu",
-             in_dim: Optional[int] = None) -> "PoincareProjection":
+    def load(
+        cls, path: Union[str, Path], *, map_location: Optional[str] = "cpu", in_dim: Optional[int] = None
+    ) -> "PoincareProjection":
         """Read a file written by :meth:`save` (or exported by the training CLI).
 
         Args:

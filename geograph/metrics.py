@@ -1,4 +1,5 @@
 """Evaluate runs against qrels with the batched metrics of :mod:`geograph.functional.metrics`."""
+
 from __future__ import annotations
 
 import re
@@ -8,11 +9,18 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from geograph.functional.metrics import (hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k,
-                                         recall_at_k)
+from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 
-__all__ = ["relevance_tensors", "evaluate", "per_query", "paired_bootstrap", "normalize_answer", "answer_hits",
-           "METRICS", "ANSWER_METRICS"]
+__all__ = [
+    "relevance_tensors",
+    "evaluate",
+    "per_query",
+    "paired_bootstrap",
+    "normalize_answer",
+    "answer_hits",
+    "METRICS",
+    "ANSWER_METRICS",
+]
 
 METRICS = {
     "nDCG": lambda g, r, k: ndcg_at_k(g, r, k),
@@ -77,9 +85,7 @@ def answer_hits(
     return out
 
 
-def relevance_tensors(
-    run: Sequence[Sequence[str]], qrels: Sequence[Mapping[str, float]]
-) -> tuple[Tensor, Tensor]:
+def relevance_tensors(run: Sequence[Sequence[str]], qrels: Sequence[Mapping[str, float]]) -> tuple[Tensor, Tensor]:
     """Build ``gains (B, K)`` and ``relevant (B, R)`` from ranked ids and per-query judgements.
 
     Args:
@@ -192,7 +198,9 @@ def paired_bootstrap(
     a = torch.as_tensor(method, dtype=torch.float64).flatten()
     b = torch.as_tensor(baseline, dtype=torch.float64).flatten()
     if a.shape != b.shape or a.numel() == 0:
-        raise ValueError(f"method and baseline need the same non-zero number of queries, got {a.numel()} and {b.numel()}")
+        raise ValueError(
+            f"method and baseline need the same non-zero number of queries, got {a.numel()} and {b.numel()}"
+        )
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     if int(samples) < 1:
@@ -207,5 +215,10 @@ def paired_bootstrap(
         means[s : s + n] = d[idx].mean(1)
     tail = (1.0 - level) / 2
     lo, hi = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
-    return {"diff": float(d.mean()), "low": lo, "high": hi, "p_le_0": float((means <= 0).double().mean()),
-            "queries": int(d.numel())}
+    return {
+        "diff": float(d.mean()),
+        "low": lo,
+        "high": hi,
+        "p_le_0": float((means <= 0).double().mean()),
+        "queries": int(d.numel()),
+    }

@@ -1,4 +1,5 @@
 """Result containers shared by the rerankers and retrievers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

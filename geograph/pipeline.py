@@ -2,6 +2,7 @@
 
 Shared by ``geograph demo`` and the benchmarks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ A scorer is any callable ``scorer(queries, passages, mask=None) -> (B, N)`` tens
 texts, and ``mask`` an optional ``(B, N)`` bool of the pairs to score (the others get
 ``-inf`` and are never sent to the model). :class:`CrossEncoderScorer` is one.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,7 +75,7 @@ class CrossEncoderScorer:
         elif tuple(mask.shape) != (b, n):
             raise ValueError(f"mask must have shape {(b, n)}, got {tuple(mask.shape)}")
         mask = mask.detach().to("cpu", torch.bool)
-        if any(bool(mask[i, len(p):].any()) for i, p in enumerate(passages)):
+        if any(bool(mask[i, len(p) :].any()) for i, p in enumerate(passages)):
             raise ValueError("mask selects a passage position beyond the end of its passage list")
         pairs_idx = mask.nonzero().tolist()
         scores = torch.full((b, n), float("-inf"))

@@ -1,4 +1,5 @@
 """Helpers for tests of geograph and of code built on it (importable without pytest)."""
+
 from __future__ import annotations
 
 import importlib.util

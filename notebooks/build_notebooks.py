@@ -3,6 +3,7 @@
 ``python notebooks/build_notebooks.py``. The test suite executes every notebook
 (``tests/test_notebooks.py``).
 """
+
 from pathlib import Path
 
 import nbformat
@@ -24,8 +25,10 @@ print(data, corpus.shape, query.shape)"""
 
 NOTEBOOKS = {
     "quickstart.ipynb": [
-        new_markdown_cell("# geograph quickstart\n\nDense retrieval, then the four geometric methods, on the "
-                          "shipped demo corpus. Everything runs offline on a CPU in seconds."),
+        new_markdown_cell(
+            "# geograph quickstart\n\nDense retrieval, then the four geometric methods, on the "
+            "shipped demo corpus. Everything runs offline on a CPU in seconds."
+        ),
         new_code_cell(SETUP),
         new_code_cell("""from geograph import DenseRetriever, G3Retriever, ISORetriever, CorpusGraph, Maniscope, RicciFiltration
 from geograph.metrics import evaluate
@@ -52,16 +55,20 @@ fig, ax = plt.subplots(figsize=(6, 3))
 ax.barh(list(table), [row["nDCG@10"] for row in table.values()])
 ax.set_xlabel("nDCG@10 on the demo corpus"); ax.invert_yaxis()
 plt.show()"""),
-        new_markdown_cell("Returned values are corpus *indices*: `data.doc_ids[i]` is the passage id and "
-                          "`data.texts[i]` its text (`data.titles[i]` its title)."),
+        new_markdown_cell(
+            "Returned values are corpus *indices*: `data.doc_ids[i]` is the passage id and "
+            "`data.texts[i]` its text (`data.titles[i]` its title)."
+        ),
         new_code_cell("""qi = data.query_ids.index("m01")             # a two-hop bridge question
 print(data.queries[qi])
 for i in runs["ISO-RAG (mention graph)"][qi, :5].tolist():
     print(f"  {data.doc_ids[i]:>8}  {data.titles[i]}: {data.texts[i][:80]}")"""),
     ],
     "ricci_filtration.ipynb": [
-        new_markdown_cell("# Ricci-Filtration: flowed query-edge lengths\n\nThe Ricci flow stretches the query "
-                          "edges of some candidates; the surgery drops those longer than eta = 1."),
+        new_markdown_cell(
+            "# Ricci-Filtration: flowed query-edge lengths\n\nThe Ricci flow stretches the query "
+            "edges of some candidates; the surgery drops those longer than eta = 1."
+        ),
         new_code_cell(SETUP),
         new_code_cell("""from geograph import DenseRetriever, RicciFiltration
 dense = DenseRetriever(corpus)(query, k=20)
@@ -77,8 +84,10 @@ print("kept per query:", out.keep.sum(1).tolist())
 print("curvature range of query edges:", float(out.query_edge_curvature.min()), float(out.query_edge_curvature.max()))"""),
     ],
     "iso_rag.ipynb": [
-        new_markdown_cell("# ISO-RAG: the isoperimetric ratio phi against degree\n\nphi = V(2-hop shell) / "
-                          "V(closed 1-hop ball) on a passage graph; edges between very different phi are pruned."),
+        new_markdown_cell(
+            "# ISO-RAG: the isoperimetric ratio phi against degree\n\nphi = V(2-hop shell) / "
+            "V(closed 1-hop ball) on a passage graph; edges between very different phi are pruned."
+        ),
         new_code_cell(SETUP),
         new_code_cell("""from geograph import CorpusGraph, ISORetriever, PoincareProjection
 graph = CorpusGraph.from_knn(corpus, 4)
@@ -95,8 +104,10 @@ print(graph, "pruned share:", round(untrained.pruned_share, 3), round(projected.
 print(untrained(query[:3], k=5).indices)"""),
     ],
     "maniscope.ipynb": [
-        new_markdown_cell("# Maniscope: geodesic vs cosine\n\nGeodesic distance from the anchor on the "
-                          "candidates' k-NN graph, against plain cosine to the query."),
+        new_markdown_cell(
+            "# Maniscope: geodesic vs cosine\n\nGeodesic distance from the anchor on the "
+            "candidates' k-NN graph, against plain cosine to the query."
+        ),
         new_code_cell(SETUP),
         new_code_cell("""from geograph import DenseRetriever, Maniscope
 dense = DenseRetriever(corpus)(query, k=20)
@@ -109,8 +120,10 @@ plt.show()
 print("unreachable candidates:", int((~finite).sum()))"""),
     ],
     "g3rag.ipynb": [
-        new_markdown_cell("# G3RAG: the geometric-gain graph\n\nEdge weight x sqrt(1 - x^2) exp(-beta rho_j) "
-                          "inside the similarity band; one diffusion step from two seeds."),
+        new_markdown_cell(
+            "# G3RAG: the geometric-gain graph\n\nEdge weight x sqrt(1 - x^2) exp(-beta rho_j) "
+            "inside the similarity band; one diffusion step from two seeds."
+        ),
         new_code_cell(SETUP),
         new_code_cell("""from geograph import G3Graph, G3Retriever
 graph = G3Graph.build(corpus, band=(0.1, 0.7), beta=0.4)
@@ -128,8 +141,9 @@ for q, row in zip(data.queries[:3], out.indices.tolist()):
 
 def main() -> None:
     for name, cells in NOTEBOOKS.items():
-        nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                "language": "python"}})
+        nb = new_notebook(
+            cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+        )
         nbformat.write(nb, HERE / name)
 
 

@@ -74,8 +74,15 @@ def tiny_cross_encoder(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-cross-encoder")
     tok = AutoTokenizer.from_pretrained(gt.get_model_path())
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+        max_position_embeddings=128,
+    )
     BertForSequenceClassification(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path

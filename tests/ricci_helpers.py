@@ -1,4 +1,5 @@
 """Graphs and GraphRicciCurvature fixtures shared by the Ricci tests."""
+
 import json
 from pathlib import Path
 

@@ -12,6 +12,7 @@ component flows and a flow that shrinks every edge to 0 leaves them at 0 (the do
 of :func:`geograph.functional.ricci_flow`); GraphRicciCurvature would cut to the largest
 component or divide by zero there.
 """
+
 import numpy as np
 import ot
 
@@ -42,7 +43,7 @@ def ref_curvature(adj, w, alpha, p):
         if len(nb) == 0:
             m[x, x] = 1.0
             continue
-        e = np.exp(-w[x, nb] ** p)
+        e = np.exp(-(w[x, nb] ** p))
         m[x, nb] = (1 - alpha) * (e / e.sum() if e.sum() > ZERO else 1.0 / len(nb))
         m[x, x] = alpha
     kappa = np.zeros((n, n))

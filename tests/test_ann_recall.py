@@ -1,5 +1,6 @@
 """The IVF join's recall target: ``nprobe`` chosen from sampled rows' exact neighbours, the exact
 fallback, and the measured recall, against brute-force numpy neighbours of the raw vectors."""
+
 import logging
 
 import numpy as np
@@ -133,9 +134,14 @@ def test_dense_auto_nprobe_reaches_the_target_on_held_out_queries():
     assert auto.nprobe is None and auto.calibration is None
 
 
-@pytest.mark.parametrize("kwargs, match", [({"nprobe": "many"}, "nprobe must be a positive integer or 'auto'"),
-                                           ({"recall_target": 0.0}, "recall_target must be in"),
-                                           ({"recall_k": 0}, "recall_k")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"nprobe": "many"}, "nprobe must be a positive integer or 'auto'"),
+        ({"recall_target": 0.0}, "recall_target must be in"),
+        ({"recall_k": 0}, "recall_k"),
+    ],
+)
 def test_dense_bad_calibration_options_name_them(kwargs, match):
     from geograph import DenseRetriever
 

@@ -1,4 +1,5 @@
 """Saved artefacts (CorpusGraph, G3Graph, PoincareProjection): atomic saves, one-line load errors naming the file."""
+
 from __future__ import annotations
 
 import io
@@ -53,8 +54,13 @@ def proj_state(p: PoincareProjection) -> tuple:
 KINDS = {
     "CorpusGraph": (corpus_graph, lambda t: t / "graph", lambda o, t: o.save(t), CorpusGraph.load, graph_state),
     "G3Graph": (g3_graph, lambda t: t / "g3", lambda o, t: o.save(t), G3Graph.load, g3_state),
-    "PoincareProjection": (projection, lambda t: t / "proj.pt", lambda o, t: o.save(t), PoincareProjection.load,
-                           proj_state),
+    "PoincareProjection": (
+        projection,
+        lambda t: t / "proj.pt",
+        lambda o, t: o.save(t),
+        PoincareProjection.load,
+        proj_state,
+    ),
 }
 
 
@@ -141,13 +147,15 @@ while True:
 @pytest.mark.slow
 def test_sigkill_during_saves(tmp_path):
     """A process saving two graphs in turn into one directory, SIGKILLed at a few moments."""
-    graphs = [CorpusGraph.from_knn(torch.randn(3000, 64, generator=torch.Generator().manual_seed(s)), 4)
-              for s in (0, 1)]
+    graphs = [
+        CorpusGraph.from_knn(torch.randn(3000, 64, generator=torch.Generator().manual_seed(s)), 4) for s in (0, 1)
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for delay in (0.05, 0.23):
         out = tmp_path / f"g{delay}"
-        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(out)], env=env,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILL_SCRIPT, str(out)], env=env, stdout=subprocess.PIPE, text=True
+        )
         try:
             assert proc.stdout.readline().strip() == "saved"
             time.sleep(delay)

@@ -1,4 +1,5 @@
 """``geograph bench run`` on the smoke config, the paired bootstrap, and ``geograph bench gpu`` dry-run."""
+
 import json
 from pathlib import Path
 
@@ -30,8 +31,16 @@ def test_smoke_run_has_every_method_and_writes_outputs(smoke):
     n = len(load_beir(DEMO_PATH, "test").queries)
     assert ds["queries_tuned"] == n // 2 and ds["queries_reported"] == n - n // 2
     labels = set(ds["methods"])
-    assert labels == {"dense", "BM25", "Maniscope", "Ricci-Filtration", "ISO-RAG", "ISO-RAG + f_theta", "G3RAG",
-                      "Ricci-Filtration -> Maniscope"}
+    assert labels == {
+        "dense",
+        "BM25",
+        "Maniscope",
+        "Ricci-Filtration",
+        "ISO-RAG",
+        "ISO-RAG + f_theta",
+        "G3RAG",
+        "Ricci-Filtration -> Maniscope",
+    }
     assert results["environment"]["threads"] == torch.get_num_threads()
     for label, row in ds["methods"].items():
         sp = row["speed"]
@@ -71,8 +80,9 @@ def test_bm25_and_hit_answer_rows_recomputed_independently(smoke):
     k1, b = row["params"]["k1"], row["params"]["b"]
     retriever = bm25s.BM25(k1=k1, b=b)
     retriever.index(bm25s.tokenize(rep.passages(), stopwords="en", show_progress=False), show_progress=False)
-    docs, scores = retriever.retrieve(bm25s.tokenize(rep.queries, stopwords="en", show_progress=False), k=10,
-                                      show_progress=False, sorted=True)
+    docs, scores = retriever.retrieve(
+        bm25s.tokenize(rep.queries, stopwords="en", show_progress=False), k=10, show_progress=False, sorted=True
+    )
     run = [[rep.doc_ids[i] for i in r] for r in docs.tolist()]
     want = evaluate(run, rep.qrels_list(), ["nDCG@10", "Recall@5"])
     assert row["metrics"]["nDCG@10"] == pytest.approx(want["nDCG@10"], abs=0.02)  # ties may order differently
@@ -121,8 +131,9 @@ def test_chain_is_ricci_then_maniscope_on_the_kept_set(smoke):
     cands = torch.stack([torch.randperm(40, generator=g)[:12] for _ in range(3)])
     ctx = bench_run.Context("x", None, 12, cands, cands)
     ctx.split = type("S", (), {"corpus": corpus})()
-    chain = bench_run.chain_ranker([bench_run.METHODS["ricci"].ranker(ctx, {}, {}),
-                                    bench_run.METHODS["maniscope"].ranker(ctx, {"k": 3}, {})])
+    chain = bench_run.chain_ranker(
+        [bench_run.METHODS["ricci"].ranker(ctx, {}, {}), bench_run.METHODS["maniscope"].ranker(ctx, {"k": 3}, {})]
+    )
     idx, scores = chain(q, cands)
     rf = RicciFiltration()(q, corpus[cands])
     for b in range(3):
@@ -184,8 +195,7 @@ def test_speed_warms_up_and_repeats():
 
     q = torch.randn(6, 4)
     c = torch.arange(18).view(6, 3)
-    cfg = {"batch": 4, "single": 2, "repeat": 5, "min_time": None, "reference_repeat": 5,
-           "reference_min_time": None}
+    cfg = {"batch": 4, "single": 2, "repeat": 5, "min_time": None, "reference_repeat": 5, "reference_min_time": None}
     out = bench_run.speed(ranker, reference, q, c, cfg, ref_queries=3, k=3)
     # B=batch: 1 warm-up + 5; B=1: (1 + 5) x 2 queries; one more call for the agreement check
     assert calls["ours"] == 6 + 12 + 1
@@ -212,8 +222,28 @@ def test_gpu_script_dry_run_on_cpu(tmp_path, capsys):
     from geograph.bench import gpu
 
     out = tmp_path / "gpu.json"
-    assert gpu.main(["--device", "cpu", "--sizes", "1", "2", "--corpus", "300", "--repeat", "1",
-                     "--parity-queries", "2", "--kernel-batch", "2", "--out", str(out)]) == 0
+    assert (
+        gpu.main(
+            [
+                "--device",
+                "cpu",
+                "--sizes",
+                "1",
+                "2",
+                "--corpus",
+                "300",
+                "--repeat",
+                "1",
+                "--parity-queries",
+                "2",
+                "--kernel-batch",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     got = json.loads(out.read_text())
     assert set(got["kernels_max_abs_diff"]) >= {"shortest_paths", "personalized_pagerank", "gain_transition"}
     assert all(isinstance(v, float) for v in got["kernels_max_abs_diff"].values())

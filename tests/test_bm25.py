@@ -1,4 +1,5 @@
 """BM25Retriever against bm25s' own per-query scoring and a from-scratch numpy BM25."""
+
 import math
 import re
 from collections import Counter
@@ -18,8 +19,9 @@ WORDS = "graph ricci curvature flow passage query dense sparse retrieval cat dog
 def corpus(seed, n=60):
     rng = np.random.default_rng(seed)
     # each passage has a content word (bm25s gives a passage of stop words only length 1)
-    return [" ".join([str(rng.choice(WORDS[:12]))] + list(rng.choice(WORDS, int(rng.integers(0, 25)))))
-            for _ in range(n)]
+    return [
+        " ".join([str(rng.choice(WORDS[:12]))] + list(rng.choice(WORDS, int(rng.integers(0, 25))))) for _ in range(n)
+    ]
 
 
 def bm25_numpy(passages, queries, k1, b, stop):
@@ -49,10 +51,12 @@ def test_scores_match_numpy_formula_and_bm25s(seed):
     k1, b = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 1.0))
     model = BM25Retriever(passages, k1=k1, b=b, stopwords=["the", "a", "of", "and"])
     ours = model.scores(queries).double().numpy()
-    np.testing.assert_allclose(ours, bm25_numpy(passages, queries, k1, b, {"the", "a", "of", "and"}),
-                               rtol=1e-5, atol=1e-5)
-    q_ids = model._tokenizer.tokenize(queries, show_progress=False, update_vocab=False, allow_empty=False,
-                                      return_as="ids")
+    np.testing.assert_allclose(
+        ours, bm25_numpy(passages, queries, k1, b, {"the", "a", "of", "and"}), rtol=1e-5, atol=1e-5
+    )
+    q_ids = model._tokenizer.tokenize(
+        queries, show_progress=False, update_vocab=False, allow_empty=False, return_as="ids"
+    )
     for i, ids in enumerate(q_ids):  # bm25s' own one-query scorer
         want = model._bm25.get_scores(ids) if ids else np.zeros(len(passages))  # no known word: all 0
         np.testing.assert_allclose(ours[i], want, rtol=1e-6, atol=1e-6)

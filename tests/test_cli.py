@@ -63,10 +63,13 @@ def test_bench_help_texts_are_plain_text(capsys):
 
 def _beir(root: Path, passages, queries=(("q1", "a question"),), qrels=(("q1", "d0"),)) -> str:
     (root / "qrels").mkdir(parents=True)
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n"
-                                               for i, t, x in passages))
+    (root / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in passages)
+    )
     (root / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": x}) + "\n" for i, x in queries))
-    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in qrels))
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in qrels)
+    )
     return str(root)
 
 
@@ -120,18 +123,48 @@ def _cases(tmp: Path):
         (["build-graph", "--data", DEMO, "--knn", "5000", *g], "--knn", "got 5000"),
         (["build-graph", "--data", unlinked, "--mentions", *g], "--mentions", "use --knn K"),
         (["build-graph", "--data", DEMO, *g], "--knn", "one of the arguments --knn --mentions --g3 is required"),
-        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "4", "--nprobe", "9", *g],
-         "--nprobe", "exceeds nlist=4"),
-        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "200", *g], "--nlist",
-         "exceeds the number of passages (111)"),
-        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "2", "--nprobe", "2", "--sample", "20", *g],
-         "--sample", "too small"),
+        (
+            ["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "4", "--nprobe", "9", *g],
+            "--nprobe",
+            "exceeds nlist=4",
+        ),
+        (
+            ["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--nlist", "200", *g],
+            "--nlist",
+            "exceeds the number of passages (111)",
+        ),
+        (
+            [
+                "build-graph",
+                "--data",
+                DEMO,
+                "--knn",
+                "3",
+                "--index",
+                "ivf",
+                "--nlist",
+                "2",
+                "--nprobe",
+                "2",
+                "--sample",
+                "20",
+                *g,
+            ],
+            "--sample",
+            "too small",
+        ),
         (["build-graph", "--data", DEMO, "--knn", "3", "--nlist", "2", *g], "--nlist", "apply to --index ivf"),
-        (["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--recall-target", "1.5", *g], "--recall-target",
-         "must be in (0, 1], got 1.5"),
+        (
+            ["build-graph", "--data", DEMO, "--knn", "3", "--index", "ivf", "--recall-target", "1.5", *g],
+            "--recall-target",
+            "must be in (0, 1], got 1.5",
+        ),
         (["build-graph", "--data", DEMO, "--mentions", "--index", "ivf", *g], "--index", "not --mentions"),
-        (["build-graph", "--data", DEMO, "--g3", "--candidates", "8", "--max-degree", "16", *g], "--candidates",
-         "at least --max-degree"),
+        (
+            ["build-graph", "--data", DEMO, "--g3", "--candidates", "8", "--max-degree", "16", *g],
+            "--candidates",
+            "at least --max-degree",
+        ),
         (["build-graph", "--data", DEMO, "--knn", "3", "--candidates", "8", *g], "--candidates", "apply to --g3"),
         (["build-graph", "--data", DEMO, "--knn", "3", "--out", str(not_beir / "notes.txt")], "--out", "is a file"),
         (["serve", "--port", "abc"], "--port", "invalid int value"),
@@ -165,8 +198,26 @@ def test_build_graph_g3_with_ivf_saves_a_loadable_g3graph(tmp_path, capsys):
     from geograph.retrievers import G3Graph
 
     out = tmp_path / "g3"
-    argv = ["build-graph", "--data", DEMO, "--g3", "--max-degree", "8", "--index", "ivf", "--nlist", "2", "--nprobe", "2",
-            "--candidates", "40", "--cache", str(tmp_path / "c"), "--out", str(out)]
+    argv = [
+        "build-graph",
+        "--data",
+        DEMO,
+        "--g3",
+        "--max-degree",
+        "8",
+        "--index",
+        "ivf",
+        "--nlist",
+        "2",
+        "--nprobe",
+        "2",
+        "--candidates",
+        "40",
+        "--cache",
+        str(tmp_path / "c"),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     graph = G3Graph.load(out)
     assert graph.num_nodes == 111 and graph.max_degree == 8

@@ -6,6 +6,7 @@ with ``fullgraph=True`` (no graph break, hence no host synchronisation in the fo
 Maniscope and DenseRetriever also export; RicciFiltration runs compiled with graph breaks
 where its docstring says why.
 """
+
 import functools
 
 import pytest
@@ -85,8 +86,9 @@ def test_ricci_compiles_with_graph_breaks(data, solver, monkeypatch):
     import geograph.functional.ricci as ricci_module
 
     if solver == "sinkhorn":
-        monkeypatch.setattr(ricci_module, "ricci_flow", functools.partial(ricci_module.ricci_flow, max_iter=60,
-                                                                          warm_iter=20))
+        monkeypatch.setattr(
+            ricci_module, "ricci_flow", functools.partial(ricci_module.ricci_flow, max_iter=60, warm_iter=20)
+        )
     _, q, docs, mask = data
     model = RicciFiltration(solver=solver, iterations=3)
     ref = model(q, docs, mask)

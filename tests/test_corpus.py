@@ -34,8 +34,9 @@ def test_knn_ties_match_a_numpy_reference(dtype):
     """Exact ties everywhere (unit vectors with dyadic coordinates: every cosine is exact in any
     summation order), ranked by numpy's lexsort on (-cosine, index): the documented rule, lowest
     index first, computed without torch."""
-    atoms = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0.5, 0.5, 0.5, 0.5], [0.5, -0.5, 0.5, -0.5],
-                      [0, 0, 0.6, 0.8], [-1, 0, 0, 0]])
+    atoms = np.array(
+        [[1, 0, 0, 0], [0, 1, 0, 0], [0.5, 0.5, 0.5, 0.5], [0.5, -0.5, 0.5, -0.5], [0, 0, 0.6, 0.8], [-1, 0, 0, 0]]
+    )
     rng = np.random.default_rng(11)
     x = atoms[rng.integers(0, len(atoms), 40)]
     k = 5

@@ -3,7 +3,15 @@ import pytest
 import torch
 
 from geograph.functional import lazy_measures, ollivier_ricci
-from ricci_helpers import dense_adj, denominator_case, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
+from ricci_helpers import (
+    dense_adj,
+    denominator_case,
+    edge_dict,
+    edges_of,
+    load_fixture,
+    random_adjacency,
+    real_adjacency,
+)
 
 SEEDS = [0, 1, 2]
 
@@ -119,7 +127,13 @@ def test_zero_length_edges_get_zero_curvature():
     "change, message",
     [
         (lambda L, A: (L, A[..., :3]), "adj must have shape"),
-        (lambda L, A: (L, A.clone().index_put_((torch.tensor([0]), torch.tensor([0]), torch.tensor([1])), torch.tensor(False))), "symmetric"),
+        (
+            lambda L, A: (
+                L,
+                A.clone().index_put_((torch.tensor([0]), torch.tensor([0]), torch.tensor([1])), torch.tensor(False)),
+            ),
+            "symmetric",
+        ),
         (lambda L, A: (-L, A), "non-negative"),
         (lambda L, A: (L.masked_fill(A, float("nan")), A), "finite"),
         (lambda L, A: (L[0], A), "3 dimensions"),

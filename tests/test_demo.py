@@ -35,7 +35,7 @@ def table(text: str, label: str) -> dict[str, list[float]]:
     for line in block.splitlines()[3:]:
         name = next((m for m in sorted(METHOD_ROWS, key=len, reverse=True) if line.startswith(m + " ")), None)
         if name:
-            rows[name] = [float(x) for x in line[len(name):].split()]
+            rows[name] = [float(x) for x in line[len(name) :].split()]
     return rows
 
 
@@ -51,8 +51,18 @@ def test_every_method_is_shown_side_by_side(runs):
     assert [part for _, part in blocks] == ["single-topic", "single-topic", "multi-hop", "multi-hop"]
     assert len(re.findall(r"^Query ", second, re.M)) == 2
     block = first.split("Query m01")[1].split("\nQuery ")[0]
-    for label in ("dense top-5", "Maniscope", "Ricci-Filtration", "dropped (best by cosine):", "ISO-RAG",
-                  "G3RAG", "seeds:", "| diffused:", "Ricci -> Maniscope", "passages:"):
+    for label in (
+        "dense top-5",
+        "Maniscope",
+        "Ricci-Filtration",
+        "dropped (best by cosine):",
+        "ISO-RAG",
+        "G3RAG",
+        "seeds:",
+        "| diffused:",
+        "Ricci -> Maniscope",
+        "passages:",
+    ):
         assert label in block, label
     # ISO-RAG reaches the bridge passage through the mention graph from the first hop
     iso_line = next(line for line in block.splitlines() if line.strip().startswith("ISO-RAG"))

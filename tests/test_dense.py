@@ -45,8 +45,9 @@ def test_ties_lowest_index_first_across_chunks(chunk_size, device, dtype):
     g = torch.Generator().manual_seed(1)
     basis = torch.cat([torch.eye(4), -torch.eye(4)]).to(dtype)
     corpus = basis[torch.randint(8, (40,), generator=g)]  # each direction ~5 times
-    query = torch.tensor([[1.0, 1.0, 0.0, 0.0], [3.0, -4.0, 0.0, 1.0], [0.0, 0.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]],
-                         dtype=dtype)
+    query = torch.tensor(
+        [[1.0, 1.0, 0.0, 0.0], [3.0, -4.0, 0.0, 1.0], [0.0, 0.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]], dtype=dtype
+    )
     model = DenseRetriever(corpus, chunk_size=chunk_size).to(device)
     qn = query.numpy().astype(np.float64)
     qn = qn / np.linalg.norm(qn, axis=1, keepdims=True)

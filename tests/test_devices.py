@@ -5,13 +5,22 @@ attributes, dicts, lists, tuples, dataclasses), so a tensor kept as a plain attr
 inside an object that is not a registered submodule, is found. The "meta" device stands in
 for a second device on a CPU-only machine.
 """
+
 import dataclasses
 
 import pytest
 import torch
 
-from geograph import (CorpusGraph, DenseRetriever, G3Graph, G3Retriever, ISORetriever, Maniscope, PoincareProjection,
-                      RicciFiltration)
+from geograph import (
+    CorpusGraph,
+    DenseRetriever,
+    G3Graph,
+    G3Retriever,
+    ISORetriever,
+    Maniscope,
+    PoincareProjection,
+    RicciFiltration,
+)
 
 
 def corpus(n=40, d=8, seed=0, dtype=torch.float32):
@@ -37,8 +46,11 @@ def tensors_in(obj, path="model", seen=None):
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             out += tensors_in(getattr(obj, f.name), f"{path}.{f.name}", seen)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and type(obj).__module__.split(".")[0] in (
-            "geograph", "geoopt", "torch"):
+    elif (
+        hasattr(obj, "__dict__")
+        and not isinstance(obj, type)
+        and type(obj).__module__.split(".")[0] in ("geograph", "geoopt", "torch")
+    ):
         for k, v in vars(obj).items():
             out += tensors_in(v, f"{path}.{k}", seen)
     return out
@@ -49,8 +61,9 @@ MODULES = {
     "RicciFiltration": lambda: RicciFiltration(),
     "DenseRetriever": lambda: DenseRetriever(corpus()),
     "ISORetriever": lambda: ISORetriever(CorpusGraph.from_knn(corpus(), 3), m=2, L=5, max_nodes=10),
-    "ISORetriever+PoincareProjection": lambda: ISORetriever(CorpusGraph.from_knn(corpus(), 3), m=2, L=5, max_nodes=10,
-                                                            projection=PoincareProjection(8, 3, hidden=4)),
+    "ISORetriever+PoincareProjection": lambda: ISORetriever(
+        CorpusGraph.from_knn(corpus(), 3), m=2, L=5, max_nodes=10, projection=PoincareProjection(8, 3, hidden=4)
+    ),
     "G3Retriever": lambda: G3Retriever(corpus(), max_degree=6),
     "CorpusGraph": lambda: CorpusGraph.from_knn(corpus(), 3),
     "G3Graph": lambda: G3Graph.build(corpus(), max_degree=6),
@@ -112,8 +125,10 @@ def test_state_dict_round_trip_carries_the_graph():
 
 CALLS = {
     "DenseRetriever": (lambda: DenseRetriever(corpus()), lambda m, q: m(q, 3)),
-    "ISORetriever": (lambda: ISORetriever(CorpusGraph.from_knn(corpus(), 3), m=2, L=5, max_nodes=10),
-                     lambda m, q: m(q, 3)),
+    "ISORetriever": (
+        lambda: ISORetriever(CorpusGraph.from_knn(corpus(), 3), m=2, L=5, max_nodes=10),
+        lambda m, q: m(q, 3),
+    ),
     "G3Retriever": (lambda: G3Retriever(corpus(), max_degree=6), lambda m, q: m(q, 5)),
 }
 
@@ -150,9 +165,11 @@ def test_graph_and_projection_on_two_devices():
 def test_moved_modules_still_answer_the_same(device):
     """Built on the CPU, moved with .to(device) (bench gpu's path): same ids as on the CPU."""
     x, q = corpus(60, seed=3), corpus(4, seed=4)
-    for make, call in [(lambda: DenseRetriever(x), lambda m, qq: m(qq, 5)),
-                       (lambda: ISORetriever(CorpusGraph.from_knn(x, 4), m=2, L=8), lambda m, qq: m(qq, 5)),
-                       (lambda: G3Retriever(x, max_degree=8), lambda m, qq: m(qq, 5))]:
+    for make, call in [
+        (lambda: DenseRetriever(x), lambda m, qq: m(qq, 5)),
+        (lambda: ISORetriever(CorpusGraph.from_knn(x, 4), m=2, L=8), lambda m, qq: m(qq, 5)),
+        (lambda: G3Retriever(x, max_degree=8), lambda m, qq: m(qq, 5)),
+    ]:
         ref = call(make(), q)
         got = call(make().to(device), q.to(device))
         assert torch.equal(got.indices.cpu(), ref.indices)
@@ -160,6 +177,7 @@ def test_moved_modules_still_answer_the_same(device):
 
 
 # -- half precision: each works (results close to float32) or says which op refuses ------------
+
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_half_precision(half):

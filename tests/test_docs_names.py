@@ -11,6 +11,7 @@ resolves in the namespace of the docstring's module, its enclosing classes, or `
 the standard library) and on classes a module defines inside a function on first use (the
 LitServe classes of ``geograph.serve.server``).
 """
+
 import ast
 import importlib
 import importlib.util
@@ -25,6 +26,7 @@ PACKAGES = ("geograph", "train")
 
 DOTTED = re.compile(r"(?<![\w./-])(geograph(?:\.[A-Za-z_]\w*)+)")
 ROLE = re.compile(r":(?:class|func|meth|attr|mod|exc|data|obj):`~?\.?([A-Za-z_][\w.]*)(?:\(\))?`")
+
 
 def _has_attribute(owner, attr: str) -> bool:
     """``attr`` of ``owner``, also an instance attribute of a class: a dataclass field, an annotated
@@ -74,6 +76,7 @@ def _module_name(path: Path) -> str:
 
 def _docstrings(tree: ast.Module):
     """(docstring, enclosing class names) for the module, every class and every function."""
+
     def walk(node, classes):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -84,6 +87,7 @@ def _docstrings(tree: ast.Module):
                 yield from walk(child, inner)
             else:
                 yield from walk(child, classes)
+
     doc = ast.get_docstring(tree, clean=False)
     if doc:
         yield doc, []
@@ -160,9 +164,17 @@ def test_a_missing_export_is_caught(monkeypatch):
     assert bad and all(b.endswith("geograph.functional.emd") for b in bad)
 
 
-@pytest.mark.parametrize("name", ["geograph.BM25Retriever", "geograph.retrievers.BM25Retriever",
-                                  "geograph.functional.emd", "geograph.functional.transport_bounds",
-                                  "geograph.functional.clean_edge_index", "geograph.functional.tiled_topk"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "geograph.BM25Retriever",
+        "geograph.retrievers.BM25Retriever",
+        "geograph.functional.emd",
+        "geograph.functional.transport_bounds",
+        "geograph.functional.clean_edge_index",
+        "geograph.functional.tiled_topk",
+    ],
+)
 def test_exports(name):
     resolve(name)
 
@@ -173,7 +185,9 @@ def test_import_geograph_does_not_import_optional_packages():
     import subprocess
     import sys
 
-    code = ("import sys, geograph; bad = [m for m in ('bm25s', 'ray', 'litserve', 'lightning') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, geograph; bad = [m for m in ('bm25s', 'ray', 'litserve', 'lightning') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

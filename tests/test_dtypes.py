@@ -1,14 +1,22 @@
 """Dtype follows the input: float32 and float64 for every module and kernel this file covers,
 float32 results close to float64 ones; and NaN/inf hyperparameters rejected at construction."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from geograph import (CorpusGraph, DenseRetriever, G3Graph, G3Retriever, ISORetriever, Maniscope, PoincareProjection)
-from geograph.functional import (cosine_similarity, gain_density, gain_transition, isoperimetric_ratio, knn_graph,
-                                 maniscope_scores, personalized_pagerank)
+from geograph import CorpusGraph, DenseRetriever, G3Graph, G3Retriever, ISORetriever, Maniscope, PoincareProjection
+from geograph.functional import (
+    cosine_similarity,
+    gain_density,
+    gain_transition,
+    isoperimetric_ratio,
+    knn_graph,
+    maniscope_scores,
+    personalized_pagerank,
+)
 
 ATOL32 = 1e-5
 
@@ -71,8 +79,12 @@ def test_g3(device):
     graphs = {dt: G3Graph.build(x.to(dt), max_degree=12) for dt in (torch.float64, torch.float32)}
     assert graphs[torch.float64].val.dtype == torch.float64 and graphs[torch.float64].density.dtype == torch.float64
     assert graphs[torch.float32].val.dtype == torch.float32
-    torch.testing.assert_close(graphs[torch.float32].transition.to_dense().double(),
-                               graphs[torch.float64].transition.to_dense(), atol=ATOL32, rtol=0)
+    torch.testing.assert_close(
+        graphs[torch.float32].transition.to_dense().double(),
+        graphs[torch.float64].transition.to_dense(),
+        atol=ATOL32,
+        rtol=0,
+    )
     a = G3Retriever(graphs[torch.float64]).to(device)(q.to(device), 5)
     b = G3Retriever(graphs[torch.float32]).to(device)(q.float().to(device), 5)
     assert a.scores.dtype == torch.float64 and b.scores.dtype == torch.float32
@@ -175,14 +187,17 @@ def test_nonfinite_hyperparameters_rejected(bad):
 
 # -- one tie rule: equal weights at G3's max_degree cut keep the lowest column, like numpy's stable sort
 
+
 def test_g3_degree_cut_ties_keep_the_lowest_index():
     from geograph.bench.reference import g3_dense_reference
 
     # +-1 / 0 entries with norm 1 or 2: every cosine (0, +-0.5, 1), density and weight is computed
     # exactly, so duplicated passages tie exactly; every passage appears ~9 times
     h = 0.5
-    base = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1],
-                     [h, h, h, h], [h, h, -h, -h], [h, -h, h, -h]], dtype=np.float64)
+    base = np.array(
+        [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [h, h, h, h], [h, h, -h, -h], [h, -h, h, -h]],
+        dtype=np.float64,
+    )
     x = base[np.random.default_rng(8).integers(0, 7, 60)]
     ref, _ = g3_dense_reference(x, (0.1, 0.7), 0.4, 4)
     ours = gain_transition(torch.from_numpy(x), band=(0.1, 0.7), beta=0.4, max_degree=4, block=7)

@@ -1,4 +1,5 @@
 """The compiled simplex's own contract: its documented workspace, its statistics, determinism."""
+
 import re
 
 import numpy as np
@@ -14,7 +15,7 @@ from ricci_helpers import random_adjacency, real_adjacency
 def test_workspace_matches_the_documented_layout(n):
     """Every field of the table at the top of the module, with the documented shape and dtype."""
     doc = E.__doc__
-    table = doc[doc.index("Workspace layout"):doc.index("Solver statistics")]
+    table = doc[doc.index("Workspace layout") : doc.index("Solver statistics")]
     rows = re.findall(r"^(\w+)\s+(\([^)]*\))\s+(f8|i8)\s", table, re.M)
     assert [r[0] for r in rows] == list(E.Workspace._fields)
     ws = E._workspace(n)
@@ -42,8 +43,9 @@ def test_emd_batch_stats_and_chunking():
     assert out.stats.problems == 60 and out.stats.pivots > 0 and out.stats.warm_started == out.stats.dual_steps == 0
     one = E.emd_batch(a, b, cost, max_pivots=_MAX_PIVOTS, nchunk=1)
     assert np.array_equal(one.cost, out.cost) and one.stats == out.stats
-    per_problem = [E.emd_batch(a[e:e + 1], b[e:e + 1], cost[e:e + 1], max_pivots=_MAX_PIVOTS).stats.pivots
-                   for e in range(60)]
+    per_problem = [
+        E.emd_batch(a[e : e + 1], b[e : e + 1], cost[e : e + 1], max_pivots=_MAX_PIVOTS).stats.pivots for e in range(60)
+    ]
     assert sum(per_problem) == out.stats.pivots
 
 

@@ -1,4 +1,5 @@
 """The FAISS path of ``CorpusGraph.from_knn`` against the exact path (the ``faiss`` extra)."""
+
 import numpy as np
 import pytest
 import torch

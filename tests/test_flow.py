@@ -3,7 +3,15 @@ import pytest
 import torch
 
 from geograph.functional import ollivier_ricci, ricci_flow
-from ricci_helpers import dense_adj, denominator_case, edge_dict, edges_of, load_fixture, random_adjacency, real_adjacency
+from ricci_helpers import (
+    dense_adj,
+    denominator_case,
+    edge_dict,
+    edges_of,
+    load_fixture,
+    random_adjacency,
+    real_adjacency,
+)
 
 
 def fixture_batch():
@@ -149,8 +157,9 @@ def test_sinkhorn_flow_has_no_host_read_per_step_or_iteration(monkeypatch):
     counts = {}
     for steps, warm in [(1, 5), (4, 5), (4, 40)]:
         reads = _HostReads(monkeypatch)
-        ricci_flow(adj, ones, solver="sinkhorn", iterations=steps, max_iter=20, warm_iter=warm, cert_tol=None,
-                   early_stop=False)
+        ricci_flow(
+            adj, ones, solver="sinkhorn", iterations=steps, max_iter=20, warm_iter=warm, cert_tol=None, early_stop=False
+        )
         counts[(steps, warm)] = reads.count
         monkeypatch.undo()
     assert len(set(counts.values())) == 1, counts  # independent of flow steps and Sinkhorn iterations
@@ -160,7 +169,9 @@ def test_flow_dtype_follows_input_and_step_is_validated():
     ds, adj = fixture_batch()
     for solver in ("exact", "sinkhorn"):
         for dtype in (torch.float32, torch.float64):
-            out = ricci_flow(adj[:1], torch.ones(1, 21, 21, dtype=dtype), solver=solver, iterations=2, max_iter=50, warm_iter=20)
+            out = ricci_flow(
+                adj[:1], torch.ones(1, 21, 21, dtype=dtype), solver=solver, iterations=2, max_iter=50, warm_iter=20
+            )
             assert out.lengths.dtype == dtype and out.curvature.dtype == dtype
     for step in (0.0, -0.5, 1.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="step"):
@@ -180,8 +191,24 @@ def test_compiled_flow_equals_the_torch_loop():
     adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])
     w, adj_v, mask = validate_graph(torch.ones(adj.shape, dtype=torch.float64), adj, None)
     fast = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="exact")
-    loop = _torch_flow(w, adj_v, mask, iterations=20, step=1.0, delta=1e-4, alpha=0.5, exp_power=2.0, solver="exact",
-                       reg=0.01, max_iter=10, warm_iter=10, relaxation=1.0, cert_tol=None, early_stop=True, check_every=1)
+    loop = _torch_flow(
+        w,
+        adj_v,
+        mask,
+        iterations=20,
+        step=1.0,
+        delta=1e-4,
+        alpha=0.5,
+        exp_power=2.0,
+        solver="exact",
+        reg=0.01,
+        max_iter=10,
+        warm_iter=10,
+        relaxation=1.0,
+        cert_tol=None,
+        early_stop=True,
+        check_every=1,
+    )
     torch.testing.assert_close(fast.lengths, loop.lengths, atol=1e-10, rtol=0)  # summation order differs
     torch.testing.assert_close(fast.curvature, loop.curvature, atol=1e-10, rtol=0)
     assert torch.equal(fast.iterations, loop.iterations)
@@ -191,8 +218,9 @@ def test_compiled_flow_equals_the_torch_loop():
 def test_certified_sinkhorn_curvature_within_its_bound(steps):
     """The curvature returned at the last step is within the reported bound of the exact one."""
     adj = real_adjacency(6)
-    out = ricci_flow(adj, torch.ones(adj.shape, dtype=torch.float64), solver="sinkhorn", iterations=steps,
-                     early_stop=False)
+    out = ricci_flow(
+        adj, torch.ones(adj.shape, dtype=torch.float64), solver="sinkhorn", iterations=steps, early_stop=False
+    )
     exact = ollivier_ricci(out.lengths, adj, solver="exact")
     err = (exact - out.curvature)[adj].abs().max()
     assert err <= float(out.bound.max()) + 1e-9 and float(out.bound.max()) <= 1e-3 + 1e-12
@@ -246,7 +274,9 @@ def test_exact_flow_stats_are_the_flows_and_thread_independent():
     # one graph at a time, and one chunk: the sums are the same
     opts = dict(alpha=0.5, exp_power=2.0, iterations=20, step=1.0, delta=1e-4, max_pivots=_MAX_PIVOTS)
     a, m = adj.numpy(), adj.any(2).numpy()
-    per_graph = [flow_batch(lengths.numpy()[g:g + 1], a[g:g + 1], m[g:g + 1], **opts).stats for g in range(len(adj))]
+    per_graph = [
+        flow_batch(lengths.numpy()[g : g + 1], a[g : g + 1], m[g : g + 1], **opts).stats for g in range(len(adj))
+    ]
     assert sum(s.pivots for s in per_graph) == warm.pivots
     assert sum(s.problems for s in per_graph) == warm.problems
     assert flow_batch(lengths.numpy(), a, m, nchunk=1, **opts).stats == warm

@@ -1,5 +1,6 @@
 """Each method's Module equals its functional twin bit for bit, the shared helpers keep their
 callers' results, and the server's parameters are the constructors' (issue 27, item 2)."""
+
 import dataclasses
 import inspect
 
@@ -43,8 +44,10 @@ def test_maniscope_module_is_its_function(batch):
     assert torch.equal(out.scores, scores) and torch.equal(out.geodesic, geo)
 
 
-@pytest.mark.parametrize("kw", [{"iterations": 6}, {"iterations": 6, "eta": 0.95, "percentile": 40.0},
-                                {"iterations": 3, "solver": "sinkhorn"}])
+@pytest.mark.parametrize(
+    "kw",
+    [{"iterations": 6}, {"iterations": 6, "eta": 0.95, "percentile": 40.0}, {"iterations": 3, "solver": "sinkhorn"}],
+)
 def test_ricci_module_is_its_function(batch, kw):
     q, docs, mask = batch
     assert_same(RicciFiltration(**kw)(q, docs, mask), F.ricci_filtration(q, docs, mask, **kw))
@@ -66,8 +69,14 @@ def test_ricci_function_checks_like_the_module(batch):
         assert str(e_mod.value) == str(e_fn.value)
 
 
-@pytest.mark.parametrize("kw", [{"m": 3, "L": 10, "max_nodes": 30}, {"m": 2, "L": 5, "hops": 2, "max_nodes": 40},
-                                {"m": 4, "L": 8, "hops": 0, "max_nodes": 8, "tau": 3.0, "lambda_g": 0.7}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"m": 3, "L": 10, "max_nodes": 30},
+        {"m": 2, "L": 5, "hops": 2, "max_nodes": 40},
+        {"m": 4, "L": 8, "hops": 0, "max_nodes": 8, "tau": 3.0, "lambda_g": 0.7},
+    ],
+)
 def test_iso_module_is_its_function(corpus, kw):
     emb, queries = corpus
     model = ISORetriever(CorpusGraph.from_knn(emb, 5), **kw)
@@ -84,8 +93,9 @@ def test_iso_with_a_projection_is_its_function(corpus):
     torch.manual_seed(0)
     model = ISORetriever(CorpusGraph.from_knn(emb, 5), projection=PoincareProjection(12, 6, hidden=8), m=3, L=9)
     g = model.graph
-    out = F.iso_retrieve(queries, model.dense.embeddings, g.rowptr, g.col, model.kept_keys, 5,
-                         max_degree=int(g.degree().max()), m=3, L=9)
+    out = F.iso_retrieve(
+        queries, model.dense.embeddings, g.rowptr, g.col, model.kept_keys, 5, max_degree=int(g.degree().max()), m=3, L=9
+    )
     assert_same(model(queries, k=5), out)
 
 
@@ -94,8 +104,9 @@ def test_iso_function_rejects_k_above_the_local_set(corpus):
     model = ISORetriever(CorpusGraph.from_knn(emb, 5), m=2, L=4, max_nodes=10)
     g = model.graph
     with pytest.raises(ValueError, match="exceeds the guaranteed local set size"):
-        F.iso_retrieve(queries, model.dense.embeddings, g.rowptr, g.col, model.kept_keys, 5, max_degree=5, m=2, L=4,
-                       max_nodes=10)
+        F.iso_retrieve(
+            queries, model.dense.embeddings, g.rowptr, g.col, model.kept_keys, 5, max_degree=5, m=2, L=4, max_nodes=10
+        )
 
 
 @pytest.mark.parametrize("kw", [{}, {"candidates": 6, "seeds": 3}, {"candidates": 4, "seeds": 1, "max_degree": 3}])
@@ -109,8 +120,9 @@ def test_g3_module_is_its_function(corpus, kw, k):
     out = F.g3_retrieve(queries, model.dense.embeddings, g.crow, g.col, g.val, k, **opts)
     assert_same(model(queries, k=k), out)
     scorer = lambda q, ids, texts: -ids.float()  # noqa: E731
-    out = F.g3_retrieve(queries, model.dense.embeddings, g.crow, g.col, g.val, k, seed_scorer=scorer,
-                        row_width=g.row_width, **opts)
+    out = F.g3_retrieve(
+        queries, model.dense.embeddings, g.crow, g.col, g.val, k, seed_scorer=scorer, row_width=g.row_width, **opts
+    )
     assert_same(model(queries, k=k, seed_scorer=scorer), out)
 
 
@@ -172,8 +184,9 @@ def test_server_config_sets_cert_tol(tmp_path):
     from geograph.serve.config import load_config
     from geograph.serve.models import build_model
 
-    cfg = load_config(["--method", "ricci", "--corpus", str(DEMO_PATH), "--param", "cert_tol=0.01",
-                       "--param", "solver=sinkhorn"])
+    cfg = load_config(
+        ["--method", "ricci", "--corpus", str(DEMO_PATH), "--param", "cert_tol=0.01", "--param", "solver=sinkhorn"]
+    )
     assert cfg.params == {"cert_tol": 0.01, "solver": "sinkhorn"}
     assert build_model(cfg.method, torch.zeros(3, 4), cfg.params).cert_tol == 0.01
     cfg = load_config(["--method", "ricci", "--corpus", str(DEMO_PATH), "--param", "cert_tol=null"])

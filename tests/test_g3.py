@@ -24,12 +24,18 @@ def same_up_to_ties(ours, ref, y, cos, seeds):
     At every position the two passages must have the same stage score to 1e-12 (cosine for
     the seeds; ``y`` for diffused passages, cosine for top-ups), and ``ours`` has no repeat.
     """
+
     def key(pos, i):
         return cos[i] if pos < seeds or not y[i] > 0 else y[i]
 
-    return len(ours) == len(ref) and len(set(ours)) == len(ours) and all(
-        abs(key(p, a) - key(p, b)) <= TIE and (p < seeds or (y[a] > 0) == (y[b] > 0))
-        for p, (a, b) in enumerate(zip(ours, ref)))
+    return (
+        len(ours) == len(ref)
+        and len(set(ours)) == len(ours)
+        and all(
+            abs(key(p, a) - key(p, b)) <= TIE and (p < seeds or (y[a] > 0) == (y[b] > 0))
+            for p, (a, b) in enumerate(zip(ours, ref))
+        )
+    )
 
 
 def has_duplicates(x):
@@ -74,8 +80,9 @@ def test_max_degree_matches_reference_topk():
         assert (ours.crow_indices().diff() <= 5).all()
 
 
-@pytest.mark.parametrize("band, max_degree", [(None, None), ((0.1, 0.7), "default")],
-                         ids=["unbanded-full", "band-default-degree"])
+@pytest.mark.parametrize(
+    "band, max_degree", [(None, None), ((0.1, 0.7), "default")], ids=["unbanded-full", "band-default-degree"]
+)
 def test_retrieval_matches_dense_reference(band, max_degree, record_property):
     """Scores (seeds, diffused, cosine top-up) within 1e-6 of the dense numpy reference, ids equal
     except at proven ties (same score to 1e-12), which happen only in corpora with duplicates."""

@@ -1,5 +1,6 @@
 """The shared helpers of issue 19 (one home each), against independent numpy/scipy code, and the
 layering contract itself."""
+
 import dataclasses
 import shutil
 import subprocess
@@ -69,9 +70,12 @@ def test_clean_edge_index_against_a_python_set():
 
 def test_one_candidate_validation_for_every_caller():
     q, docs = torch.randn(2, 4), torch.randn(2, 3, 4)
-    for bad, msg in [((q[:1], docs), "docs must have shape"), ((q, docs.double()), "docs must have the dtype of query"),
-                     ((q, docs, torch.ones(2, 2, dtype=torch.bool)), "mask must have shape"),
-                     ((torch.full_like(q, float("nan")), docs), "query .* NaN")]:
+    for bad, msg in [
+        ((q[:1], docs), "docs must have shape"),
+        ((q, docs.double()), "docs must have the dtype of query"),
+        ((q, docs, torch.ones(2, 2, dtype=torch.bool)), "mask must have shape"),
+        ((torch.full_like(q, float("nan")), docs), "query .* NaN"),
+    ]:
         for fn in (check_candidates, query_graph, maniscope_scores):
             with pytest.raises(ValueError, match=msg):
                 fn(*bad) if len(bad) == 3 else fn(*bad, None)

@@ -7,6 +7,7 @@ On the CPU a host read is a Python-level conversion of a tensor (``item``, ``tol
 count its calls. A second, stronger check runs the modules on the "meta" device with the value
 checks off (as under ``torch.compile``): a meta tensor has no data, so any host read raises.
 """
+
 import collections
 import contextlib
 
@@ -32,6 +33,7 @@ def count_host_reads():
         def counted(*args, **kwargs):
             counts[name] += 1
             return fn(*args, **kwargs)
+
         return counted
 
     try:
@@ -122,7 +124,10 @@ def test_forward_passes_run_on_meta_without_any_host_read(value_checks_off):
     assert out.scores.shape == (2, 30) and out.scores.device == meta
     x = unit(120, 8, seed=3)
     query = unit(4, 8, seed=4).to(meta)
-    for model, k in [(DenseRetriever(x), 5), (ISORetriever(CorpusGraph.from_knn(x, 4), m=3, L=10, hops=2), 5),
-                     (G3Retriever(x, max_degree=16), 5)]:
+    for model, k in [
+        (DenseRetriever(x), 5),
+        (ISORetriever(CorpusGraph.from_knn(x, 4), m=3, L=10, hops=2), 5),
+        (G3Retriever(x, max_degree=16), 5),
+    ]:
         res = model.to(meta)(query, k)
         assert res.indices.shape == (4, k) and res.indices.device == meta

@@ -5,6 +5,7 @@ A LangChain chain (retriever, then the compressor), a LlamaIndex query engine ov
 each answers in the module's own order on the same inputs, with exactly one module call per
 query (counted with a forward hook on the module the component holds).
 """
+
 import asyncio
 
 import pytest
@@ -25,8 +26,13 @@ def demo():
     data = load_demo()
     enc = Encoder(cache=False)
     passages = data.passages()
-    return {"passages": passages, "ids": list(data.doc_ids), "emb": enc.encode(passages), "enc": enc,
-            "queries": list(data.queries)[:2]}
+    return {
+        "passages": passages,
+        "ids": list(data.doc_ids),
+        "emb": enc.encode(passages),
+        "enc": enc,
+        "queries": list(data.queries)[:2],
+    }
 
 
 def counted(module):
@@ -59,7 +65,8 @@ def test_langchain_retriever_chain_and_compressor(demo):
     retriever = GeographRetriever(module=iso, corpus=corpus, encoder=demo["enc"], k=8)
     compressor = GeographCompressor(module=man, encoder=demo["enc"], top_n=5)
     chain = RunnableParallel(docs=retriever, query=RunnablePassthrough()) | RunnableLambda(
-        lambda x: compressor.compress_documents(x["docs"], x["query"]))
+        lambda x: compressor.compress_documents(x["docs"], x["query"])
+    )
     for n, query in enumerate(demo["queries"], 1):
         got = chain.invoke(query)
         q = demo["enc"].encode([query])
@@ -94,7 +101,8 @@ def test_llamaindex_query_engine_over_nodes(demo, monkeypatch):
     engine = RetrieverQueryEngine(  # no LLM: the answer is the retrieved, postprocessed nodes
         GeographRetriever(g3, nodes, encoder=demo["enc"], k=10),
         response_synthesizer=get_response_synthesizer(response_mode="no_text"),
-        node_postprocessors=[GeographPostprocessor(module=ricci, encoder=demo["enc"])])
+        node_postprocessors=[GeographPostprocessor(module=ricci, encoder=demo["enc"])],
+    )
     for n, query in enumerate(demo["queries"], 1):
         got = engine.query(query).source_nodes
         q = demo["enc"].encode([query])
@@ -107,7 +115,10 @@ def test_llamaindex_query_engine_over_nodes(demo, monkeypatch):
     g = torch.Generator().manual_seed(0)
     vecs = torch.nn.functional.normalize(torch.randn(12, demo["emb"].shape[1], generator=g), dim=-1)
     qv = torch.nn.functional.normalize(torch.randn(demo["emb"].shape[1], generator=g), dim=0)
-    with_emb = [NodeWithScore(node=TextNode(text=demo["passages"][i], id_=str(i), embedding=vecs[i].tolist())) for i in range(12)]
+    with_emb = [
+        NodeWithScore(node=TextNode(text=demo["passages"][i], id_=str(i), embedding=vecs[i].tolist()))
+        for i in range(12)
+    ]
     pp = GeographPostprocessor(module=Maniscope(), encoder=demo["enc"], top_n=6)
     got = pp.postprocess_nodes(with_emb, QueryBundle("ignored", embedding=qv.tolist()))
     order, _ = reranked(Maniscope(), qv[None], vecs)
@@ -138,7 +149,10 @@ def test_haystack_pipeline_retriever_then_ranker(demo):
     # document embeddings are used where present
     g = torch.Generator().manual_seed(1)
     vecs = torch.nn.functional.normalize(torch.randn(9, demo["emb"].shape[1], generator=g), dim=-1)
-    mixed = [Document(content=demo["passages"][i], id=str(i), embedding=vecs[i].tolist() if i % 2 else None) for i in range(9)]
+    mixed = [
+        Document(content=demo["passages"][i], id=str(i), embedding=vecs[i].tolist() if i % 2 else None)
+        for i in range(9)
+    ]
     got = GeographRanker(Maniscope(), encoder=demo["enc"]).run(query=demo["queries"][0], documents=mixed)["documents"]
     rows = torch.stack([vecs[i] if i % 2 else demo["emb"][i] for i in range(9)])
     order, _ = reranked(Maniscope(), demo["enc"].encode([demo["queries"][0]]), rows)

@@ -3,8 +3,13 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, ISORetriever, PoincareProjection
-from geograph.bench.reference import (expmap0_reference, iso_reference, iso_reference_kept, iso_reference_phi,
-                                      iso_reference_prepare)
+from geograph.bench.reference import (
+    expmap0_reference,
+    iso_reference,
+    iso_reference_kept,
+    iso_reference_phi,
+    iso_reference_prepare,
+)
 from geograph.encoders import conformal_volume
 
 
@@ -44,10 +49,17 @@ def test_matches_independent_reference(seed):
     emb = clustered(rng, v, 16)
     edges = knn_edges(emb.numpy(), int(rng.integers(2, 6)))
     graph = CorpusGraph.from_edge_index(emb, torch.from_numpy(edges))
-    kwargs = dict(m=int(rng.integers(1, 6)), L=int(rng.integers(5, 30)), hops=int(rng.integers(0, 3)),
-                  max_nodes=int(rng.integers(30, 60)), beta=float(rng.uniform(0.2, 0.8)),
-                  tau=float(rng.uniform(2, 20)), alpha=float(rng.uniform(0.5, 0.95)),
-                  lambda_g=float(rng.uniform(0.2, 0.8)), p=float(rng.choice([1.0, 2.0, 3.0])))
+    kwargs = dict(
+        m=int(rng.integers(1, 6)),
+        L=int(rng.integers(5, 30)),
+        hops=int(rng.integers(0, 3)),
+        max_nodes=int(rng.integers(30, 60)),
+        beta=float(rng.uniform(0.2, 0.8)),
+        tau=float(rng.uniform(2, 20)),
+        alpha=float(rng.uniform(0.5, 0.95)),
+        lambda_g=float(rng.uniform(0.2, 0.8)),
+        p=float(rng.choice([1.0, 2.0, 3.0])),
+    )
     kwargs["lambda_d"] = 1.0 - kwargs["lambda_g"]
     proj = PoincareProjection(16, 4, hidden=8).double() if seed % 2 else None
     model = ISORetriever(graph, projection=proj, max_iter=2000, **kwargs)

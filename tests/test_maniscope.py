@@ -63,7 +63,10 @@ def test_float32_close_to_float64():
 
 def test_batched_equals_loop_and_padding_invariance():
     g = torch.Generator().manual_seed(2)
-    q, docs = torch.randn(5, 16, generator=g, dtype=torch.float64), torch.randn(5, 30, 16, generator=g, dtype=torch.float64)
+    q, docs = (
+        torch.randn(5, 16, generator=g, dtype=torch.float64),
+        torch.randn(5, 30, 16, generator=g, dtype=torch.float64),
+    )
     sizes = [30, 7, 1, 18, 2]
     mask = torch.arange(30)[None] < torch.tensor(sizes)[:, None]
     junk = docs.clone()

@@ -58,7 +58,12 @@ def test_evaluate_means():
 def test_no_relevant_scores_zero():
     gains = torch.zeros(1, 3, dtype=torch.float64)
     relevant = torch.zeros(1, 1, dtype=torch.float64)
-    for v in (ndcg_at_k(gains, relevant, 3), recall_at_k(gains, relevant, 3), hit_all_at_k(gains, relevant, 3), mrr_at_k(gains, 3)):
+    for v in (
+        ndcg_at_k(gains, relevant, 3),
+        recall_at_k(gains, relevant, 3),
+        hit_all_at_k(gains, relevant, 3),
+        mrr_at_k(gains, 3),
+    ):
         assert v.item() == 0.0
 
 
@@ -76,17 +81,22 @@ def test_exception():
 def test_hit_answer_hand_computed():
     """HitAns@k on a run worked out by hand (aliases, token boundaries, punctuation, articles)."""
     passages = {
-        "p1": "Stanley Hall founded the association in 1892.",    # alias of query 0's answer
-        "p2": "The store count was 1935 in total.",                # "35" only inside a number
-        "p3": "Publix runs 35 stores there.",                      # query 1's answer
-        "p4": "It is called The Beatles' White Album.",            # "white album" after normalisation
+        "p1": "Stanley Hall founded the association in 1892.",  # alias of query 0's answer
+        "p2": "The store count was 1935 in total.",  # "35" only inside a number
+        "p3": "Publix runs 35 stores there.",  # query 1's answer
+        "p4": "It is called The Beatles' White Album.",  # "white album" after normalisation
         "p5": "Nothing relevant here.",
     }
     run = [["p5", "p1", "p2"], ["p2", "p5", "p3"], ["p4", "p5", "p1"], ["p1", "p3"], ["p3"]]
     answers = [["G. Stanley Hall", "Stanley Hall"], ["35"], ["the White Album"], [], ["Thirty-five", "35 stores"]]
     contains = answer_hits(run, passages, answers)
-    assert contains.tolist() == [[False, True, False], [False, False, True], [True, False, False],
-                                 [False, False, False], [True, False, False]]
+    assert contains.tolist() == [
+        [False, True, False],
+        [False, False, True],
+        [True, False, False],
+        [False, False, False],
+        [True, False, False],
+    ]
     # by hand: HitAns@1 = [0, 0, 1, 0, 1], HitAns@2 = [1, 0, 1, 0, 1], HitAns@3 = [1, 1, 1, 0, 1]
     assert hit_answer_at_k(contains, 1).tolist() == [0, 0, 1, 0, 1]
     assert hit_answer_at_k(contains, 2).tolist() == [1, 0, 1, 0, 1]
@@ -121,8 +131,10 @@ def test_hit_answer_on_musique_supporting_paragraphs():
         t = "".join(" " if c in string.punctuation else c for c in t.lower())
         return " " + " ".join(w for w in t.split() if w not in {"a", "an", "the"}) + " "
 
-    expect = [float(any(f" {norm(a).strip()} " in norm(text[d]) for a in ans if norm(a).strip() for d in r))
-              for r, ans in zip(run, answers)]
+    expect = [
+        float(any(f" {norm(a).strip()} " in norm(text[d]) for a in ans if norm(a).strip() for d in r))
+        for r, ans in zip(run, answers)
+    ]
     assert ours.tolist() == expect
     assert 0.5 < float(ours.mean()) < 1.0  # most, not all, supporting sets state the answer verbatim
 

@@ -1,4 +1,5 @@
 """The compiled (numba) kernels at run time: read-only installs, the cache choice, warm-up, threads, the GIL."""
+
 from __future__ import annotations
 
 import hashlib
@@ -54,12 +55,15 @@ def read_only_copy() -> Path:
     if top.exists():
         make_writable_and_remove(top)
     top.mkdir()
-    shutil.copytree(ROOT / "geograph", top / "geograph",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc"))
+    shutil.copytree(
+        ROOT / "geograph", top / "geograph", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc")
+    )
     for path in [top, *top.rglob("*")]:
         mode = path.stat().st_mode
-        path.chmod((mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (0o555 if path.is_dir() else 0))
-                   & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+        path.chmod(
+            (mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (0o555 if path.is_dir() else 0))
+            & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+        )
     return top
 
 
@@ -91,12 +95,16 @@ def test_ricci_exact_on_a_read_only_install_with_a_read_only_home():
     top = read_only_copy()
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "XDG_", "GEOGRAPH_"))}
-        env.update(PYTHONPATH=str(top), HOME=str(top / "geograph"), PYTHONDONTWRITEBYTECODE="1",
-                   HF_HUB_OFFLINE="1")
+        env.update(PYTHONPATH=str(top), HOME=str(top / "geograph"), PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
         cmd = as_unprivileged([sys.executable, "-c", RICCI_SCRIPT])
-        probe = subprocess.run(as_unprivileged(["sh", "-c", f"mkdir {top}/geograph/functional/__pycache__ || "
-                                                             f"touch {top}/geograph/x || echo read-only"]),
-                               capture_output=True, text=True, env=env)
+        probe = subprocess.run(
+            as_unprivileged(
+                ["sh", "-c", f"mkdir {top}/geograph/functional/__pycache__ || touch {top}/geograph/x || echo read-only"]
+            ),
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         assert probe.stdout.strip() == "read-only", "the copy is writable: the test would check nothing"
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(top), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]

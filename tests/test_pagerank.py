@@ -39,8 +39,13 @@ def test_matches_networkx_with_padding(seed, directed, device):
     alpha = [0.85, 0.5, 0.99][seed % 3]
     w_pad = w.copy()
     w_pad[~mask] = 7.0  # padding rows/columns hold garbage
-    ours = personalized_pagerank(torch.from_numpy(w_pad).to(device), torch.from_numpy(r).to(device),
-                                 torch.from_numpy(mask).to(device), alpha=alpha, max_iter=3000).cpu()
+    ours = personalized_pagerank(
+        torch.from_numpy(w_pad).to(device),
+        torch.from_numpy(r).to(device),
+        torch.from_numpy(mask).to(device),
+        alpha=alpha,
+        max_iter=3000,
+    ).cpu()
     for i, s in enumerate(sizes):
         ref = nx_reference(w[i, :s, :s], r[i, :s], alpha)
         assert np.abs(ours[i, :s].numpy() - ref).max() <= 1e-6

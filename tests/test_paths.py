@@ -45,8 +45,13 @@ def scipy_apsp(lengths, adj, n):
 @pytest.mark.parametrize("seed", range(5))
 def test_apsp_matches_scipy(seed, device):
     lengths, adj, mask = random_graphs(seed)
-    ours = shortest_paths(torch.from_numpy(lengths).to(device), torch.from_numpy(adj).to(device),
-                          torch.from_numpy(mask).to(device)).cpu().numpy()
+    ours = (
+        shortest_paths(
+            torch.from_numpy(lengths).to(device), torch.from_numpy(adj).to(device), torch.from_numpy(mask).to(device)
+        )
+        .cpu()
+        .numpy()
+    )
     for b in range(lengths.shape[0]):
         n = int(mask[b].sum())
         ref = scipy_apsp(lengths[b], adj[b], n)
@@ -62,10 +67,17 @@ def test_sssp_matches_dijkstra(seed, early_stop, device):
     lengths, adj, mask = random_graphs(100 + seed)
     rng = np.random.default_rng(seed)
     source = np.array([rng.integers(0, max(int(m.sum()), 1)) for m in mask])
-    ours = single_source_shortest_paths(
-        torch.from_numpy(lengths).to(device), torch.from_numpy(adj).to(device),
-        torch.from_numpy(source).to(device), torch.from_numpy(mask).to(device), early_stop=early_stop,
-    ).cpu().numpy()
+    ours = (
+        single_source_shortest_paths(
+            torch.from_numpy(lengths).to(device),
+            torch.from_numpy(adj).to(device),
+            torch.from_numpy(source).to(device),
+            torch.from_numpy(mask).to(device),
+            early_stop=early_stop,
+        )
+        .cpu()
+        .numpy()
+    )
     for b in range(lengths.shape[0]):
         n = int(mask[b].sum())
         rows, cols = np.nonzero(adj[b, :n, :n])

@@ -5,6 +5,7 @@ The tests that need Ray share one local Ray with 2 CPUs, started once per test s
 ``--durations``); they are marked ``integration``. The executor tests without Ray run in the
 fast loop: they check that any order of running the tiles gives the single-process graph.
 """
+
 import contextlib
 import io
 import json
@@ -106,19 +107,26 @@ def test_executor_is_scoped_to_the_block():
 # -- nothing imports Ray unless asked ------------------------------------------------------------
 @pytest.mark.integration
 def test_import_does_not_load_ray():
-    code = ("import sys, geograph, geograph.cli, geograph.build_graph, geograph.embed, geograph.distributed, "
-            "geograph.bench.scale\n"
-            "from geograph.cli import main\n"
-            "import contextlib, io\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    main(['--help'])\n"
-            "    try:\n"
-            "        main(['build-graph', '--help'])\n"
-            "    except SystemExit:\n"
-            "        pass\n"
-            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    code = (
+        "import sys, geograph, geograph.cli, geograph.build_graph, geograph.embed, geograph.distributed, "
+        "geograph.bench.scale\n"
+        "from geograph.cli import main\n"
+        "import contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "    try:\n"
+        "        main(['build-graph', '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -244,21 +252,40 @@ def test_cli_build_graph_on_ray_equals_without(ray_local, tmp_path):
     for label, extra in (("ray", ["--ray"]), ("local", [])):
         out = tmp_path / label
         with contextlib.redirect_stdout(io.StringIO()):
-            assert main(["build-graph", "--data", str(DEMO_PATH), "--g3", "--max-degree", "8", "--cache", str(cache),
-                         "--out", str(out), *extra]) == 0
+            assert (
+                main(
+                    [
+                        "build-graph",
+                        "--data",
+                        str(DEMO_PATH),
+                        "--g3",
+                        "--max-degree",
+                        "8",
+                        "--cache",
+                        str(cache),
+                        "--out",
+                        str(out),
+                        *extra,
+                    ]
+                )
+                == 0
+            )
         outs[label] = G3Graph.load(out)
     assert_same_g3(outs["ray"], outs["local"])
     meta = json.loads((tmp_path / "ray" / "g3graph.json").read_text())
     assert meta["build"]["ray"]["address"] == "local"
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["embed", "--data", "nowhere"], "--data"),
-    (["embed", "--data", "DEMO", "--concurrency", "2", "--num-gpus", "1"], "--num-gpus"),
-    (["embed", "--data", "DEMO", "--ray", "--concurrency", "0"], "--concurrency"),
-    (["embed", "--data", "DEMO", "--ray", "--batch-size", "0"], "--batch-size"),
-    (["build-graph", "--data", "DEMO", "--knn", "3", "--out", "x", "--ray", "--num-gpus", "-1"], "--num-gpus"),
-])
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["embed", "--data", "nowhere"], "--data"),
+        (["embed", "--data", "DEMO", "--concurrency", "2", "--num-gpus", "1"], "--num-gpus"),
+        (["embed", "--data", "DEMO", "--ray", "--concurrency", "0"], "--concurrency"),
+        (["embed", "--data", "DEMO", "--ray", "--batch-size", "0"], "--batch-size"),
+        (["build-graph", "--data", "DEMO", "--knn", "3", "--out", "x", "--ray", "--num-gpus", "-1"], "--num-gpus"),
+    ],
+)
 def test_ray_options_bad_input(argv, option, capsys):
     from geograph.cli import main
     from geograph.data import DEMO_PATH

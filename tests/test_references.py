@@ -1,5 +1,6 @@
 """Public outputs not yet checked elsewhere against a reference computed from the raw inputs
 (numpy / networkx only; nothing of geograph builds the expected values)."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +18,12 @@ def test_query_graph_matches_numpy(percentile):
     q = rng.standard_normal((4, 6))
     docs = rng.standard_normal((4, 9, 6))
     docs[1, 1] = docs[1, 0] * 3.0  # a duplicate direction: r = 0 ties
-    out_adj, node_mask, tau = query_graph(torch.from_numpy(q), torch.from_numpy(docs),
-                                          torch.arange(9)[None] < torch.tensor(sizes)[:, None], percentile=percentile)
+    out_adj, node_mask, tau = query_graph(
+        torch.from_numpy(q),
+        torch.from_numpy(docs),
+        torch.arange(9)[None] < torch.tensor(sizes)[:, None],
+        percentile=percentile,
+    )
     for b, s in enumerate(sizes):
         z = np.concatenate([q[b][None], docs[b, :s]])
         z = z / np.linalg.norm(z, axis=1, keepdims=True)
@@ -67,8 +72,9 @@ def test_iso_pruned_share_matches_reference():
     phi = np.zeros(70)
     for u in range(70):
         hops = nx.single_source_shortest_path_length(g, u, cutoff=2)
-        phi[u] = sum(vol[w] for w, d in hops.items() if d == 2) / (sum(vol[w] for w, d in hops.items() if d <= 1)
-                                                                    + np.finfo(np.float64).eps)
+        phi[u] = sum(vol[w] for w, d in hops.items() if d == 2) / (
+            sum(vol[w] for w, d in hops.items() if d <= 1) + np.finfo(np.float64).eps
+        )
     ratios = np.array([min(phi[a], phi[b]) / max(phi[a], phi[b]) for a, b in g.edges])
     model = ISORetriever(CorpusGraph.from_edge_index(torch.from_numpy(emb), torch.from_numpy(edges)))
     assert model.pruned_share == pytest.approx(float((ratios < 0.4).mean()), abs=1e-6)  # a float32 mean inside

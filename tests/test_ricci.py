@@ -109,8 +109,13 @@ def test_bad_input():
         model(q, bad)
     with pytest.raises(ValueError, match="mask must have shape"):
         model(q, docs, torch.ones(2, 4, dtype=torch.bool))
-    for kwargs, msg in [({"percentile": 120}, "percentile"), ({"solver": "lp"}, "solver"), ({"eta": -1}, "eta"),
-                        ({"iterations": 0}, "iterations"), ({"alpha": 2}, "alpha")]:
+    for kwargs, msg in [
+        ({"percentile": 120}, "percentile"),
+        ({"solver": "lp"}, "solver"),
+        ({"eta": -1}, "eta"),
+        ({"iterations": 0}, "iterations"),
+        ({"alpha": 2}, "alpha"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             RicciFiltration(**kwargs)
 
@@ -179,10 +184,22 @@ def test_certified_sinkhorn_keeps_the_exact_set_on_real_graphs():
 
 def test_hyperparameters_and_dtypes_are_validated():
     nan, inf = float("nan"), float("inf")
-    for kwargs, msg in [({"step": 0.0}, "step"), ({"step": -1.0}, "step"), ({"step": 1.5}, "step"), ({"step": nan}, "step"),
-                        ({"alpha": nan}, "alpha"), ({"percentile": nan}, "percentile"), ({"eta": nan}, "eta"),
-                        ({"eta": inf}, "eta"), ({"delta": nan}, "delta"), ({"delta": -1.0}, "delta"), ({"reg": nan}, "reg"),
-                        ({"reg": 0.0}, "reg"), ({"exp_power": inf}, "exp_power"), ({"cert_tol": nan}, "cert_tol")]:
+    for kwargs, msg in [
+        ({"step": 0.0}, "step"),
+        ({"step": -1.0}, "step"),
+        ({"step": 1.5}, "step"),
+        ({"step": nan}, "step"),
+        ({"alpha": nan}, "alpha"),
+        ({"percentile": nan}, "percentile"),
+        ({"eta": nan}, "eta"),
+        ({"eta": inf}, "eta"),
+        ({"delta": nan}, "delta"),
+        ({"delta": -1.0}, "delta"),
+        ({"reg": nan}, "reg"),
+        ({"reg": 0.0}, "reg"),
+        ({"exp_power": inf}, "exp_power"),
+        ({"cert_tol": nan}, "cert_tol"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             RicciFiltration(**kwargs)
     q, docs = torch.randn(2, 8), torch.randn(2, 5, 8, dtype=torch.float64)

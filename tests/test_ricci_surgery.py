@@ -6,6 +6,7 @@ Flowed query-edge lengths after the default 20 steps are far from 1 on real grap
 threshold itself is pinned by :func:`test_surgery_threshold_is_eta`, at step counts and
 ``eta`` values where reference lengths lie within 2% on both sides of it.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -90,4 +91,3 @@ def test_surgery_at_other_documented_parameters():
     out = RicciFiltration(**params)(q, docs)
     params["p"] = params.pop("exp_power")
     assert_matches_reference(out, q, docs, [12] * 3, **params)
-

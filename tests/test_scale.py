@@ -1,5 +1,6 @@
 """Corpus-scale builds: the tiled all-pairs routine, the IVF join, G3's certificate and sampled
 density, against numpy references computed from the raw vectors."""
+
 import logging
 
 import numpy as np
@@ -70,8 +71,14 @@ def test_tiled_pairs_topk_and_sums_equal_numpy(block):
     ref_v, ref_i = np_topk(s_ex, 6)
     terms = np.clip(s, 0, None)
     terms[np.arange(len(q_rows)), q_rows] = 0.0
-    v, i, sums = tiled_pairs(torch.from_numpy(x[q_rows]), torch.from_numpy(x), 6, block=block,
-                             exclude=torch.from_numpy(q_rows), row_sum=lambda t: t.clamp_min(0))
+    v, i, sums = tiled_pairs(
+        torch.from_numpy(x[q_rows]),
+        torch.from_numpy(x),
+        6,
+        block=block,
+        exclude=torch.from_numpy(q_rows),
+        row_sum=lambda t: t.clamp_min(0),
+    )
     assert np.array_equal(i.numpy(), ref_i) and np.allclose(v.numpy(), ref_v)
     assert np.allclose(sums.numpy(), terms.sum(1))
 
@@ -138,12 +145,15 @@ def test_index_auto_logs_its_choice(caplog):
     assert torch.equal(g.edge_index, CorpusGraph.from_knn(z, 3).edge_index)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(index="ivf", nlist=8, nprobe=9), "nprobe=9 exceeds nlist=8"),
-    (dict(index="ivf", nlist=500, nprobe=2), "nlist=500 exceeds the number of passages"),
-    (dict(index="ivf", nlist=8, nprobe=2, sample=50), "sample=50 is too small"),
-    (dict(index="hnsw"), "index must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(index="ivf", nlist=8, nprobe=9), "nprobe=9 exceeds nlist=8"),
+        (dict(index="ivf", nlist=500, nprobe=2), "nlist=500 exceeds the number of passages"),
+        (dict(index="ivf", nlist=8, nprobe=2, sample=50), "sample=50 is too small"),
+        (dict(index="hnsw"), "index must be one of"),
+    ],
+)
 def test_bad_index_options_name_the_argument(kwargs, match):
     z = torch.from_numpy(clustered(400)).float()
     with pytest.raises(ValueError, match=match):
@@ -225,8 +235,9 @@ def test_certificate_fails_rows_that_a_short_list_cannot_prove():
 def test_g3_build_ivf_equals_exact_when_every_cell_is_probed(ranking, candidates):
     z = torch.from_numpy(clustered(800, seed=8)).float()
     exact = G3Graph.build(z, max_degree=16)
-    ivf = G3Graph.build(z, max_degree=16, index="ivf", candidates=candidates, nlist=8, nprobe=8, density_sample=0,
-                        ranking=ranking)
+    ivf = G3Graph.build(
+        z, max_degree=16, index="ivf", candidates=candidates, nlist=8, nprobe=8, density_sample=0, ranking=ranking
+    )
     assert torch.equal(exact.crow, ivf.crow) and torch.equal(exact.col, ivf.col)
     assert torch.allclose(exact.val, ivf.val, atol=1e-6)
     info = ivf.build_info
@@ -243,7 +254,7 @@ def test_g3_weight_ranked_ivf_recall_on_fixed_seed():
     ref_v, ref_i = np_topk(np_weights(z, rho, (0.1, 0.7), 0.4), 16)
     g = G3Graph.build(torch.from_numpy(z), max_degree=16, index="ivf", nlist=32, nprobe=8, density_sample=0)
     crow, col = g.crow.numpy(), g.col.numpy()
-    hits = sum(len(set(col[crow[r]:crow[r + 1]]) & set(ref_i[r][ref_v[r] > 0])) for r in range(3000))
+    hits = sum(len(set(col[crow[r] : crow[r + 1]]) & set(ref_i[r][ref_v[r] > 0])) for r in range(3000))
     recall = hits / int((ref_v > 0).sum())
     assert recall >= 0.8, recall  # measured 0.849 (nprobe 8 of 32 cells on diffuse 32-d data)
 
@@ -265,7 +276,7 @@ def test_dense_ivf_recall_and_rescored_order():
     hit = (b.indices.unsqueeze(2) == a.indices.unsqueeze(1)).any(2).float().mean()
     assert hit >= 0.9, float(hit)  # measured 0.915 (nprobe 8: 0.70) on this diffuse data
     # scores are exact cosines, best first
-    ref = (unit(q) @ unit(z).T)
+    ref = unit(q) @ unit(z).T
     got = np.take_along_axis(ref, b.indices.numpy(), 1)
     assert np.allclose(b.scores.numpy(), got, atol=1e-5)
     assert bool((b.scores[:, :-1] >= b.scores[:, 1:]).all())
@@ -322,9 +333,19 @@ def test_bench_scale_run_size_checks_against_exact(tmp_path):
 
     x = clustered(3000, d=32, clusters=30, noise=0.4, seed=12).astype(np.float32)
     q = clustered(64, d=32, clusters=30, noise=0.4, seed=13).astype(np.float32)
-    args = argparse.Namespace(builds=["knn", "g3"], index="ivf", nprobe=32, progress=False, candidates=None,
-                              density_sample=None, ranking="weight", check_rows=300, exact_limit=10_000,
-                              dense_nprobe=8, ray=None)
+    args = argparse.Namespace(
+        builds=["knn", "g3"],
+        index="ivf",
+        nprobe=32,
+        progress=False,
+        candidates=None,
+        density_sample=None,
+        ranking="weight",
+        check_rows=300,
+        exact_limit=10_000,
+        dense_nprobe=8,
+        ray=None,
+    )
     res = run_size(x, q, args, tmp_path, "t")
     assert "dense" not in res and res["N"] == 3000
     assert 0.9 <= res["knn"]["recall@10"] <= 1.0 and res["knn"]["peak_rss_mb"] > 0

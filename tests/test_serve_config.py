@@ -1,5 +1,6 @@
 """``geograph serve`` without HTTP: config file and flags, one-line start errors, the request schema,
 the in-memory text cache, and the worker's batched answers against per-request module calls."""
+
 import os
 import subprocess
 import sys
@@ -28,8 +29,17 @@ def write(tmp_path, data, name="serve.yaml"):
 
 
 def test_config_file_flags_override_and_params(tmp_path):
-    path = write(tmp_path, {"method": "iso", "corpus": DEMO, "port": 9001, "max_batch_size": 8,
-                            "params": {"beta": 0.3, "m": 4}, "query_prefix": "query: "})
+    path = write(
+        tmp_path,
+        {
+            "method": "iso",
+            "corpus": DEMO,
+            "port": 9001,
+            "max_batch_size": 8,
+            "params": {"beta": 0.3, "m": 4},
+            "query_prefix": "query: ",
+        },
+    )
     cfg = load_config(["--config", path, "--port", "9002", "--param", "L=20", "--param", "beta=0.5"])
     assert (cfg.method, cfg.port, cfg.max_batch_size, cfg.query_prefix) == ("iso", 9002, 8, "query: ")
     assert cfg.params == {"beta": 0.5, "m": 4, "L": 20}
@@ -42,21 +52,28 @@ def test_example_config_is_valid():
     assert cfg.method == "maniscope" and cfg.params
 
 
-@pytest.mark.parametrize("data, argv, fragment", [
-    ({"method": "maniscope", "corpus": DEMO, "prot": 1}, [], "prot: unknown key"),
-    ({"method": "maniscope", "corpus": DEMO, "port": "eighty"}, [], "port:"),
-    ({"method": "maniscope", "corpus": DEMO, "max_batch_size": 0}, [], "max_batch_size:"),
-    ({"method": "maniscope", "corpus": DEMO, "params": {"beta": 1}}, [], "unknown key 'beta' for method maniscope"),
-    ({"method": "nope", "corpus": DEMO}, [], "method:"),
-    ({"method": "maniscope", "corpus": "/no/such/dir"}, [], "corpus:"),
-    ({"method": "maniscope", "corpus": DEMO, "graph": DEMO}, [], "graph applies to iso and g3"),
-    ({"method": "maniscope", "corpus": DEMO, "host": "10.0.0.1"}, [], "host:"),
-    ({"method": "g3", "corpus": DEMO, "graph": DEMO, "params": {"band": [0, 1]}}, [], "band is fixed by the saved graph"),
-    ("- a list", [], "expected a mapping"),
-    ("method: [unclosed", [], "not valid YAML"),
-    ({"corpus": DEMO}, [], "method: missing"),
-    ({"method": "maniscope", "corpus": DEMO}, ["--param", "k"], "expected KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "data, argv, fragment",
+    [
+        ({"method": "maniscope", "corpus": DEMO, "prot": 1}, [], "prot: unknown key"),
+        ({"method": "maniscope", "corpus": DEMO, "port": "eighty"}, [], "port:"),
+        ({"method": "maniscope", "corpus": DEMO, "max_batch_size": 0}, [], "max_batch_size:"),
+        ({"method": "maniscope", "corpus": DEMO, "params": {"beta": 1}}, [], "unknown key 'beta' for method maniscope"),
+        ({"method": "nope", "corpus": DEMO}, [], "method:"),
+        ({"method": "maniscope", "corpus": "/no/such/dir"}, [], "corpus:"),
+        ({"method": "maniscope", "corpus": DEMO, "graph": DEMO}, [], "graph applies to iso and g3"),
+        ({"method": "maniscope", "corpus": DEMO, "host": "10.0.0.1"}, [], "host:"),
+        (
+            {"method": "g3", "corpus": DEMO, "graph": DEMO, "params": {"band": [0, 1]}},
+            [],
+            "band is fixed by the saved graph",
+        ),
+        ("- a list", [], "expected a mapping"),
+        ("method: [unclosed", [], "not valid YAML"),
+        ({"corpus": DEMO}, [], "method: missing"),
+        ({"method": "maniscope", "corpus": DEMO}, ["--param", "k"], "expected KEY=VALUE"),
+    ],
+)
 def test_bad_config_is_one_line_config_error(tmp_path, data, argv, fragment):
     with pytest.raises(ConfigError) as e:
         load_config(["--config", write(tmp_path, data), *argv])
@@ -65,8 +82,9 @@ def test_bad_config_is_one_line_config_error(tmp_path, data, argv, fragment):
 
 def run_cli(*argv, env=None):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "geograph", "serve", *argv], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "geograph", "serve", *argv], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.mark.integration
@@ -85,9 +103,11 @@ def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
 
     small = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(7, 384), dim=1), 2)
     small.save(tmp_path / "graph")
-    cases = [(["--method", "maniscope", "--param", "alpha=2"], "params: alpha must lie in [0, 1]"),
-             (["--method", "iso", "--graph", str(tmp_path / "graph")], "graph: "),
-             (["--method", "iso", "--projection", write(tmp_path, "not a checkpoint", "p.pt")], "projection: cannot read")]
+    cases = [
+        (["--method", "maniscope", "--param", "alpha=2"], "params: alpha must lie in [0, 1]"),
+        (["--method", "iso", "--graph", str(tmp_path / "graph")], "graph: "),
+        (["--method", "iso", "--projection", write(tmp_path, "not a checkpoint", "p.pt")], "projection: cannot read"),
+    ]
     for argv, fragment in cases:
         r = run_cli("--corpus", DEMO, "--port", "1", *argv)
         lines = [x for x in r.stderr.splitlines() if x.startswith("geograph serve:")]
@@ -112,37 +132,62 @@ def test_memory_cache_is_bounded_lru():
 
 @pytest.fixture
 def limits():
-    set_limits(method="maniscope", dim=3, ids=frozenset({"a", "b"}), num_docs=30, max_candidates=4, max_k=1000,
-               default_candidates=10, k_min=1, k_max=None)
+    set_limits(
+        method="maniscope",
+        dim=3,
+        ids=frozenset({"a", "b"}),
+        num_docs=30,
+        max_candidates=4,
+        max_k=1000,
+        default_candidates=10,
+        k_min=1,
+        k_max=None,
+    )
     yield
     set_limits()
 
 
-@pytest.mark.parametrize("body, fragment", [
-    ({"query_embedding": [0, 0, 0], "candidate_ids": ["a"]}, "query_embedding is the zero vector"),
-    ({"query": "x", "candidate_embeddings": [[1, 0, 0], [0, 0, 0]]}, "candidate_embeddings[1] is the zero vector"),
-    ({"query": "x", "candidate_ids": ["a", "b"], "top_n": 3}, "top_n (3) must be <="),
-    ({"query": "x", "candidates": ["a", ""]}, "candidates[1] is empty"),
-    ({"query": "x", "candidate_ids": ["a"] * 5}, "at most 4"),
-    ({"query": "x", "candidate_ids": ["a"], "max_tokens_per_doc": 8}, "max_tokens_per_doc applies to candidates (texts) only"),
-    ({"query": "x", "candidates": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({"query_embedding": [0, 0, 0], "candidate_ids": ["a"]}, "query_embedding is the zero vector"),
+        ({"query": "x", "candidate_embeddings": [[1, 0, 0], [0, 0, 0]]}, "candidate_embeddings[1] is the zero vector"),
+        ({"query": "x", "candidate_ids": ["a", "b"], "top_n": 3}, "top_n (3) must be <="),
+        ({"query": "x", "candidates": ["a", ""]}, "candidates[1] is empty"),
+        ({"query": "x", "candidate_ids": ["a"] * 5}, "at most 4"),
+        (
+            {"query": "x", "candidate_ids": ["a"], "max_tokens_per_doc": 8},
+            "max_tokens_per_doc applies to candidates (texts) only",
+        ),
+        ({"query": "x", "candidates": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ],
+)
 def test_rerank_schema_rejects(limits, body, fragment):
     with pytest.raises(ValueError, match=None) as e:
         RerankRequest(**body)
     assert fragment in str(e.value)
 
 
-@pytest.mark.parametrize("body, method, fragment", [
-    ({"query": "x", "k": 11}, "maniscope", "k (11) must be <= candidates (10)"),
-    ({"query": "x", "k": 5, "candidates": 31}, "ricci", "candidates must be <= 30"),
-    ({"query": "x", "k": 1}, "g3", "k (1) must be >= 2"),
-    ({"query": "x", "k": 31}, "g3", "k (31) must be <= 30"),
-    ({"query": "x", "k": 3, "candidates": 5}, "iso", "candidates applies to maniscope and ricci"),
-])
+@pytest.mark.parametrize(
+    "body, method, fragment",
+    [
+        ({"query": "x", "k": 11}, "maniscope", "k (11) must be <= candidates (10)"),
+        ({"query": "x", "k": 5, "candidates": 31}, "ricci", "candidates must be <= 30"),
+        ({"query": "x", "k": 1}, "g3", "k (1) must be >= 2"),
+        ({"query": "x", "k": 31}, "g3", "k (31) must be <= 30"),
+        ({"query": "x", "k": 3, "candidates": 5}, "iso", "candidates applies to maniscope and ricci"),
+    ],
+)
 def test_retrieve_schema_rejects(limits, body, method, fragment):
-    set_limits(method=method, dim=3, num_docs=30, max_k=1000, default_candidates=10,
-               k_min=2 if method == "g3" else 1, k_max=30 if method == "g3" else None)
+    set_limits(
+        method=method,
+        dim=3,
+        num_docs=30,
+        max_k=1000,
+        default_candidates=10,
+        k_min=2 if method == "g3" else 1,
+        k_max=30 if method == "g3" else None,
+    )
     with pytest.raises(ValueError) as e:
         RetrieveRequest(**body)
     assert fragment in str(e.value)
@@ -164,13 +209,22 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
     cfg = load_config(["--method", "maniscope", "--corpus", DEMO, "--param", "early_stop=false"])
     data = load_demo()
     emb = Encoder(progress=False).encode(data.passages())
-    set_limits(method="maniscope", dim=emb.shape[1], num_docs=len(emb), default_candidates=20, max_k=1000,
-               ids=frozenset(data.doc_ids), max_candidates=1000)
+    set_limits(
+        method="maniscope",
+        dim=emb.shape[1],
+        num_docs=len(emb),
+        default_candidates=20,
+        max_k=1000,
+        ids=frozenset(data.doc_ids),
+        max_candidates=1000,
+    )
     try:
         g = torch.Generator().manual_seed(0)
         qs = torch.nn.functional.normalize(emb[:6] + 0.3 * torch.randn(6, emb.shape[1], generator=g), dim=1)
-        rer = [RerankRequest(query_embedding=q.tolist(), candidate_ids=[data.doc_ids[j] for j in range(i, 3 * i + 4)])
-               for i, q in enumerate(qs)]
+        rer = [
+            RerankRequest(query_embedding=q.tolist(), candidate_ids=[data.doc_ids[j] for j in range(i, 3 * i + 4)])
+            for i, q in enumerate(qs)
+        ]
         ret = [RetrieveRequest(query_embedding=q.tolist(), k=1 + i, candidates=2 + 3 * i) for i, q in enumerate(qs)]
         api = GeoAPI(cfg.model_dump())
         assert set(api.routes) == {"/retrieve", "/rerank"}
@@ -189,6 +243,7 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
                 if "geograph/serve/" in sys._getframe(1).f_code.co_filename.replace(os.sep, "/"):
                     counts["host"] += 1  # the server's own code (the modules' input checks are theirs)
                 return real(self, *a, **k)
+
             return f
 
         monkeypatch.setattr(torch.Tensor, "cpu", cpu)
@@ -229,8 +284,10 @@ def test_api_key_from_flag_or_environment_and_public_groups(monkeypatch):
         load_config(base + ["--public", "rerank"])
 
 
-@pytest.mark.parametrize("host, key, warned", [("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "k", False),
-                                               ("127.0.0.1", None, False)])
+@pytest.mark.parametrize(
+    "host, key, warned",
+    [("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "k", False), ("127.0.0.1", None, False)],
+)
 def test_start_warns_when_listening_beyond_loopback_without_a_key(monkeypatch, capsys, host, key, warned):
     import geograph.serve.corpus
     from geograph.serve.server import StartupError, build_server
@@ -241,15 +298,23 @@ def test_start_warns_when_listening_beyond_loopback_without_a_key(monkeypatch, c
 
     monkeypatch.setattr(geograph.serve.corpus, "TextEncoder", Stop)
     monkeypatch.delenv("GEOGRAPH_API_KEY", raising=False)
-    cfg = load_config(["--method", "maniscope", "--corpus", str(DEMO_PATH), "--host", host] + (["--api-key", key] if key else []))
+    cfg = load_config(
+        ["--method", "maniscope", "--corpus", str(DEMO_PATH), "--host", host] + (["--api-key", key] if key else [])
+    )
     with pytest.raises(StartupError, match="stopped here"):
         build_server(cfg)
     err = capsys.readouterr().err
     assert ("without an API key" in err) == warned, err
 
 
-@pytest.mark.parametrize("public, open_", [([], {"/health"}), (["metrics"], {"/health", "/metrics"}),
-                                           (["metrics", "docs"], {"/health", "/metrics", "/docs", "/openapi.json"})])
+@pytest.mark.parametrize(
+    "public, open_",
+    [
+        ([], {"/health"}),
+        (["metrics"], {"/health", "/metrics"}),
+        (["metrics", "docs"], {"/health", "/metrics", "/docs", "/openapi.json"}),
+    ],
+)
 def test_api_key_middleware_opens_only_health_and_the_public_groups(public, open_):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient

@@ -7,6 +7,7 @@ normalised by torch. The grouped vectors come from
 :meth:`geograph.serve.corpus.TextEncoder.encode_requests` on the real all-MiniLM-L6-v2. A second
 reference, sentence-transformers' own unpadded ``encode([text])``, bounds the padding's rounding.
 """
+
 import random
 
 import numpy as np
@@ -33,7 +34,7 @@ def texts():
     data = load_demo()
     rng = random.Random(0)
     words = " ".join(data.passages()).split()
-    windows = [" ".join(words[i:i + rng.randint(1, 40)]) for i in rng.sample(range(len(words) - 40), 160)]
+    windows = [" ".join(words[i : i + rng.randint(1, 40)]) for i in rng.sample(range(len(words) - 40), 160)]
     short = ["", "a", "A", "was", "km", "Spring", "tides", "the moon"]  # 2 to 4 tokens
     enc = TextEncoder(None, memory=0)
     long_ = [w for w in windows if len(w.split()) >= 30]
@@ -49,8 +50,13 @@ def alone(encoder, texts):
     with one_thread(), torch.inference_mode():
         for t in texts:
             n = len(model.tokenizer(t, truncation=True, max_length=model.max_seq_length)["input_ids"])
-            f = model.tokenizer([t], padding="max_length", truncation=True, return_tensors="pt",
-                                max_length=min(model.max_seq_length, 16 * ((n + 15) // 16)))
+            f = model.tokenizer(
+                [t],
+                padding="max_length",
+                truncation=True,
+                return_tensors="pt",
+                max_length=min(model.max_seq_length, 16 * ((n + 15) // 16)),
+            )
             out.append(torch.nn.functional.normalize(model(dict(f))["sentence_embedding"], dim=1)[0].numpy())
     return np.stack(out)
 
@@ -59,8 +65,14 @@ def unpadded(encoder, texts):
     """Each text encoded on its own by sentence-transformers, unpadded, one thread."""
     model = encoder.corpus_encoder.model
     with one_thread():
-        return np.stack([model.encode([t], batch_size=1, normalize_embeddings=True, convert_to_numpy=True,
-                                      show_progress_bar=False)[0] for t in texts])
+        return np.stack(
+            [
+                model.encode(
+                    [t], batch_size=1, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+                )[0]
+                for t in texts
+            ]
+        )
 
 
 def token_counts(encoder, texts):
@@ -143,7 +155,10 @@ def test_without_grouping_texts_are_encoded_one_at_a_time(monkeypatch):
     calls = []
     model = enc.corpus_encoder.model
     original = type(model).encode
-    monkeypatch.setattr(type(model), "encode", lambda self, s, *a, **k: calls.append((len(s), k.get("batch_size")))
-                        or original(self, s, *a, **k))
+    monkeypatch.setattr(
+        type(model),
+        "encode",
+        lambda self, s, *a, **k: calls.append((len(s), k.get("batch_size"))) or original(self, s, *a, **k),
+    )
     enc.passages(["one text", "two texts", "three"])
     assert calls == [(3, 1)]  # one call, batch_size=1: each text its own forward

@@ -12,6 +12,7 @@
   status is 0 and the output holds no traceback and no leaked-semaphore warning;
 * the on-disk embedding cache (pre-warmed with the demo corpus) gains no file.
 """
+
 import json
 import os
 import random
@@ -42,8 +43,13 @@ from geograph.data import DEMO_PATH, Encoder, load_demo  # noqa: E402
 from geograph.retrievers import DenseRetriever  # noqa: E402
 
 TOL = 1e-6
-EXTRA_TEXTS = ["a cat sleeping on a sofa", "volcanic eruptions and lava", "how vaccines train the immune system",
-               "taking photos at night", "stock market crash"]
+EXTRA_TEXTS = [
+    "a cat sleeping on a sofa",
+    "volcanic eruptions and lava",
+    "how vaccines train the immune system",
+    "taking photos at night",
+    "stock market crash",
+]
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------
@@ -58,8 +64,13 @@ def env(tmp_path_factory):
     data = load_demo()
     corpus_emb = Encoder(cache=str(cache), progress=False).encode(data.passages())
     before = snapshot(cache)
-    yield {"cache": cache, "before": before, "data": data, "emb": corpus_emb,
-           "env": {**os.environ, "HF_HUB_OFFLINE": "1", "GEOGRAPH_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}}
+    yield {
+        "cache": cache,
+        "before": before,
+        "data": data,
+        "emb": corpus_emb,
+        "env": {**os.environ, "HF_HUB_OFFLINE": "1", "GEOGRAPH_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +104,30 @@ class Server:
     def __init__(self, env, method, *extra):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "geograph", "serve", "--method", method, "--corpus", str(DEMO_PATH),
-               "--host", "127.0.0.1", "--port", str(self.port), "--accelerator", "cpu",
-               "--timeout", "300", *extra]  # a generous queue timeout: 2 CPU cores shared with other jobs
+        cmd = [
+            sys.executable,
+            "-m",
+            "geograph",
+            "serve",
+            "--method",
+            method,
+            "--corpus",
+            str(DEMO_PATH),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--accelerator",
+            "cpu",
+            "--timeout",
+            "300",
+            *extra,
+        ]  # a generous queue timeout: 2 CPU cores shared with other jobs
         if "--workers-per-device" not in extra:  # one worker: quicker to start (auto is tested below)
             cmd += ["--workers-per-device", "1"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env["env"],
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env["env"], start_new_session=True
+        )
         self.log = []
         self.reader = threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True)
         self.reader.start()
@@ -189,13 +217,15 @@ class Requests:
         self.data, self.emb, self.enc = env["data"], env["emb"], text_encoder
         self.method, self.rng = method, random.Random(seed)
         self.v = len(self.data.doc_ids)
-        self.texts = (list(self.data.queries) + EXTRA_TEXTS)
+        self.texts = list(self.data.queries) + EXTRA_TEXTS
         self.rng.shuffle(self.texts)
         self.texts = self.texts[:12]  # a bounded set of distinct texts: each is encoded once per worker
         self.passages = self.data.passages()
         self.text_passages = self.rng.sample(range(self.v), min(16, self.v))
         g = torch.Generator().manual_seed(seed)
-        self.vectors = unit(self.emb[torch.randint(self.v, (40,), generator=g)] + 0.3 * torch.randn(40, self.emb.shape[1], generator=g))
+        self.vectors = unit(
+            self.emb[torch.randint(self.v, (40,), generator=g)] + 0.3 * torch.randn(40, self.emb.shape[1], generator=g)
+        )
         self.model = {"maniscope": Maniscope, "ricci": RicciFiltration}.get(method, lambda: None)()
         if method == "iso":
             self.model = ISORetriever(CorpusGraph.from_knn(self.emb, min(10, self.v - 1)))
@@ -228,17 +258,25 @@ class Requests:
             top = DenseRetriever(self.emb)(q[None], pool).indices[0]
             res = self.model(q[None], self.emb[top][None])
             kept = [int(top[j]) for j in res.order[0].tolist() if bool(res.keep[0, j])]
-            want = {"ids": [self.data.doc_ids[j] for j in kept[: body["k"]]],
-                    "scores": [float(res.scores[0, j]) for j in res.order[0].tolist() if bool(res.keep[0, j])][: body["k"]],
-                    "dropped": [self.data.doc_ids[int(top[j])] for j in sorted(range(pool), key=lambda j: int(top[j]))
-                                if not bool(res.keep[0, j])]}
+            want = {
+                "ids": [self.data.doc_ids[j] for j in kept[: body["k"]]],
+                "scores": [float(res.scores[0, j]) for j in res.order[0].tolist() if bool(res.keep[0, j])][: body["k"]],
+                "dropped": [
+                    self.data.doc_ids[int(top[j])]
+                    for j in sorted(range(pool), key=lambda j: int(top[j]))
+                    if not bool(res.keep[0, j])
+                ],
+            }
         else:
             lo = self.model.seeds if self.method == "g3" else 1
             hi = self.model.max_k if self.method == "iso" else self.v
             body.update(k=self.rng.randint(lo, min(hi, 30)))
             res = self.model(q[None], body["k"])
-            want = {"ids": [self.data.doc_ids[j] for j in res.indices[0].tolist()],
-                    "scores": res.scores[0].tolist(), "dropped": []}
+            want = {
+                "ids": [self.data.doc_ids[j] for j in res.indices[0].tolist()],
+                "scores": res.scores[0].tolist(),
+                "dropped": [],
+            }
         return "/retrieve", body, want
 
     def rerank(self, body, q, max_pool):
@@ -261,8 +299,11 @@ class Requests:
             body["top_n"] = self.rng.randint(1, n)
         res = self.model(q[None], docs[None])
         order = [j for j in res.order[0].tolist() if bool(res.keep[0, j])][: body.get("top_n", n)]
-        want = {"order": order, "scores": [float(res.scores[0, j]) for j in order],
-                "dropped": [j for j in range(n) if not bool(res.keep[0, j])]}
+        want = {
+            "order": order,
+            "scores": [float(res.scores[0, j]) for j in order],
+            "dropped": [j for j in range(n) if not bool(res.keep[0, j])],
+        }
         return "/rerank", body, want
 
 
@@ -271,7 +312,9 @@ def same(got, want, where):
     for key in keys:
         assert got[key] == want[key], f"{where}: {key} {got[key]} != {want[key]}"
     assert len(got["scores"]) == len(want["scores"]), where
-    assert all(abs(a - b) <= TOL for a, b in zip(got["scores"], want["scores"])), f"{where}: scores {got['scores']} != {want['scores']}"
+    assert all(abs(a - b) <= TOL for a, b in zip(got["scores"], want["scores"])), (
+        f"{where}: scores {got['scores']} != {want['scores']}"
+    )
 
 
 def check_property(server, reqs, n, max_pool, seed_note):
@@ -321,29 +364,91 @@ def test_load_2000_requests_32_clients(maniscope, env, text_encoder):
             wrong += 1
     lat = sorted(x for _, _, x in got)
     assert five == 0 and wrong == 0, f"{five} 5xx, {wrong} wrong answers of 2000"
-    print(f"\nload: 2000 requests, 32 clients: {2000 / seconds:.0f} req/s, p50 {1000 * lat[1000]:.0f} ms, "
-          f"p99 {1000 * lat[1979]:.0f} ms, mean batch {sum(b['batch_size'] for _, b, _ in got) / 2000:.1f} "
-          "(2 shared CPU cores, other jobs running)")
+    print(
+        f"\nload: 2000 requests, 32 clients: {2000 / seconds:.0f} req/s, p50 {1000 * lat[1000]:.0f} ms, "
+        f"p99 {1000 * lat[1979]:.0f} ms, mean batch {sum(b['batch_size'] for _, b, _ in got) / 2000:.1f} "
+        "(2 shared CPU cores, other jobs running)"
+    )
 
 
 def _bad_cases(dim, first_id):
     nan = b'{"query_embedding": [' + b",".join([b"NaN"] * dim) + b'], "candidate_ids": ["' + first_id.encode() + b'"]}'
     return [
         ("/rerank", b"{not json", "application/json", 422, "JSON decode error"),
-        ("/rerank", json.dumps({"query_embedding": [0.1, 0.2], "candidate_ids": [first_id]}).encode(), None, 422, "query_embedding must have"),
+        (
+            "/rerank",
+            json.dumps({"query_embedding": [0.1, 0.2], "candidate_ids": [first_id]}).encode(),
+            None,
+            422,
+            "query_embedding must have",
+        ),
         ("/rerank", nan, None, 422, "query_embedding contains NaN"),
         ("/rerank", json.dumps({"query": "cats", "candidates": []}).encode(), None, 422, "candidates"),
-        ("/rerank", json.dumps({"query": "cats", "candidate_ids": [first_id, "no-such-id"]}).encode(), None, 422, "unknown candidate_ids"),
-        ("/rerank", json.dumps({"query": "cats", "candidate_ids": [first_id] * 1001}).encode(), None, 422, "candidate_ids has 1001 entries"),
-        ("/rerank", json.dumps({"query": "cats", "k": 5, "candidate_ids": [first_id]}).encode(), None, 422, "Extra inputs"),
-        ("/rerank", json.dumps({"query": "cats", "query_embedding": [0.5] * dim, "candidate_ids": [first_id]}).encode(), None, 422, "exactly one of query"),
-        ("/rerank", json.dumps({"query_embedding": [0.0] * dim, "candidate_ids": [first_id]}).encode(), None, 422, "query_embedding is the zero vector"),
-        ("/rerank", json.dumps({"query": "cats", "candidate_embeddings": [[0.0] * dim]}).encode(), None, 422, "candidate_embeddings[0] is the zero vector"),
-        ("/rerank", json.dumps({"query": "cats", "candidate_ids": [first_id], "top_n": 2}).encode(), None, 422, "top_n (2)"),
+        (
+            "/rerank",
+            json.dumps({"query": "cats", "candidate_ids": [first_id, "no-such-id"]}).encode(),
+            None,
+            422,
+            "unknown candidate_ids",
+        ),
+        (
+            "/rerank",
+            json.dumps({"query": "cats", "candidate_ids": [first_id] * 1001}).encode(),
+            None,
+            422,
+            "candidate_ids has 1001 entries",
+        ),
+        (
+            "/rerank",
+            json.dumps({"query": "cats", "k": 5, "candidate_ids": [first_id]}).encode(),
+            None,
+            422,
+            "Extra inputs",
+        ),
+        (
+            "/rerank",
+            json.dumps({"query": "cats", "query_embedding": [0.5] * dim, "candidate_ids": [first_id]}).encode(),
+            None,
+            422,
+            "exactly one of query",
+        ),
+        (
+            "/rerank",
+            json.dumps({"query_embedding": [0.0] * dim, "candidate_ids": [first_id]}).encode(),
+            None,
+            422,
+            "query_embedding is the zero vector",
+        ),
+        (
+            "/rerank",
+            json.dumps({"query": "cats", "candidate_embeddings": [[0.0] * dim]}).encode(),
+            None,
+            422,
+            "candidate_embeddings[0] is the zero vector",
+        ),
+        (
+            "/rerank",
+            json.dumps({"query": "cats", "candidate_ids": [first_id], "top_n": 2}).encode(),
+            None,
+            422,
+            "top_n (2)",
+        ),
         ("/retrieve", json.dumps({"query": "cats", "k": 0}).encode(), None, 422, "k"),
         ("/retrieve", json.dumps({"query": "cats", "k": 21}).encode(), None, 422, "k (21) must be <= candidates (20)"),
-        ("/retrieve", json.dumps({"query": "cats", "k": 5, "candidates": 10**6}).encode(), None, 422, "candidates must be <="),
-        ("/retrieve", json.dumps({"query": "cats", "k": 5}).encode(), "text/plain", 415, "content-type must be application/json"),
+        (
+            "/retrieve",
+            json.dumps({"query": "cats", "k": 5, "candidates": 10**6}).encode(),
+            None,
+            422,
+            "candidates must be <=",
+        ),
+        (
+            "/retrieve",
+            json.dumps({"query": "cats", "k": 5}).encode(),
+            "text/plain",
+            415,
+            "content-type must be application/json",
+        ),
         ("/retrieve", b"query=cats&k=5", "application/x-www-form-urlencoded", 415, "content-type"),
         ("/rerank", b" " * (20 * 2**20), "application/json", 413, "Payload too large"),
     ]
@@ -352,7 +457,9 @@ def _bad_cases(dim, first_id):
 def test_bad_input_is_4xx_naming_the_field_and_the_server_keeps_serving(maniscope, env):
     data, emb = env["data"], env["emb"]
     for path, body, ctype, status, fragment in _bad_cases(emb.shape[1], data.doc_ids[0]):
-        r = requests.post(maniscope.url + path, data=body, headers={"content-type": ctype or "application/json"}, timeout=120)
+        r = requests.post(
+            maniscope.url + path, data=body, headers={"content-type": ctype or "application/json"}, timeout=120
+        )
         assert r.status_code == status, (path, body[:100], r.status_code, r.text[:500])
         assert fragment in r.text, (fragment, r.text[:500])
         good = requests.post(maniscope.url + "/retrieve", json={"query": EXTRA_TEXTS[1], "k": 3}, timeout=120)
@@ -384,9 +491,13 @@ def test_metrics_count_requests_errors_latency_and_batches(maniscope, env):
     assert [s for s, _, _ in got] == [200] * 12 + [422] * 5
     r = requests.post(maniscope.url + "/retrieve", data=b"{}", headers={"content-type": "text/plain"})
     assert r.status_code == 415
-    want = {("geograph_requests_total", "/retrieve", "200"): 12, ("geograph_requests_total", "/rerank", "422"): 5,
-            ("geograph_request_errors_total", "/rerank", "422"): 5, ("geograph_requests_total", "/retrieve", "415"): 1,
-            ("geograph_request_errors_total", "/retrieve", "415"): 1}
+    want = {
+        ("geograph_requests_total", "/retrieve", "200"): 12,
+        ("geograph_requests_total", "/rerank", "422"): 5,
+        ("geograph_request_errors_total", "/rerank", "422"): 5,
+        ("geograph_requests_total", "/retrieve", "415"): 1,
+        ("geograph_request_errors_total", "/retrieve", "415"): 1,
+    }
     deadline = time.monotonic() + 30
     while True:
         after = metric_values(maniscope.url)
@@ -409,8 +520,11 @@ def test_cohere_v2_rerank_on_maniscope(maniscope, env, text_encoder):
     query = EXTRA_TEXTS[2]
     res = Maniscope()(text_encoder.encode([query]), text_encoder.encode(docs)[None])
     order = res.order[0].tolist()
-    r = requests.post(maniscope.url + "/v2/rerank", json={"model": "maniscope", "query": query, "documents": docs, "top_n": 5},
-                      timeout=120)
+    r = requests.post(
+        maniscope.url + "/v2/rerank",
+        json={"model": "maniscope", "query": query, "documents": docs, "top_n": 5},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert [x["index"] for x in body["results"]] == order[:5] and body["meta"]["dropped"] == []
@@ -460,8 +574,18 @@ def test_property_every_method_and_sigterm(env, text_encoder, method, n, max_poo
 
 
 def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encoder):
-    server = Server(env, "maniscope", "--workers-per-device", "2", "--api-servers", "2", "--max-batch-size", "8",
-                    "--batch-timeout", "0.02")
+    server = Server(
+        env,
+        "maniscope",
+        "--workers-per-device",
+        "2",
+        "--api-servers",
+        "2",
+        "--max-batch-size",
+        "8",
+        "--batch-timeout",
+        "0.02",
+    )
     try:
         assert len(server.tree()) >= 7  # main, manager, logger, 2 API servers, 2 x 2 workers
         check_property(server, Requests(env, text_encoder, "maniscope", seed=4), 120, 30, "scale-out")
@@ -478,8 +602,10 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
             assert status in (200, 503, None), (status, body, server.output())  # None: refused or closed
             if status == 200:
                 same(body, want, "in flight")
-        print(f"\nscale-out SIGTERM with requests in flight: tree gone in {seconds:.1f} s; "
-              f"{sum(s == 200 for s, _ in results)} of 64 answered, the rest {sorted({s for s, _ in results} - {200}, key=str)}")
+        print(
+            f"\nscale-out SIGTERM with requests in flight: tree gone in {seconds:.1f} s; "
+            f"{sum(s == 200 for s, _ in results)} of 64 answered, the rest {sorted({s for s, _ in results} - {200}, key=str)}"
+        )
         assert seconds < 120, "the server did not stop after SIGTERM"  # a hang guard, not a timing check
     finally:
         server.kill()
@@ -505,12 +631,16 @@ def test_hung_worker_gets_504_and_a_killed_worker_stops_the_server_with_status_1
     every in-flight request ends with a status (none hangs), /health stops saying ok, the server
     exits with status 1 naming the worker, and no process remains."""
     deadline = 3.0
-    server = Server(env, "maniscope", "--request-timeout", str(deadline), "--shutdown-timeout", "3",
-                    "--workers-per-device", "2")
+    server = Server(
+        env, "maniscope", "--request-timeout", str(deadline), "--shutdown-timeout", "3", "--workers-per-device", "2"
+    )
     try:
         q = unit(env["emb"][0] + 0.1).tolist()
         ids = env["data"].doc_ids[:5]
-        retrieve, rerank = ("/retrieve", {"query_embedding": q, "k": 3}), ("/rerank", {"query_embedding": q, "candidate_ids": ids})
+        retrieve, rerank = (
+            ("/retrieve", {"query_embedding": q, "k": 3}),
+            ("/rerank", {"query_embedding": q, "candidate_ids": ids}),
+        )
         assert [s for s, _ in _fire_tolerant(server.url, [retrieve, rerank])] == [200, 200]
         main = psutil.Process(server.proc.pid)
         workers = [p for p in main.children() if "spawn_main" in " ".join(p.cmdline())]
@@ -532,7 +662,9 @@ def test_hung_worker_gets_504_and_a_killed_worker_stops_the_server_with_status_1
         # under load: kill one worker while requests to both endpoints are in flight
         results = []
         t = time.monotonic()
-        load = threading.Thread(target=lambda: results.extend(_fire_tolerant(server.url, [retrieve, rerank] * 16, timeout=60)))
+        load = threading.Thread(
+            target=lambda: results.extend(_fire_tolerant(server.url, [retrieve, rerank] * 16, timeout=60))
+        )
         load.start()
         time.sleep(0.5)
         victim.kill()
@@ -553,8 +685,10 @@ def test_hung_worker_gets_504_and_a_killed_worker_stops_the_server_with_status_1
         alive = [p for p in [main, *workers] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         psutil.wait_procs(alive, timeout=10)
         assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        print(f"\nworker killed under load: exit 1 after {time.monotonic() - t:.1f} s; in flight: "
-              f"{ {s: statuses.count(s) for s in set(statuses)} }; /health {health[:1]} -> {health[-1:]}")
+        print(
+            f"\nworker killed under load: exit 1 after {time.monotonic() - t:.1f} s; in flight: "
+            f"{ {s: statuses.count(s) for s in set(statuses)} }; /health {health[:1]} -> {health[-1:]}"
+        )
     finally:
         server.kill()
 

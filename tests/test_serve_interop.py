@@ -6,6 +6,7 @@ directly on the same candidates (embedded one text at a time, as the server does
 SDK (``ClientV2`` on v2, ``Client`` on v1), ``langchain-cohere``'s ``CohereRerank``, LlamaIndex's
 ``CohereRerank`` postprocessor and ``cohere-haystack``'s ``CohereRanker``.
 """
+
 import json
 import time
 
@@ -45,8 +46,13 @@ def case(env, text_encoder):
     order = [j for j in res.order[0].tolist() if bool(res.keep[0, j])]
     dropped = [j for j in range(len(docs)) if not bool(res.keep[0, j])]
     assert dropped and len(order) >= 3, "the case must keep some documents and drop some"
-    return {"query": query, "docs": docs, "order": order, "dropped": dropped,
-            "scores": [float(res.scores[0, j]) for j in order]}
+    return {
+        "query": query,
+        "docs": docs,
+        "order": order,
+        "dropped": dropped,
+        "scores": [float(res.scores[0, j]) for j in order],
+    }
 
 
 def headers(key=KEY):
@@ -66,11 +72,16 @@ def test_cohere_v2_client_order_scores_top_n_and_dropped(server, case):
     top = client.rerank(model="ricci", query=case["query"], documents=case["docs"], top_n=2)
     assert [x.index for x in top.results] == case["order"][:2]
     for n in (0, 10**4):  # 0 and above the count: all
-        assert [x.index for x in client.rerank(model="ricci", query=case["query"], documents=case["docs"],
-                                               top_n=n).results] == case["order"]
+        assert [
+            x.index for x in client.rerank(model="ricci", query=case["query"], documents=case["docs"], top_n=n).results
+        ] == case["order"]
     # omitted model: the served one
-    body = requests.post(server.url + "/v2/rerank", json={"query": case["query"], "documents": case["docs"], "top_n": None},
-                         headers=headers(), timeout=120).json()
+    body = requests.post(
+        server.url + "/v2/rerank",
+        json={"query": case["query"], "documents": case["docs"], "top_n": None},
+        headers=headers(),
+        timeout=120,
+    ).json()
     assert [x["index"] for x in body["results"]] == case["order"] and "document" not in body["results"][0]
 
 
@@ -84,9 +95,18 @@ def test_cohere_v1_client_objects_return_documents(server, case):
     assert [x.index for x in plain.results] == case["order"] and plain.results[0].document is None
     # rank_fields: the named fields as "field: value" lines are what is embedded
     fielded = [{"title": "t", "body": t} for t in case["docs"]]
-    r = requests.post(server.url + "/v1/rerank", json={"model": "ricci", "query": case["query"], "documents": fielded,
-                                                       "rank_fields": ["body"], "return_documents": True},
-                      headers=headers(), timeout=120).json()
+    r = requests.post(
+        server.url + "/v1/rerank",
+        json={
+            "model": "ricci",
+            "query": case["query"],
+            "documents": fielded,
+            "rank_fields": ["body"],
+            "return_documents": True,
+        },
+        headers=headers(),
+        timeout=120,
+    ).json()
     assert r["results"][0]["document"] == fielded[r["results"][0]["index"]]
 
 
@@ -98,15 +118,25 @@ def test_extensions_through_additional_body_parameters(server, env):
     res = RicciFiltration()(q[None], docs[None])
     want = [j for j in res.order[0].tolist() if bool(res.keep[0, j])]
     client = cohere.ClientV2(api_key=KEY, base_url=server.url)
-    r = client.rerank(model="ricci", query="ignored: query_embedding is used", documents=[f"d{i}" for i in range(15)],
-                      request_options={"additional_body_parameters": {"query_embedding": q.tolist(),
-                                                                      "candidate_embeddings": docs.tolist()}})
+    r = client.rerank(
+        model="ricci",
+        query="ignored: query_embedding is used",
+        documents=[f"d{i}" for i in range(15)],
+        request_options={
+            "additional_body_parameters": {"query_embedding": q.tolist(), "candidate_embeddings": docs.tolist()}
+        },
+    )
     assert [x.index for x in r.results] == want
     assert all(abs(x.score - float(res.scores[0, x.index])) <= TOL for x in r.results)
 
 
 def test_max_tokens_per_doc_cuts_documents_by_tokens(server, text_encoder):
-    docs = ["volcanic eruptions and lava flows", "a cat sleeping on a sofa", "stock market crash today", "the immune system learns"]
+    docs = [
+        "volcanic eruptions and lava flows",
+        "a cat sleeping on a sofa",
+        "stock market crash today",
+        "the immune system learns",
+    ]
     cut = [" ".join(t.split()[:2]) for t in docs]  # these words are one word piece each
     q = "cats and sofas"
     res = RicciFiltration()(text_encoder.encode([q]), text_encoder.encode(cut)[None])
@@ -173,8 +203,18 @@ def _bad(dim, limit=1000):
         ("/v2/rerank", {"query": "q", "documents": []}, 422, "documents: List should have at least 1 item"),
         ("/v1/rerank", {"query": "q", "documents": ["a", {"text": "b"}]}, 422, "mixes strings and objects"),
         ("/v2/rerank", {"query": "q", "documents": [{"text": "b"}]}, 422, "must be strings on /v2/rerank"),
-        ("/v2/rerank", {"model": "rerank-v3.5", "query": "q", "documents": ["a"]}, 404, "'rerank-v3.5' is not served here"),
-        ("/v2/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, 422, "top_n: Input should be greater than or equal to 0"),
+        (
+            "/v2/rerank",
+            {"model": "rerank-v3.5", "query": "q", "documents": ["a"]},
+            404,
+            "'rerank-v3.5' is not served here",
+        ),
+        (
+            "/v2/rerank",
+            {"query": "q", "documents": ["a"], "top_n": -1},
+            422,
+            "top_n: Input should be greater than or equal to 0",
+        ),
         ("/v2/rerank", {"query": "", "documents": ["a"]}, 422, "query: String should have at least 1 character"),
         ("/v2/rerank", {"documents": ["a"]}, 422, "query: Field required"),
         ("/v2/rerank", {"query": "q", "documents": ["a", ""]}, 422, "documents[1] is empty"),
@@ -182,11 +222,36 @@ def _bad(dim, limit=1000):
         ("/v2/rerank", {"query": "q", "documents": ["a"] * (limit + 1)}, 422, f"documents has {limit + 1} entries"),
         ("/v2/rerank", {"query": "q", "documents": ["a"], "k": 3}, 422, "k: unknown field"),
         ("/v2/rerank", {"query": "q", "documents": ["a"], "max_tokens_per_doc": 0}, 422, "max_tokens_per_doc"),
-        ("/v2/rerank", {"query": "q", "documents": ["a"], "query_embedding": [0.1, 0.2]}, 422, f"query_embedding must have {dim} values"),
-        ("/v2/rerank", {"query": "q", "documents": ["a"], "query_embedding": z}, 422, "query_embedding is the zero vector"),
-        ("/v2/rerank", {"query": "q", "documents": ["a", "b"], "candidate_embeddings": [ok]}, 422, "candidate_embeddings has 1 rows"),
-        ("/v2/rerank", {"query": "q", "documents": ["a"], "candidate_embeddings": [z]}, 422, "candidate_embeddings[0] is the zero vector"),
-        ("/v1/rerank", {"query": "q", "documents": ["a"], "rank_fields": ["text"]}, 422, "rank_fields applies to documents given as objects"),
+        (
+            "/v2/rerank",
+            {"query": "q", "documents": ["a"], "query_embedding": [0.1, 0.2]},
+            422,
+            f"query_embedding must have {dim} values",
+        ),
+        (
+            "/v2/rerank",
+            {"query": "q", "documents": ["a"], "query_embedding": z},
+            422,
+            "query_embedding is the zero vector",
+        ),
+        (
+            "/v2/rerank",
+            {"query": "q", "documents": ["a", "b"], "candidate_embeddings": [ok]},
+            422,
+            "candidate_embeddings has 1 rows",
+        ),
+        (
+            "/v2/rerank",
+            {"query": "q", "documents": ["a"], "candidate_embeddings": [z]},
+            422,
+            "candidate_embeddings[0] is the zero vector",
+        ),
+        (
+            "/v1/rerank",
+            {"query": "q", "documents": ["a"], "rank_fields": ["text"]},
+            422,
+            "rank_fields applies to documents given as objects",
+        ),
     ]
 
 
@@ -194,15 +259,28 @@ def test_bad_requests_get_a_status_and_a_message(server, env):
     dim = env["emb"].shape[1]
     for path, body, status, fragment in _bad(dim):
         r = requests.post(server.url + path, json=body, headers=headers(), timeout=120)
-        assert r.status_code == status and fragment in r.json()["message"], (path, json.dumps(body)[:200], r.status_code, r.text[:300])
+        assert r.status_code == status and fragment in r.json()["message"], (
+            path,
+            json.dumps(body)[:200],
+            r.status_code,
+            r.text[:300],
+        )
     nan = b'{"query": "q", "documents": ["a"], "query_embedding": [' + b",".join([b"NaN"] * dim) + b"]}"
-    raw = [(nan, "application/json", 422, "query_embedding contains NaN"), (b"{not json", "application/json", 422, "body: not valid JSON"),
-           (b"[1]", "application/json", 422, "expected a JSON object"), (b"{}", "text/plain", 415, "content-type must be application/json"),
-           (b" " * (11 * 2**20), "application/json", 413, "Payload too large")]
+    raw = [
+        (nan, "application/json", 422, "query_embedding contains NaN"),
+        (b"{not json", "application/json", 422, "body: not valid JSON"),
+        (b"[1]", "application/json", 422, "expected a JSON object"),
+        (b"{}", "text/plain", 415, "content-type must be application/json"),
+        (b" " * (11 * 2**20), "application/json", 413, "Payload too large"),
+    ]
     for data, ctype, status, fragment in raw:
-        r = requests.post(server.url + "/v2/rerank", data=data, headers={**headers(), "content-type": ctype}, timeout=120)
+        r = requests.post(
+            server.url + "/v2/rerank", data=data, headers={**headers(), "content-type": ctype}, timeout=120
+        )
         assert r.status_code == status and fragment in r.json()["message"], (data[:60], r.status_code, r.text[:300])
-    good = requests.post(server.url + "/v2/rerank", json={"query": "q", "documents": ["a", "b"]}, headers=headers(), timeout=120)
+    good = requests.post(
+        server.url + "/v2/rerank", json={"query": "q", "documents": ["a", "b"]}, headers=headers(), timeout=120
+    )
     assert good.status_code == 200
 
 
@@ -231,15 +309,22 @@ def test_concurrent_requests_answer_as_alone_and_are_counted(server, env, text_e
         assert all(abs(x["score"] - y["score"]) <= TOL for x, y in zip(t["results"], a["results"]))
         assert t["meta"]["dropped"] == a["meta"]["dropped"]
         q = text_encoder.encode([b["query"]])
-        d = torch.tensor(b["candidate_embeddings"]) if "candidate_embeddings" in b else text_encoder.encode(b["documents"])
+        d = (
+            torch.tensor(b["candidate_embeddings"])
+            if "candidate_embeddings" in b
+            else text_encoder.encode(b["documents"])
+        )
         res = RicciFiltration()(q, d[None])
         assert [x["index"] for x in t["results"]] == [j for j in res.order[0].tolist() if bool(res.keep[0, j])]
     assert max(t["meta"]["batch_size"] for t in together) > 1, "no batch of more than one request was formed"
     deadline = time.monotonic() + 30
     while True:
         after = metric_values_auth(server.url)
-        got = {p: after.get(("geograph_requests_total", (("endpoint", p), ("status", "200"))), 0)
-               - before.get(("geograph_requests_total", (("endpoint", p), ("status", "200"))), 0) for p in ("/v1/rerank", "/v2/rerank")}
+        got = {
+            p: after.get(("geograph_requests_total", (("endpoint", p), ("status", "200"))), 0)
+            - before.get(("geograph_requests_total", (("endpoint", p), ("status", "200"))), 0)
+            for p in ("/v1/rerank", "/v2/rerank")
+        }
         if got == {"/v1/rerank": 16, "/v2/rerank": 16} or time.monotonic() > deadline:
             break
         time.sleep(0.5)

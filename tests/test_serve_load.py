@@ -1,5 +1,6 @@
 """``geograph serve`` under load: the response table after a cancelled request, worker threads,
 ``geograph bench serve``'s options, and a soak (slow) through ``geograph bench serve --soak``."""
+
 import asyncio
 import json
 import queue
@@ -20,9 +21,13 @@ from geograph.serve.server import _handler_class, worker_threads, workers_per_de
 
 def fake_server():
     """What LitServe's request handler reads of its server, with a request queue nobody serves."""
-    return SimpleNamespace(response_buffer={}, _get_request_queue=lambda path: queue.Queue(),
-                           app=SimpleNamespace(response_queue_id=0), active_requests=0,
-                           _callback_runner=SimpleNamespace(trigger_event=lambda *a, **k: None))
+    return SimpleNamespace(
+        response_buffer={},
+        _get_request_queue=lambda path: queue.Queue(),
+        app=SimpleNamespace(response_queue_id=0),
+        active_requests=0,
+        _callback_runner=SimpleNamespace(trigger_event=lambda *a, **k: None),
+    )
 
 
 async def cancel_waiting(handler_class):
@@ -121,8 +126,9 @@ def test_auto_workers_are_one_per_cpu_on_the_cpu_at_most_four_and_one_per_gpu(mo
 
 
 @pytest.mark.parametrize("flag", ["--threads", "--workers-per-device"])
-@pytest.mark.parametrize("value, fragment", [("0", "must be a positive integer"),
-                                             ("many", "expected a positive integer or 'auto'")])
+@pytest.mark.parametrize(
+    "value, fragment", [("0", "must be a positive integer"), ("many", "expected a positive integer or 'auto'")]
+)
 def test_bad_threads_is_one_line(tmp_path, flag, value, fragment):
     name = flag[2:].replace("-", "_")
     (tmp_path / "corpus.jsonl").write_text('{"_id": "a", "text": "x"}\n')
@@ -133,13 +139,16 @@ def test_bad_threads_is_one_line(tmp_path, flag, value, fragment):
     assert getattr(load_config(["--method", "maniscope", "--corpus", str(tmp_path)]), name) == "auto"
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--clients", "0"], "--clients must be >= 1, got 0"),
-    (["--requests", "-1"], "--requests must be >= 0, got -1"),
-    (["--soak", "10", "--url", "http://127.0.0.1:1"], "--soak reads the memory of the server's processes"),
-    (["--corpus", "/no/such/folder"], "is not a BEIR-format folder"),
-    (["--timeout", "0"], "--timeout must be > 0"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--clients", "0"], "--clients must be >= 1, got 0"),
+        (["--requests", "-1"], "--requests must be >= 0, got -1"),
+        (["--soak", "10", "--url", "http://127.0.0.1:1"], "--soak reads the memory of the server's processes"),
+        (["--corpus", "/no/such/folder"], "is not a BEIR-format folder"),
+        (["--timeout", "0"], "--timeout must be > 0"),
+    ],
+)
 def test_bench_serve_bad_options_are_one_line(capsys, argv, fragment):
     from geograph.bench.serve import main
 
@@ -169,9 +178,28 @@ def test_soak_mixed_requests_bounded_memory_no_wrong_answer_no_5xx(tmp_path):
     again in groups with whatever shares their batch."""
     from geograph.bench.serve import main
 
-    code = main(["--text-requests", "0", "--requests", "0", "--soak", "600", "--pool", "150", "--clients", "16",
-                 "--repeat", "1", "--server-arg=--accelerator=cpu", "--server-arg=--timeout=300",
-                 "--server-arg=--max-batch-size=16", "--server-arg=--text-cache-size=64", "--out", str(tmp_path)])
+    code = main(
+        [
+            "--text-requests",
+            "0",
+            "--requests",
+            "0",
+            "--soak",
+            "600",
+            "--pool",
+            "150",
+            "--clients",
+            "16",
+            "--repeat",
+            "1",
+            "--server-arg=--accelerator=cpu",
+            "--server-arg=--timeout=300",
+            "--server-arg=--max-batch-size=16",
+            "--server-arg=--text-cache-size=64",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     result = json.loads((tmp_path / "serve.json").read_text())
     s = result["soak"]
     print(f"\nsoak: {s['requests']} requests, {s['req_per_s']:.1f} req/s, RSS growth (MB) {s['rss_growth_mb']}")

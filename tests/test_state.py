@@ -5,13 +5,22 @@ fit), the second loads the first's state, and the ANSWERS (indices and scores, b
 loaded module are compared with the source module's. Each case also checks that the two
 modules answered differently before the load, so a stale derived state cannot pass.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from geograph import (CorpusGraph, DenseRetriever, G3Graph, G3Retriever, ISORetriever, Maniscope, PoincareProjection,
-                      RicciFiltration)
+from geograph import (
+    CorpusGraph,
+    DenseRetriever,
+    G3Graph,
+    G3Retriever,
+    ISORetriever,
+    Maniscope,
+    PoincareProjection,
+    RicciFiltration,
+)
 from geograph.encoders import IdentityPoincare
 
 V, D, B = 80, 8, 6
@@ -82,9 +91,14 @@ CASES = {
     "ISORetriever+projection": (lambda s: iso(s, projection=True), lambda m: out(m(queries(), 5))),
     "G3Graph": (g3graph, g3graph_answers),
     "G3Retriever": (lambda s: G3Retriever(g3graph(s), candidates=10, seeds=2), lambda m: out(m(queries(), 5))),
-    "PoincareProjection": (lambda s: (torch.manual_seed(s), PoincareProjection(D, 4, hidden=16, c=0.5 + s))[1],
-                           lambda m: out(m(unit(20, 7)))),
-    "IdentityPoincare": (lambda s: IdentityPoincare(c=0.5 + s), lambda m: (*out(m(0.5 * unit(20, 7))), torch.tensor(m.c))),
+    "PoincareProjection": (
+        lambda s: (torch.manual_seed(s), PoincareProjection(D, 4, hidden=16, c=0.5 + s))[1],
+        lambda m: out(m(unit(20, 7))),
+    ),
+    "IdentityPoincare": (
+        lambda s: IdentityPoincare(c=0.5 + s),
+        lambda m: (*out(m(0.5 * unit(20, 7))), torch.tensor(m.c)),
+    ),
 }
 # no tensor state: a state round trip must not change them (the answers depend on the hyperparameters)
 STATELESS = {

@@ -1,4 +1,5 @@
 """Every public module answers the same called from 8 threads at once as called one after another."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from geograph import (CorpusGraph, DenseRetriever, G3Graph, G3Retriever, ISORetriever, Maniscope, PoincareProjection,
-                      RicciFiltration)
+from geograph import (
+    CorpusGraph,
+    DenseRetriever,
+    G3Graph,
+    G3Retriever,
+    ISORetriever,
+    Maniscope,
+    PoincareProjection,
+    RicciFiltration,
+)
 
 from conftest import require
 
@@ -28,7 +37,7 @@ def candidates(seed: int, n: int = 10):
     g = torch.Generator().manual_seed(seed)
     q, docs = torch.randn(4, D, generator=g), torch.randn(4, n, D, generator=g)
     mask = torch.ones(4, n, dtype=torch.bool)
-    mask[seed % 4, n - 1 - seed % 3:] = False  # padding differs by thread
+    mask[seed % 4, n - 1 - seed % 3 :] = False  # padding differs by thread
     return q, docs, mask
 
 
@@ -51,13 +60,17 @@ PASSAGES = [f"{WORDS[i % 11]} {WORDS[(3 * i) % 11]} near {WORDS[(5 * i + 1) % 11
 CASES = {
     "DenseRetriever": (lambda: DenseRetriever(unit(V, 0)), lambda m, i: m(unit(5, 100 + i), 7)),
     "ISORetriever": (lambda: ISORetriever(GRAPH, m=3, L=10, max_nodes=20), lambda m, i: m(unit(5, 100 + i), 5)),
-    "ISORetriever+projection": (lambda: ISORetriever(GRAPH, projection=projection(), m=3, L=10, max_nodes=20),
-                                lambda m, i: m(unit(5, 100 + i), 5)),
+    "ISORetriever+projection": (
+        lambda: ISORetriever(GRAPH, projection=projection(), m=3, L=10, max_nodes=20),
+        lambda m, i: m(unit(5, 100 + i), 5),
+    ),
     "G3Retriever": (lambda: G3Retriever(unit(V, 0), max_degree=8), lambda m, i: m(unit(5, 100 + i), 5)),
     "Maniscope": (lambda: Maniscope(k=3), lambda m, i: m(*candidates(i))),
     "RicciFiltration-exact": (lambda: RicciFiltration(solver="exact", iterations=5), lambda m, i: m(*candidates(i))),
-    "RicciFiltration-sinkhorn": (lambda: RicciFiltration(solver="sinkhorn", iterations=2),
-                                 lambda m, i: m(*candidates(i, n=6))),
+    "RicciFiltration-sinkhorn": (
+        lambda: RicciFiltration(solver="sinkhorn", iterations=2),
+        lambda m, i: m(*candidates(i, n=6)),
+    ),
     "PoincareProjection": (projection, lambda m, i: m(unit(16, 100 + i))),
     "CorpusGraph.from_knn": (lambda: CorpusGraph, lambda m, i: m.from_knn(unit(60, 100 + i), 3).edge_index),
     "G3Graph.build": (lambda: G3Graph, lambda m, i: m.build(unit(60, 100 + i), max_degree=5).transition.to_dense()),
@@ -89,8 +102,9 @@ def run_concurrently(call, module) -> list[list[tuple[torch.Tensor, ...]]]:
 
 def assert_same_as_sequential(call, module) -> None:
     sequential = [tensors(call(module, i)) for i in range(THREADS)]
-    assert len({tuple(torch.cat([x.flatten().double() for x in s]).tolist()) for s in sequential}) > 1, \
+    assert len({tuple(torch.cat([x.flatten().double() for x in s]).tolist()) for s in sequential}) > 1, (
         "every thread's input gives the same answer: the test would check nothing"
+    )
     concurrent = run_concurrently(call, module)
     for i in range(THREADS):
         for rep in concurrent[i]:
@@ -120,7 +134,7 @@ def test_cross_encoder_scorer_from_threads(tiny_cross_encoder):
     from geograph.scorers import CrossEncoderScorer
 
     scorer = CrossEncoderScorer(tiny_cross_encoder)
-    assert_same_as_sequential(lambda m, i: m([f"query {i}", "another"], [PASSAGES[i:i + 3], PASSAGES[:3]]), scorer)
+    assert_same_as_sequential(lambda m, i: m([f"query {i}", "another"], [PASSAGES[i : i + 3], PASSAGES[:3]]), scorer)
 
 
 WORKQUEUE_SCRIPT = """
@@ -150,6 +164,7 @@ print("ok")
 def test_exact_ricci_from_threads_on_the_workqueue_layer():
     """numba's fallback layer aborts on concurrent parallel launches; the kernel lock prevents them."""
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", WORKQUEUE_SCRIPT], capture_output=True, text=True, env=env,
-                          cwd=str(ROOT), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKQUEUE_SCRIPT], capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=600
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

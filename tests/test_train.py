@@ -78,8 +78,14 @@ def test_training_puts_hubs_near_origin_and_beats_untrained(tmp_path):
     val = torch.stack([dm.full[(0, i)] for i in dm.val_idx])
     before = triplet_accuracy(model.projection, graph, val)
     norm_before = model.projection(graph.embeddings).norm(dim=1).detach()
-    trainer = L.Trainer(max_epochs=20, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=20,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     model.eval()
     after = triplet_accuracy(model.projection, graph, val)
@@ -95,10 +101,22 @@ def test_cli_trains_a_saved_graph_and_exports_into_the_run_dir(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)  # the config's relative runs/ paths land here, not in the checkout
     graph = scale_free_graph(50)
     graph.save(tmp_path / "g")
-    args = ["fit", "--config", CONFIG, "--data.corpus=null", "--data.knn=null", f"--data.graph_dir={tmp_path / 'g'}",
-            "--data.batch_size=32", "--data.hard_negatives=2", "--model.out_dim=4", "--model.hidden=8",
-            "--trainer.max_epochs=1", "--trainer.accelerator=cpu", "--trainer.devices=1",
-            "--trainer.enable_progress_bar=false"]
+    args = [
+        "fit",
+        "--config",
+        CONFIG,
+        "--data.corpus=null",
+        "--data.knn=null",
+        f"--data.graph_dir={tmp_path / 'g'}",
+        "--data.batch_size=32",
+        "--data.hard_negatives=2",
+        "--model.out_dim=4",
+        "--model.hidden=8",
+        "--trainer.max_epochs=1",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.enable_progress_bar=false",
+    ]
     cli_main(args)
     cli_main(args)  # a second run exports next to its own logs, never over the first run's file
     out = capsys.readouterr().out
@@ -131,6 +149,7 @@ def test_the_corpus_is_not_a_buffer():
 
 
 # -- negatives re-drawn every epoch, the same in every worker and process layout --------------
+
 
 def _epoch_triplets(loader, epoch):
     loader.sampler.set_epoch(epoch)
@@ -195,8 +214,15 @@ def test_lightning_redraws_negatives_each_epoch(tmp_path, workers):
     for w in sorted({0, workers}):
         dm = GraphDataModule(str(tmp_path / "g"), batch_size=32, hard_negatives=2, num_workers=w, seed=2)
         model = _Recorder(in_dim=dm.dim, out_dim=4, hidden=8)
-        trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer = L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
         trainer.fit(model, datamodule=dm)
         epochs[w] = [sorted(map(tuple, torch.cat(e).tolist())) for e in model.seen]
     e0, e1 = epochs[workers]
@@ -205,6 +231,7 @@ def test_lightning_redraws_negatives_each_epoch(tmp_path, workers):
 
 
 # -- a real graph ------------------------------------------------------------------------------
+
 
 def test_training_improves_validation_accuracy_on_a_real_graph():
     """k-NN graph over real SciFact passage embeddings (MiniLM, tests/data); held-out edges with
@@ -221,8 +248,14 @@ def test_training_improves_validation_accuracy_on_a_real_graph():
     model.attach(graph)
     before = triplet_accuracy(model.projection, graph, val)
     loader = triplet_loader(ds, perm[n_val:], batch_size=256, seed=0)
-    trainer = L.Trainer(max_epochs=6, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=6,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, train_dataloaders=loader)
     model.eval()
     after = triplet_accuracy(model.projection, graph, val)
@@ -230,6 +263,7 @@ def test_training_improves_validation_accuracy_on_a_real_graph():
 
 
 # -- as shipped --------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory):
@@ -248,8 +282,11 @@ def test_shipped_config_trains_on_the_demo_corpus(tmp_path, monkeypatch, capsys,
     assert path == Path("runs/iso_poincare/lightning_logs/version_0/projection.pt")
     metrics = (tmp_path / path.parent / "metrics.csv").read_text().splitlines()
     header = metrics[0].split(",")
-    acc = [float(row.split(",")[header.index("val/accuracy")]) for row in metrics[1:]
-           if row.split(",")[header.index("val/accuracy")]]
+    acc = [
+        float(row.split(",")[header.index("val/accuracy")])
+        for row in metrics[1:]
+        if row.split(",")[header.index("val/accuracy")]
+    ]
     assert len(acc) == 20 and max(acc[1:]) > acc[0]
     graph = CorpusGraph.load(next((demo_cache / "graphs").iterdir()))
     assert graph.num_nodes == 111 and graph.name == "knn10"
@@ -269,14 +306,33 @@ def test_ddp_two_processes_train_export_and_load(tmp_path, demo_cache):
     with socket.socket() as sock:  # a port of our own: other test processes may run DDP beside us
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "GEOGRAPH_CACHE": str(demo_cache), "HF_HUB_OFFLINE": "1", "MASTER_PORT": str(port),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "train", "fit", "--config", CONFIG, "--trainer.strategy=ddp",
-           "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=1", "--data.batch_size=128",
-           "--trainer.enable_progress_bar=false"]
+    env = {
+        **os.environ,
+        "GEOGRAPH_CACHE": str(demo_cache),
+        "HF_HUB_OFFLINE": "1",
+        "MASTER_PORT": str(port),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "train",
+        "fit",
+        "--config",
+        CONFIG,
+        "--trainer.strategy=ddp",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.max_epochs=1",
+        "--data.batch_size=128",
+        "--trainer.enable_progress_bar=false",
+    ]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "distributed_backend=gloo" in res.stderr + res.stdout and "All distributed processes registered" in res.stderr + res.stdout
+    assert (
+        "distributed_backend=gloo" in res.stderr + res.stdout
+        and "All distributed processes registered" in res.stderr + res.stdout
+    )
     exported = re.findall(r"f_theta exported to (\S+)", res.stdout)
     assert len(exported) == 1, res.stdout  # rank 0 only
     proj = PoincareProjection.load(tmp_path / exported[0])
@@ -285,15 +341,20 @@ def test_ddp_two_processes_train_export_and_load(tmp_path, demo_cache):
     assert torch.isfinite(iso(graph.embeddings[:2], 5).scores).all()
 
 
-@pytest.mark.parametrize("args, text", [
-    (["--data.corpus=null", "--data.knn=null", "--data.graph_dir=graphs/nowhere"],
-     "data.graph_dir: graphs/nowhere is not a saved CorpusGraph"),
-    (["--data.corpus=nowhere"], "data.corpus: nowhere: no such folder"),
-    (["--data.split=dev"], "data.split:"),
-    (["--data.knn=500"], "data.knn: knn must be an integer in [1, 111)"),
-    (["--data.knn=null"], "give exactly one graph recipe"),
-    (["--data.graph_dir=g"], "give either data.graph_dir"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (
+            ["--data.corpus=null", "--data.knn=null", "--data.graph_dir=graphs/nowhere"],
+            "data.graph_dir: graphs/nowhere is not a saved CorpusGraph",
+        ),
+        (["--data.corpus=nowhere"], "data.corpus: nowhere: no such folder"),
+        (["--data.split=dev"], "data.split:"),
+        (["--data.knn=500"], "data.knn: knn must be an integer in [1, 111)"),
+        (["--data.knn=null"], "give exactly one graph recipe"),
+        (["--data.graph_dir=g"], "give either data.graph_dir"),
+    ],
+)
 def test_cli_data_mistakes_are_one_line(tmp_path, monkeypatch, capsys, args, text):
     monkeypatch.chdir(tmp_path)
     from geograph.data import Encoder

@@ -130,8 +130,11 @@ def test_emd_blands_rule_and_shapes():
     assert np.abs(emd_numpy(c, a, b, max_pivots=0) - ref).max() <= 1e-9
     one = emd(torch.tensor([[[1.0, 2.0, 3.0]]]), torch.tensor([[1.0]]), torch.tensor([[0.2, 0.3, 0.5]]))
     assert one.dtype == torch.float32 and abs(float(one[0]) - 2.3) < 1e-6
-    col = emd(torch.tensor([[[1.0], [3.0]]], dtype=torch.float64), torch.tensor([[0.5, 0.5]], dtype=torch.float64),
-              torch.tensor([[1.0]], dtype=torch.float64))
+    col = emd(
+        torch.tensor([[[1.0], [3.0]]], dtype=torch.float64),
+        torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+        torch.tensor([[1.0]], dtype=torch.float64),
+    )
     assert float(col[0]) == 2.0
 
 

@@ -7,6 +7,7 @@ only ``geograph*``), so geograph claims no top-level ``train`` module in site-pa
 installed command is ``python -m geograph.train fit ...``. ``train.data``, ``train.module`` and
 ``train.fit`` are the very module objects of ``geograph.train`` (no second copy of any class).
 """
+
 import sys
 
 from geograph.train import *  # noqa: F401,F403

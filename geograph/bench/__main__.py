@@ -1,4 +1,5 @@
 """``python -m geograph.bench <name> [options]`` (also ``geograph bench``)."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Timing and reporting helpers for the benchmarks (public API only, warm-up, medians)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ def sync(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize()
 
 
-def time_calls(fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, min_time: float | None = None,
-               device=None) -> dict[str, float]:
+def time_calls(
+    fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, min_time: float | None = None, device=None
+) -> dict[str, float]:
     """Median and spread (min, max) of timed calls of ``fn`` in seconds, after ``warmup`` untimed calls.
 
     ``repeat`` timed calls; with ``min_time``, it stops earlier, after at least 3 calls, once
@@ -98,9 +100,23 @@ def tuning_split(name: str, root: str | Path, encoder) -> Split:
     corpus = encoder.encode(test.passages())
     if (Path(root) / "qrels" / "train.tsv").is_file():
         tune = load_beir(root, "train")
-        return Split(test, corpus, tune, encoder.encode(tune.queries), test, encoder.encode(test.queries),
-                     f"tuned on {name} train, reported on test")
+        return Split(
+            test,
+            corpus,
+            tune,
+            encoder.encode(tune.queries),
+            test,
+            encoder.encode(test.queries),
+            f"tuned on {name} train, reported on test",
+        )
     half = len(test.queries) // 2
     q_all = encoder.encode(test.queries)
-    return Split(test, corpus, test.query_range(0, half), q_all[:half], test.query_range(half, len(test.queries)),
-                 q_all[half:], f"tuned on queries [0, {half}), reported on [{half}, {len(test.queries)})")
+    return Split(
+        test,
+        corpus,
+        test.query_range(0, half),
+        q_all[:half],
+        test.query_range(half, len(test.queries)),
+        q_all[half:],
+        f"tuned on queries [0, {half}), reported on [{half}, {len(test.queries)})",
+    )

@@ -10,6 +10,7 @@ Quality: MuSiQue and SciFact, dense top-5 vs G3RAG top-5 (10 candidates, 2 cosin
 Recall@5 and HitAll@5; beta and band tuned by Recall@5 on a split that is not reported
 (MuSiQue: the first half of the queries, reporting the second; SciFact: train, reporting test).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -92,15 +93,25 @@ def quality(name: str, root: str, encoder: Encoder) -> dict:
             best_key, best = key, (beta, band)
     graph = graphs[best]
     table = {
-        "dense": evaluate(_run(report_set, DenseRetriever(corpus)(report_q, 5).indices), report_set.qrels_list(), METRICS),
+        "dense": evaluate(
+            _run(report_set, DenseRetriever(corpus)(report_q, 5).indices), report_set.qrels_list(), METRICS
+        ),
         f"G3RAG (beta={best[0]}, band={best[1]})": evaluate(
-            _run(report_set, G3Retriever(graph)(report_q, k=5).indices), report_set.qrels_list(), METRICS),
+            _run(report_set, G3Retriever(graph)(report_q, k=5).indices), report_set.qrels_list(), METRICS
+        ),
         "G3RAG paper defaults (beta=0.4, band=(0.1, 0.7))": evaluate(
-            _run(report_set, G3Retriever(graphs[(0.4, (0.1, 0.7))])(report_q, k=5).indices), report_set.qrels_list(),
-            METRICS),
+            _run(report_set, G3Retriever(graphs[(0.4, (0.1, 0.7))])(report_q, k=5).indices),
+            report_set.qrels_list(),
+            METRICS,
+        ),
     }
-    return {"protocol": protocol, "queries_reported": len(report_set.queries), "max_degree": max_degree,
-            "tuned": {"beta": best[0], "band": best[1], "tuning_score": best_key}, "quality": table}
+    return {
+        "protocol": protocol,
+        "queries_reported": len(report_set.queries),
+        "max_degree": max_degree,
+        "tuned": {"beta": best[0], "band": best[1], "tuning_score": best_key},
+        "quality": table,
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -128,8 +139,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for n, row in scale.items():
         o, d = row["ours"], row["dense"]
         if "seconds" in d:
-            print(f"{n:9d}{o['seconds']:10.1f}{o['peak_mb']:10.0f}{d['seconds']:10.1f}{d['peak_mb']:10.0f}"
-                  f"{d['seconds'] / o['seconds']:9.1f}x{d['max_abs_diff_vs_ours']:10.1e}")
+            print(
+                f"{n:9d}{o['seconds']:10.1f}{o['peak_mb']:10.0f}{d['seconds']:10.1f}{d['peak_mb']:10.0f}"
+                f"{d['seconds'] / o['seconds']:9.1f}x{d['max_abs_diff_vs_ours']:10.1e}"
+            )
         else:
             print(f"{n:9d}{o['seconds']:10.1f}{o['peak_mb']:10.0f}{'--':>10}{'--':>10}{'--':>10}   {d['skipped']}")
 
@@ -141,7 +154,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         r = results[name]
         print(f"G3RAG on {name} ({r['protocol']}; {r['queries_reported']} queries reported):")
         print(format_table(r["quality"], METRICS))
-    path = write_json("g3", {"max_degree": args.max_degree, "threads": torch.get_num_threads(),
-                             "scale": {str(k): v for k, v in scale.items()}, "quality": results}, args.out)
+    path = write_json(
+        "g3",
+        {
+            "max_degree": args.max_degree,
+            "threads": torch.get_num_threads(),
+            "scale": {str(k): v for k, v in scale.items()},
+            "quality": results,
+        },
+        args.out,
+    )
     print(f"\nwrote {path}")
     return 0

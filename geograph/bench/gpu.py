@@ -10,6 +10,7 @@ around every call. Writes one JSON file (``--out``) and prints a table.
 ``--device cpu`` runs the same script on the CPU (the parity column is then CPU vs CPU); the
 test suite does that with small sizes so the script cannot rot between GPU loans.
 """
+
 from __future__ import annotations
 
 import copy
@@ -65,13 +66,17 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
     cases: dict[str, Callable[[Callable], object]] = {
         "cosine_similarity": lambda t: F.cosine_similarity(t(docs), t(docs)),
         "knn_graph": lambda t: F.knn_graph(t(docs), 5, t(mask)).double(),
-        "shortest_paths": lambda t: F.shortest_paths(t(1 - F.cosine_similarity(docs, docs).clamp(-1, 1)),
-                                                     t(F.knn_graph(docs, 5, mask)), t(mask)),
+        "shortest_paths": lambda t: F.shortest_paths(
+            t(1 - F.cosine_similarity(docs, docs).clamp(-1, 1)), t(F.knn_graph(docs, 5, mask)), t(mask)
+        ),
         "maniscope_scores": lambda t: F.maniscope_scores(t(query), t(docs), t(mask), k=5, alpha=0.3)[0],
         "sinkhorn": lambda t: F.sinkhorn(t(cost), t(a), t(a.flip(1)), reg=0.05, max_iter=500).plan,
-        "ollivier_ricci (sinkhorn)": lambda t: F.ollivier_ricci(t(lengths), t(adj), t(node_mask), solver="sinkhorn", max_iter=300),
-        "ricci_flow (sinkhorn, 3 steps)": lambda t: F.ricci_flow(t(adj), t(lengths), t(node_mask), iterations=3,
-                                                                 solver="sinkhorn", max_iter=300).lengths,
+        "ollivier_ricci (sinkhorn)": lambda t: F.ollivier_ricci(
+            t(lengths), t(adj), t(node_mask), solver="sinkhorn", max_iter=300
+        ),
+        "ricci_flow (sinkhorn, 3 steps)": lambda t: (
+            F.ricci_flow(t(adj), t(lengths), t(node_mask), iterations=3, solver="sinkhorn", max_iter=300).lengths
+        ),
         "isoperimetric_ratio": lambda t: F.isoperimetric_ratio(t(edge_index), t(vol), corpus),
         "personalized_pagerank": lambda t: F.personalized_pagerank(t(w), t(r), t(mask)),
         "gain_density": lambda t: F.gain_density(t(x)),
@@ -85,8 +90,9 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
     return out
 
 
-def module_parity_and_timing(dev: torch.device, sizes: Sequence[int], *, corpus: int, repeat: int,
-                             parity_queries: int = 16) -> dict:
+def module_parity_and_timing(
+    dev: torch.device, sizes: Sequence[int], *, corpus: int, repeat: int, parity_queries: int = 16
+) -> dict:
     """Each module on CPU vs ``dev`` (ids / kept sets) and ms/query on ``dev`` at each B."""
     from geograph.corpus import CorpusGraph
     from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever, ISORetriever
@@ -104,9 +110,14 @@ def module_parity_and_timing(dev: torch.device, sizes: Sequence[int], *, corpus:
     models = {
         "DenseRetriever (k=10)": (lambda d: DenseRetriever(x).to(d), lambda m, qq, cc: m(qq, 10).indices),
         "Maniscope (M=100)": (lambda d: Maniscope().to(d), lambda m, qq, cc: m(qq, x.to(qq.device)[cc]).order),
-        "RicciFiltration (M=20)": (lambda d: RicciFiltration().to(d),
-                                   lambda m, qq, cc: m(qq, x.to(qq.device)[cc[:, :20]]).keep),
-        "ISORetriever (k=10)": (lambda d: ISORetriever(copy.deepcopy(graph)).to(d), lambda m, qq, cc: m(qq, 10).indices),
+        "RicciFiltration (M=20)": (
+            lambda d: RicciFiltration().to(d),
+            lambda m, qq, cc: m(qq, x.to(qq.device)[cc[:, :20]]).keep,
+        ),
+        "ISORetriever (k=10)": (
+            lambda d: ISORetriever(copy.deepcopy(graph)).to(d),
+            lambda m, qq, cc: m(qq, 10).indices,
+        ),
         "G3Retriever (k=5)": (lambda d: G3Retriever(copy.deepcopy(g3_cpu)).to(d), lambda m, qq, cc: m(qq, 5).indices),
     }
     parity_b = min(parity_queries, big)
@@ -115,8 +126,12 @@ def module_parity_and_timing(dev: torch.device, sizes: Sequence[int], *, corpus:
         ref_model, model = make(torch.device("cpu")), make(dev)
         got = call(model, q[:parity_b].to(dev), cand[:parity_b].to(dev)).cpu()
         ref = call(ref_model, q[:parity_b], cand[:parity_b])
-        row = {"parity_queries": parity_b, "identical_rows": float((got == ref).all(1).double().mean()),
-               "identical_entries": float((got == ref).double().mean()), "ms_per_query": {}}
+        row = {
+            "parity_queries": parity_b,
+            "identical_rows": float((got == ref).all(1).double().mean()),
+            "identical_entries": float((got == ref).double().mean()),
+            "ms_per_query": {},
+        }
         for b in sizes:
             if name.startswith("RicciFiltration") and dev.type == "cpu" and b > 64:
                 row["ms_per_query"][str(b)] = None  # the CPU exact path: ~90 ms per graph, see bench ricci
@@ -142,11 +157,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("geograph bench gpu: CUDA is not available on this machine (pass --device cpu to dry-run)")
         return 2
-    env = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-           "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads()}
+    env = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+    }
     kernels = kernel_parity(dev, b=args.kernel_batch)
-    modules = module_parity_and_timing(dev, args.sizes, corpus=args.corpus, repeat=args.repeat,
-                                       parity_queries=args.parity_queries)
+    modules = module_parity_and_timing(
+        dev, args.sizes, corpus=args.corpus, repeat=args.repeat, parity_queries=args.parity_queries
+    )
     print(f"kernel parity, {dev} vs cpu (max |diff|):")
     for name, d in kernels.items():
         print(f"  {name:<34}{d:10.2e}")
@@ -156,7 +176,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"  {name:<26}{row['identical_rows'] * 100:6.1f}%   {ms}")
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"environment": env, "sizes": args.sizes, "corpus": args.corpus,
-                                "kernels_max_abs_diff": kernels, "modules": modules}, indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                "environment": env,
+                "sizes": args.sizes,
+                "corpus": args.corpus,
+                "kernels_max_abs_diff": kernels,
+                "modules": modules,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {path}")
     return 0

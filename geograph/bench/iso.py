@@ -10,6 +10,7 @@ B = ``--batch`` next to a per-query ``networkx.pagerank`` on the same local subg
 the same run, with the PageRank parity); every timing warmed up and repeated (median; the
 spread in the JSON).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -80,14 +81,22 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
     t_one, t_batch = t_1["median"] / n1, t_b["median"] / q.shape[0]
     t_ppr, t_nx = t_p["median"] / q.shape[0], t_n["median"] / q.shape[0]
     # parity against a tightly converged networkx (its default tol=1e-6 allows n * 1e-6 in L1)
-    ref = [nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers, tol=1e-12, max_iter=10000)
-           for g, pers, _ in ref]
+    ref = [
+        nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers, tol=1e-12, max_iter=10000)
+        for g, pers, _ in ref
+    ]
     ref = [np.array([out[i] for i in range(len(out))]) for out in ref]
     err = max(float(np.abs(pi[b, : len(x)].numpy() - x).max()) for b, x in enumerate(ref))
-    return {"iso_B1_ms": t_one * 1e3, f"iso_B{q.shape[0]}_ms": t_batch * 1e3, "ppr_batched_ms": t_ppr * 1e3,
-            "networkx_pagerank_ms": t_nx * 1e3, "ppr_speedup": t_nx / t_ppr, "ppr_max_abs_diff_vs_networkx": err,
-            "local_nodes_mean": float(sub.mask.sum(1).double().mean()),
-            "timings_s": {"B1": t_1, f"B{q.shape[0]}": t_b, "ppr_batched": t_p, "networkx_pagerank": t_n}}
+    return {
+        "iso_B1_ms": t_one * 1e3,
+        f"iso_B{q.shape[0]}_ms": t_batch * 1e3,
+        "ppr_batched_ms": t_ppr * 1e3,
+        "networkx_pagerank_ms": t_nx * 1e3,
+        "ppr_speedup": t_nx / t_ppr,
+        "ppr_max_abs_diff_vs_networkx": err,
+        "local_nodes_mean": float(sub.mask.sum(1).double().mean()),
+        "timings_s": {"B1": t_1, f"B{q.shape[0]}": t_b, "ppr_batched": t_p, "networkx_pagerank": t_n},
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -124,23 +133,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 model = ISORetriever(graph, projection=proj, **best)
                 label = f"ISO-RAG {gname}, {pname}"
                 table[label] = evaluate(_run(report_set, _retrieve(model, report_q)), report_set.qrels_list(), METRICS)
-                rows[label] = {"graph": gname, "edges": graph.num_edges, "projection": pname, "tuned": best,
-                               "tuning_split_score": tuned, "pruned_share": model.pruned_share,
-                               "speed": speed(model, report_q, args.batch, args.single)}
-        results[name] = {"protocol": protocol, "queries_reported": len(report_set.queries), "quality": table,
-                         "variants": rows}
+                rows[label] = {
+                    "graph": gname,
+                    "edges": graph.num_edges,
+                    "projection": pname,
+                    "tuned": best,
+                    "tuning_split_score": tuned,
+                    "pruned_share": model.pruned_share,
+                    "speed": speed(model, report_q, args.batch, args.single),
+                }
+        results[name] = {
+            "protocol": protocol,
+            "queries_reported": len(report_set.queries),
+            "quality": table,
+            "variants": rows,
+        }
         print(f"\nISO-RAG on {name} ({protocol}; {len(report_set.queries)} queries reported):")
         print(format_table(table, METRICS))
-        print(f"{'variant':<34}{'pruned':>8}{'tuned (beta, m, L, tau)':>26}{'B=1 ms':>9}{'B=' + str(args.batch) + ' ms':>9}"
-              f"{'PPR ms':>9}{'nx ms':>9}{'PPR x':>8}{'|dpi|':>9}")
+        print(
+            f"{'variant':<34}{'pruned':>8}{'tuned (beta, m, L, tau)':>26}{'B=1 ms':>9}{'B=' + str(args.batch) + ' ms':>9}"
+            f"{'PPR ms':>9}{'nx ms':>9}{'PPR x':>8}{'|dpi|':>9}"
+        )
         for label, r in rows.items():
             t, s = r["tuned"], r["speed"]
-            print(f"{label:<34}{r['pruned_share'] * 100:7.1f}%{str((t['beta'], t['m'], t['L'], t['tau'])):>26}"
-                  f"{s['iso_B1_ms']:9.3f}{s[f'iso_B{min(args.batch, len(report_set.queries))}_ms']:9.3f}"
-                  f"{s['ppr_batched_ms']:9.4f}{s['networkx_pagerank_ms']:9.3f}{s['ppr_speedup']:7.0f}x"
-                  f"{s['ppr_max_abs_diff_vs_networkx']:9.1e}")
-    path = write_json("iso", {"threads": torch.get_num_threads(), "batch": args.batch, "knn": args.knn,
-                              "epochs": args.epochs, "grid": GRID, "results": results}, args.out)
+            print(
+                f"{label:<34}{r['pruned_share'] * 100:7.1f}%{str((t['beta'], t['m'], t['L'], t['tau'])):>26}"
+                f"{s['iso_B1_ms']:9.3f}{s[f'iso_B{min(args.batch, len(report_set.queries))}_ms']:9.3f}"
+                f"{s['ppr_batched_ms']:9.4f}{s['networkx_pagerank_ms']:9.3f}{s['ppr_speedup']:7.0f}x"
+                f"{s['ppr_max_abs_diff_vs_networkx']:9.1e}"
+            )
+    path = write_json(
+        "iso",
+        {
+            "threads": torch.get_num_threads(),
+            "batch": args.batch,
+            "knn": args.knn,
+            "epochs": args.epochs,
+            "grid": GRID,
+            "results": results,
+        },
+        args.out,
+    )
     print(f"\nwrote {path}")
     return 0
-

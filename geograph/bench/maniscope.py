@@ -8,6 +8,7 @@ On SciFact test (dense top-M MiniLM candidates per query) it times
 
 checks that both give the same order, and reports nDCG@10 of dense vs Maniscope.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -74,8 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     scores64 = torch.cat([o.scores for o in out64]).numpy()
     order64 = torch.cat([o.order for o in out64]).numpy()
     for i in tqdm(range(query.shape[0]), desc="reference parity", unit="query"):
-        s, _, o = maniscope_reference(query[i].double().numpy(), cands.docs(slice(i, i + 1))[0].double().numpy(),
-                                      k=args.k, alpha=args.alpha)
+        s, _, o = maniscope_reference(
+            query[i].double().numpy(), cands.docs(slice(i, i + 1))[0].double().numpy(), k=args.k, alpha=args.alpha
+        )
         max_err = max(max_err, float(np.abs(s - scores64[i]).max()))
         same += int(np.array_equal(o, order64[i]))
 
@@ -87,23 +89,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"Maniscope (dense top-{cands.indices.shape[1]})": evaluate(run_ids(dataset, man_i, man_s), qrels, metrics),
     }
 
-    print(f"\nManiscope speed on {dataset.name} {args.split} (M={docs_b.shape[1]}, k={args.k}, "
-          f"{torch.get_num_threads()} threads, device={dev}), median of repeats:")
+    print(
+        f"\nManiscope speed on {dataset.name} {args.split} (M={docs_b.shape[1]}, k={args.k}, "
+        f"{torch.get_num_threads()} threads, device={dev}), median of repeats:"
+    )
     print(f"{'path':<34}{'ms/query':>10}{'speed-up':>10}")
     print(f"{'reference (sklearn + scipy)':<34}{ms['reference']:10.3f}{1.0:10.1f}x")
     print(f"{'geograph.Maniscope B=1':<34}{ms['B=1']:10.3f}{ms['reference'] / ms['B=1']:10.1f}x")
     print(f"{'geograph.Maniscope B=' + str(b):<34}{ms[f'B={b}']:10.3f}{ms['reference'] / ms[f'B={b}']:10.1f}x")
-    print(f"\nparity (float64, {query.shape[0]} queries): identical order on {same}/{query.shape[0]}, "
-          f"max |score diff| = {max_err:.2e}")
+    print(
+        f"\nparity (float64, {query.shape[0]} queries): identical order on {same}/{query.shape[0]}, "
+        f"max |score diff| = {max_err:.2e}"
+    )
     print(f"\nQuality on {dataset.name} {args.split} ({len(qrels)} queries):")
     print(format_table(quality, metrics))
-    path = write_json("maniscope", {
-        "dataset": dataset.name, "split": args.split, "candidates": docs_b.shape[1], "k": args.k,
-        "alpha": args.alpha, "batch": b, "device": str(dev), "threads": torch.get_num_threads(),
-        "ms_per_query": ms, "timings_s": {"reference": t_ref, "B=1": t_one, f"B={b}": t_bat},
-        "speedup_vs_reference": {k: ms["reference"] / v for k, v in ms.items()},
-        "parity": {"queries": int(query.shape[0]), "identical_order": same, "max_abs_score_diff": max_err},
-        "quality": quality,
-    }, args.out)
+    path = write_json(
+        "maniscope",
+        {
+            "dataset": dataset.name,
+            "split": args.split,
+            "candidates": docs_b.shape[1],
+            "k": args.k,
+            "alpha": args.alpha,
+            "batch": b,
+            "device": str(dev),
+            "threads": torch.get_num_threads(),
+            "ms_per_query": ms,
+            "timings_s": {"reference": t_ref, "B=1": t_one, f"B={b}": t_bat},
+            "speedup_vs_reference": {k: ms["reference"] / v for k, v in ms.items()},
+            "parity": {"queries": int(query.shape[0]), "identical_order": same, "max_abs_score_diff": max_err},
+            "quality": quality,
+        },
+        args.out,
+    )
     print(f"\nwrote {path}")
     return 0

@@ -3,6 +3,7 @@
 They follow the methods as their authors wrote them (numpy, scikit-learn, scipy,
 GraphRicciCurvature), one query at a time. Requires the ``bench`` extra (GraphRicciCurvature: the ``ref`` extra).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -169,7 +170,9 @@ def g3_retrieve_reference(x: np.ndarray, t: np.ndarray, q: np.ndarray, *, candid
     chosen = list(seed) + diffused
     rest = [i for i in cand if i not in chosen] + [i for i in by_cos if i not in cand]
     top_up = [i for i in rest if i not in chosen][: k - len(chosen)]
-    scores = np.concatenate([cos[seed], y[np.asarray(diffused, dtype=np.int64)], cos[np.asarray(top_up, dtype=np.int64)]])
+    scores = np.concatenate(
+        [cos[seed], y[np.asarray(diffused, dtype=np.int64)], cos[np.asarray(top_up, dtype=np.int64)]]
+    )
     return chosen + top_up, scores, y, cos
 
 
@@ -181,8 +184,15 @@ def expmap0_reference(u: np.ndarray, c: float = 1.0) -> np.ndarray:
     return np.tanh(sc * norm) * u / (sc * norm)
 
 
-def iso_reference_phi(num_nodes: int, edges, z: np.ndarray, *, p: float = 2.0, c: float = 1.0,
-                      eps: float = float(np.finfo(np.float64).eps)):
+def iso_reference_phi(
+    num_nodes: int,
+    edges,
+    z: np.ndarray,
+    *,
+    p: float = 2.0,
+    c: float = 1.0,
+    eps: float = float(np.finfo(np.float64).eps),
+):
     """ISO-RAG's isoperimetric ratio per node from the points in the ball and the edge list (networkx BFS).
 
     ``v(u) = (2 / (1 - c |z_u|^2)) ** p``; ``S_u = {u} + N(u)``; ``dS_u`` = the nodes at exactly
@@ -223,10 +233,26 @@ def iso_reference_kept(graph, phi: np.ndarray, beta: float) -> set[tuple[int, in
     return kept
 
 
-def iso_reference(embeddings: np.ndarray, edges, query: np.ndarray, k: int, *, z: np.ndarray | None = None,
-                  p: float = 2.0, c: float = 1.0, m: int = 5, L: int = 50, hops: int = 1, max_nodes: int = 100,
-                  beta: float = 0.4, tau: float = 10.0, alpha: float = 0.85, lambda_g: float = 0.5,
-                  lambda_d: float = 0.5, prepared=None):
+def iso_reference(
+    embeddings: np.ndarray,
+    edges,
+    query: np.ndarray,
+    k: int,
+    *,
+    z: np.ndarray | None = None,
+    p: float = 2.0,
+    c: float = 1.0,
+    m: int = 5,
+    L: int = 50,
+    hops: int = 1,
+    max_nodes: int = 100,
+    beta: float = 0.4,
+    tau: float = 10.0,
+    alpha: float = 0.85,
+    lambda_g: float = 0.5,
+    lambda_d: float = 0.5,
+    prepared=None,
+):
     """ISO-RAG for one query in plain numpy + networkx, from the raw inputs only.
 
     ``z`` = the points in the Poincare ball (default: :func:`expmap0_reference` of the raw
@@ -288,8 +314,9 @@ def iso_reference(embeddings: np.ndarray, edges, query: np.ndarray, k: int, *, z
     return np.array(local)[top], score[top]
 
 
-def iso_reference_prepare(embeddings: np.ndarray, edges, *, z: np.ndarray | None = None, p: float = 2.0,
-                          c: float = 1.0, beta: float = 0.4):
+def iso_reference_prepare(
+    embeddings: np.ndarray, edges, *, z: np.ndarray | None = None, p: float = 2.0, c: float = 1.0, beta: float = 0.4
+):
     """The per-corpus part of :func:`iso_reference`: ``(networkx graph, kept directed edges)``."""
     emb = np.asarray(embeddings, dtype=np.float64)
     z = expmap0_reference(emb, c) if z is None else z

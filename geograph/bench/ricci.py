@@ -22,6 +22,7 @@ SciFact the quality (nDCG@10, Recall@10) of dense top-20 vs the kept set ordered
 Needs GraphRicciCurvature for (a): the ``ref`` extra, or `make`, which installs it with
 ``--no-deps`` (its metadata pins an old scipy).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -52,7 +53,10 @@ def _run(model, q, docs, batch, device):
 
 def _timing(stats: dict, queries: int) -> dict:
     """Per-query milliseconds from :func:`time_calls` seconds over ``queries`` queries."""
-    return {k: stats[k] / queries * 1e3 for k in ("median", "min", "max")} | {"repeat": stats["repeat"], "queries": queries}
+    return {k: stats[k] / queries * 1e3 for k in ("median", "min", "max")} | {
+        "repeat": stats["repeat"],
+        "queries": queries,
+    }
 
 
 def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor) -> dict:
@@ -63,11 +67,23 @@ def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Te
     adj, node_mask, _ = query_graph(q, docs, percentile=model.percentile)
     counts = {}
     for start, warm in (("warm", True), ("cold", False)):
-        st = exact_flow_stats(adj, torch.ones(adj.shape, dtype=torch.float64), node_mask, iterations=model.iterations,
-                              step=model.step, delta=model.delta, alpha=model.alpha, exp_power=model.exp_power,
-                              warm_start=warm)
-        counts[start] = {"problems": st.problems, "warm_started": st.warm_started / st.problems,
-                         "pivots_per_problem": st.pivots / st.problems, "dual_steps_per_problem": st.dual_steps / st.problems}
+        st = exact_flow_stats(
+            adj,
+            torch.ones(adj.shape, dtype=torch.float64),
+            node_mask,
+            iterations=model.iterations,
+            step=model.step,
+            delta=model.delta,
+            alpha=model.alpha,
+            exp_power=model.exp_power,
+            warm_start=warm,
+        )
+        counts[start] = {
+            "problems": st.problems,
+            "warm_started": st.warm_started / st.problems,
+            "pivots_per_problem": st.pivots / st.problems,
+            "dual_steps_per_problem": st.dual_steps / st.problems,
+        }
     return counts
 
 
@@ -95,9 +111,11 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
         t = time_calls(lambda: _run(model, q[:timed], docs[:timed], batch, dev), repeat=args.repeat, device=dev)
         row = _timing(t, timed)
         row["kept_queries"] = count
-        row.update(kept_agreement=(keep == ref_keep[:count]).double().mean().item(),
-                   graphs_identical=(keep == ref_keep[:count]).all(1).double().mean().item(),
-                   max_length_error=(length - torch.from_numpy(ref_len[:count])).abs().max().item())
+        row.update(
+            kept_agreement=(keep == ref_keep[:count]).double().mean().item(),
+            graphs_identical=(keep == ref_keep[:count]).all(1).double().mean().item(),
+            max_length_error=(length - torch.from_numpy(ref_len[:count])).abs().max().item(),
+        )
         rows[label] = row
         return row
 
@@ -127,15 +145,25 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
         finally:
             ricci_module.ricci_flow = flow_fn
         row = record(f"(c) sinkhorn B={args.batch}", sk, q32, d32, args.batch, ns, timed=args.sinkhorn_timed, outs=outs)
-        row.update(resolved_share_per_step=[float(torch.stack([r[i] for r in resolved if len(r) > i]).mean())
-                                            for i in range(max(len(r) for r in resolved))],
-                   sinkhorn_work_per_step=float(torch.cat(work).mean()))
+        row.update(
+            resolved_share_per_step=[
+                float(torch.stack([r[i] for r in resolved if len(r) > i]).mean())
+                for i in range(max(len(r) for r in resolved))
+            ],
+            sinkhorn_work_per_step=float(torch.cat(work).mean()),
+        )
 
-    out = {"dataset": dataset.name, "queries": nq, "nodes": docs64.shape[1] + 1, "paths": rows,
-           "exact_solver": solver_counts}
+    out = {
+        "dataset": dataset.name,
+        "queries": nq,
+        "nodes": docs64.shape[1] + 1,
+        "paths": rows,
+        "exact_solver": solver_counts,
+    }
     if name == "scifact":
-        rf_i, rf_s = rerank_all(cands, lambda q, d: exact(q.double(), d.double()), batch_size=args.batch,
-                                desc="Ricci-Filtration")
+        rf_i, rf_s = rerank_all(
+            cands, lambda q, d: exact(q.double(), d.double()), batch_size=args.batch, desc="Ricci-Filtration"
+        )
         metrics = ("nDCG@10", "Recall@10")
         kept = torch.isfinite(rf_s).sum(1).double()
         out["quality"] = {
@@ -149,23 +177,34 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
 def _print(name: str, res: dict, threads: dict) -> None:
     rows = res["paths"]
     ref = rows["(a) GraphRicciCurvature 0.6.1"]["median"]
-    print(f"\nRicci-Filtration speed on {res['dataset']} ({res['queries']} query graphs, {res['nodes']} nodes, "
-          f"torch threads {threads['torch']}, numba threads {threads['numba']}):")
-    print(f"{'path':<34}{'queries':>8}{'ms/query (min-max)':>26}{'vs (a) (min-max)':>22}{'kept agree (graphs)':>21}{'max |dw|':>10}")
+    print(
+        f"\nRicci-Filtration speed on {res['dataset']} ({res['queries']} query graphs, {res['nodes']} nodes, "
+        f"torch threads {threads['torch']}, numba threads {threads['numba']}):"
+    )
+    print(
+        f"{'path':<34}{'queries':>8}{'ms/query (min-max)':>26}{'vs (a) (min-max)':>22}{'kept agree (graphs)':>21}{'max |dw|':>10}"
+    )
     for label, r in rows.items():
         spread = f"{r['median']:9.2f} ({r['min']:.2f}-{r['max']:.2f})"
         ratio = f"{ref / r['median']:7.1f}x ({ref / r['max']:.0f}-{ref / r['min']:.0f})"
-        extra = (f"{r['kept_agreement'] * 100:11.2f}% of {r['kept_queries']}{r['max_length_error']:10.1e}"
-                 if "kept_agreement" in r else "")
+        extra = (
+            f"{r['kept_agreement'] * 100:11.2f}% of {r['kept_queries']}{r['max_length_error']:10.1e}"
+            if "kept_agreement" in r
+            else ""
+        )
         print(f"{label:<34}{r['queries']:8d}{spread:>26}{ratio:>22}{extra}")
         if "resolved_share_per_step" in r:
             share = r["resolved_share_per_step"]
-            print(f"{'':<34}re-solved exactly per step: mean {np.mean(share) * 100:.1f}%, max {max(share) * 100:.1f}%; "
-                  f"Sinkhorn work {r['sinkhorn_work_per_step']:.3g} iterations x problems per step")
+            print(
+                f"{'':<34}re-solved exactly per step: mean {np.mean(share) * 100:.1f}%, max {max(share) * 100:.1f}%; "
+                f"Sinkhorn work {r['sinkhorn_work_per_step']:.3g} iterations x problems per step"
+            )
     warm, cold = res["exact_solver"]["warm"], res["exact_solver"]["cold"]
-    print(f"exact solver, {warm['problems']} transport problems: warm-started {warm['warm_started'] * 100:.1f}%, "
-          f"{warm['pivots_per_problem']:.2f} pivots + {warm['dual_steps_per_problem']:.2f} dual steps per problem "
-          f"(cold start: {cold['pivots_per_problem']:.2f} pivots)")
+    print(
+        f"exact solver, {warm['problems']} transport problems: warm-started {warm['warm_started'] * 100:.1f}%, "
+        f"{warm['pivots_per_problem']:.2f} pivots + {warm['dual_steps_per_problem']:.2f} dual steps per problem "
+        f"(cold start: {cold['pivots_per_problem']:.2f} pivots)"
+    )
     if "quality" in res:
         print(f"\nQuality on {res['dataset']} (mean kept {res['mean_kept']:.2f}):")
         print(format_table(res["quality"], ("nDCG@10", "Recall@10")))
@@ -173,18 +212,27 @@ def _print(name: str, res: dict, threads: dict) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = make_parser("geograph bench ricci", __doc__)
-    p.add_argument("--data", help="SciFact BEIR folder (default: ../shared/data/scifact); MuSiQue is always read "
-                   "from the shared data folder (../shared/data/musique)")
+    p.add_argument(
+        "--data",
+        help="SciFact BEIR folder (default: ../shared/data/scifact); MuSiQue is always read "
+        "from the shared data folder (../shared/data/musique)",
+    )
     p.add_argument("--datasets", nargs="+", default=["scifact", "musique"], help="(default: %(default)s)")
     p.add_argument("--split", default="test", help="SciFact split (MuSiQue: test)")
     p.add_argument("--cache", help="embedding cache directory")
     p.add_argument("--candidates", type=int, default=20, help="dense candidates per query (default: %(default)s)")
-    p.add_argument("--queries", type=int, default=300,
-                   help="query graphs per data set for (a) kept sets and (b), at most the set's queries (default: %(default)s; "
-                        "SciFact test has 300, MuSiQue 100)")
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=300,
+        help="query graphs per data set for (a) kept sets and (b), at most the set's queries (default: %(default)s; "
+        "SciFact test has 300, MuSiQue 100)",
+    )
     p.add_argument("--ref-queries", type=int, default=8, help="queries of (a) timed per repeat (default: %(default)s)")
     p.add_argument("--sinkhorn-queries", type=int, help="query graphs for (c)'s kept sets (default: all --queries)")
-    p.add_argument("--sinkhorn-timed", type=int, default=16, help="queries of (c) timed per repeat (default: %(default)s)")
+    p.add_argument(
+        "--sinkhorn-timed", type=int, default=16, help="queries of (c) timed per repeat (default: %(default)s)"
+    )
     p.add_argument("--single", type=int, default=16, help="queries timed one at a time (B = 1) (default: %(default)s)")
     p.add_argument("--batch", type=int, default=64, help="queries per batch of (b) and (c) (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=5, help="timing repeats, at least 5 (default: %(default)s)")
@@ -205,7 +253,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ref = res["paths"]["(a) GraphRicciCurvature 0.6.1"]["median"]
         for r in res["paths"].values():
             r["speedup_vs_reference"] = {"median": ref / r["median"], "min": ref / r["max"], "max": ref / r["min"]}
-    path = write_json("ricci", {"device": str(dev), "threads": threads, "batch": args.batch, "repeat": args.repeat,
-                                "datasets": results}, args.out)
+    path = write_json(
+        "ricci",
+        {"device": str(dev), "threads": threads, "batch": args.batch, "repeat": args.repeat, "datasets": results},
+        args.out,
+    )
     print(f"\nwrote {path}")
     return 0

@@ -39,6 +39,7 @@ pairwise histogram and mean cosine (0.131); the mixture's 1st / 10th-neighbour m
 0.61 / 0.50 (SciFact 0.68 / 0.53, 2Wiki 0.55 / 0.40), the Gaussian's 0.46 / 0.40: the mixture
 is the realistic case and the Gaussian the hard one for an IVF index (no topics to cut along).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,9 @@ def fit_generators(real: np.ndarray, *, clusters: int = 512, seed: int = 0) -> d
     import faiss
 
     x = np.ascontiguousarray(real, dtype=np.float32)
-    km = faiss.Kmeans(x.shape[1], clusters, niter=25, seed=seed, spherical=True, verbose=False,
-                      min_points_per_centroid=1)
+    km = faiss.Kmeans(
+        x.shape[1], clusters, niter=25, seed=seed, spherical=True, verbose=False, min_points_per_centroid=1
+    )
     km.train(x)
     _, lab = km.index.search(x, 1)
     lab = lab[:, 0]
@@ -89,8 +91,12 @@ def fit_generators(real: np.ndarray, *, clusters: int = 512, seed: int = 0) -> d
     cov_w = np.cov(resid.T / np.sqrt(scale[lab] / resid.var()))
     weights = np.bincount(lab, minlength=clusters) / len(lab)
     return {
-        "mixture": {"means": means, "scale": scale / resid.var(), "chol": np.linalg.cholesky(cov_w + 1e-9 * np.eye(x.shape[1])),
-                    "weights": weights},
+        "mixture": {
+            "means": means,
+            "scale": scale / resid.var(),
+            "chol": np.linalg.cholesky(cov_w + 1e-9 * np.eye(x.shape[1])),
+            "weights": weights,
+        },
         "gauss": {"mean": x.mean(0), "chol": np.linalg.cholesky(np.cov(x.T) + 1e-9 * np.eye(x.shape[1]))},
     }
 
@@ -126,8 +132,13 @@ def geometry(x: np.ndarray, *, pairs: int = 200_000, seed: int = 0) -> dict:
     t = torch.from_numpy(x)
     v, _ = tiled_topk(t, t, 10, exclude_self=True)
     q = [0.1, 0.5, 0.9]
-    return {"bins": edges.tolist(), "hist": hist.tolist(), "mean_cos": float(cos.mean()),
-            "nn1": np.quantile(v[:, 0].numpy(), q).tolist(), "nn10": np.quantile(v[:, 9].numpy(), q).tolist()}
+    return {
+        "bins": edges.tolist(),
+        "hist": hist.tolist(),
+        "mean_cos": float(cos.mean()),
+        "nn1": np.quantile(v[:, 0].numpy(), q).tolist(),
+        "nn10": np.quantile(v[:, 9].numpy(), q).tolist(),
+    }
 
 
 # -- one build in a fresh process ------------------------------------------------------------
@@ -176,8 +187,12 @@ def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
     CorpusGraph.from_knn(x[:2048], 5, chunk_size=256)  # every worker imports torch and geograph once
     warm = time.perf_counter() - t0
     executor.tasks = 0
-    return executor, {"address": address, "cpus": executor.session["cpus"], "connect_seconds": connect,
-                      "warmup_seconds": warm}
+    return executor, {
+        "address": address,
+        "cpus": executor.session["cpus"],
+        "connect_seconds": connect,
+        "warmup_seconds": warm,
+    }
 
 
 def _build(task: dict, x: torch.Tensor, out: dict) -> None:
@@ -192,9 +207,16 @@ def _build(task: dict, x: torch.Tensor, out: dict) -> None:
     else:
         from geograph.retrievers.g3 import G3Graph
 
-        g = G3Graph.build(x, max_degree=MAX_DEGREE, index=task["index"], nprobe=task["nprobe"],
-                          candidates=task["candidates"], density_sample=task["density_sample"],
-                          ranking=task["ranking"], progress=task["progress"])
+        g = G3Graph.build(
+            x,
+            max_degree=MAX_DEGREE,
+            index=task["index"],
+            nprobe=task["nprobe"],
+            candidates=task["candidates"],
+            density_sample=task["density_sample"],
+            ranking=task["ranking"],
+            progress=task["progress"],
+        )
         np.savez(task["out"], crow=g.crow.numpy(), col=g.col.numpy(), val=g.val.numpy(), density=g.density.numpy())
         info = g.build_info
         out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
@@ -278,8 +300,14 @@ def raw_density(z: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.T
     from geograph.functional.allpairs import tiled_pairs
 
     q = z if rows is None else z[rows]
-    _, _, s = tiled_pairs(q, z, 0, exclude=True if rows is None else rows, row_sum=lambda t: t.clamp_min(0),
-                          progress="exact density" if rows is None else False)
+    _, _, s = tiled_pairs(
+        q,
+        z,
+        0,
+        exclude=True if rows is None else rows,
+        row_sum=lambda t: t.clamp_min(0),
+        progress="exact density" if rows is None else False,
+    )
     return s / z.shape[0]
 
 
@@ -312,9 +340,16 @@ def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe, k: int = 20
     te = time_calls(lambda: exact(q, k), repeat=5)
     ti = time_calls(lambda: ivf(q, k), repeat=5)
     ms = lambda t: {key: t[key] * 1000 / batch for key in ("median", "min", "max")}
-    return {"recall@20": hits / (len(queries) * k), "nlist": ivf.nlist, "nprobe": ivf.nprobe,
-            "calibration": ivf.calibration, "index_build_s": build,
-            "exact_ms_per_query": ms(te), "ivf_ms_per_query": ms(ti), "speedup": te["median"] / ti["median"]}
+    return {
+        "recall@20": hits / (len(queries) * k),
+        "nlist": ivf.nlist,
+        "nprobe": ivf.nprobe,
+        "calibration": ivf.calibration,
+        "index_build_s": build,
+        "exact_ms_per_query": ms(te),
+        "ivf_ms_per_query": ms(ti),
+        "speedup": te["median"] / ti["median"],
+    }
 
 
 # -- one synthetic size ----------------------------------------------------------------------
@@ -322,8 +357,9 @@ def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) ->
     n = len(x)
     path = tmp / f"{label}.npy"
     np.save(path, x)
-    common = dict(path=str(path), threads=torch.get_num_threads(), index=args.index, nprobe=args.nprobe,
-                  progress=args.progress)
+    common = dict(
+        path=str(path), threads=torch.get_num_threads(), index=args.index, nprobe=args.nprobe, progress=args.progress
+    )
     res: dict = {"N": n}
     z = torch.from_numpy(x)
     rows = torch.from_numpy(np.sort(np.random.default_rng(1).choice(n, size=min(args.check_rows, n), replace=False)))
@@ -334,9 +370,16 @@ def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) ->
         res["knn"]["recall@10"] = knn_recall(np.load(tmp / f"{label}-knn.npy"), rows.numpy(), ref)
     if "g3" in args.builds:
         print(f"[{label}] G3 graph ({args.index}) ...", flush=True)
-        res["g3"] = build_in_child(dict(common, kind="g3", candidates=args.candidates,
-                                        density_sample=args.density_sample, ranking=args.ranking,
-                                        out=str(tmp / f"{label}-g3.npz")))
+        res["g3"] = build_in_child(
+            dict(
+                common,
+                kind="g3",
+                candidates=args.candidates,
+                density_sample=args.density_sample,
+                ranking=args.ranking,
+                out=str(tmp / f"{label}-g3.npz"),
+            )
+        )
         res["g3"].update(g3_check(z, rows, np.load(tmp / f"{label}-g3.npz"), args.exact_limit))
     if args.ray is not None:
         res["ray"] = ray_compare(common, args, tmp, label, res)
@@ -381,8 +424,11 @@ def ray_compare(common: dict, args, tmp: Path, label: str, res: dict) -> dict:
     out: dict = {}
     for kind in [b for b in ("knn", "g3") if b in res]:  # the builds made in this run
         print(f"[{label}] {kind} graph on Ray ({args.ray}) ...", flush=True)
-        extra = {} if kind == "knn" else dict(candidates=args.candidates, density_sample=args.density_sample,
-                                              ranking=args.ranking)
+        extra = (
+            {}
+            if kind == "knn"
+            else dict(candidates=args.candidates, density_sample=args.density_sample, ranking=args.ranking)
+        )
         path = tmp / f"{label}-{kind}-ray.{'npy' if kind == 'knn' else 'npz'}"
         r = build_in_child(dict(common, kind=kind, ray=args.ray, out=str(path), **extra))
         local = tmp / f"{label}-{kind}.{'npy' if kind == 'knn' else 'npz'}"
@@ -433,8 +479,15 @@ def real_set(name: str, root: str, encoder, args) -> dict:
     ref = exact_knn_rows(z, rows, KNN_K).numpy()
     out["knn_recall@10"] = knn_recall(ivf_knn.edge_index.numpy(), rows.numpy(), ref)
     g_exact = G3Graph.build(x, max_degree=MAX_DEGREE)
-    g_ivf = G3Graph.build(x, max_degree=MAX_DEGREE, index="ivf", nprobe=args.nprobe, candidates=args.candidates,
-                          density_sample=args.density_sample, ranking=args.ranking)
+    g_ivf = G3Graph.build(
+        x,
+        max_degree=MAX_DEGREE,
+        index="ivf",
+        nprobe=args.nprobe,
+        candidates=args.candidates,
+        density_sample=args.density_sample,
+        ranking=args.ranking,
+    )
     info = g_ivf.build_info
     out["g3_certified"] = info.get("certified", 0) / n
     out["g3_redone"] = info.get("redone", 0)
@@ -451,37 +504,80 @@ def real_set(name: str, root: str, encoder, args) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = make_parser("geograph bench scale", __doc__)
     p.add_argument("sizes", type=int, nargs="*", default=[200_000, 1_000_000], help="corpus sizes (default 200k 1M)")
-    p.add_argument("--generators", nargs="*", default=list(GENERATORS), choices=GENERATORS,
-                   help="synthetic corpora (none: only the real sets)")
-    p.add_argument("--gauss-max", type=int, default=200_000,
-                   help="largest size the Gaussian generator runs at (default: %(default)s): with no topics, the "
-                        "recall target makes its builds probe a large share of the corpus or scan it exactly "
-                        "(200k: 4 and 14 minutes; hours at 1M on two cores)")
-    p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=BUILDS,
-                   help="what to build and check at each size (default: all)")
+    p.add_argument(
+        "--generators",
+        nargs="*",
+        default=list(GENERATORS),
+        choices=GENERATORS,
+        help="synthetic corpora (none: only the real sets)",
+    )
+    p.add_argument(
+        "--gauss-max",
+        type=int,
+        default=200_000,
+        help="largest size the Gaussian generator runs at (default: %(default)s): with no topics, the "
+        "recall target makes its builds probe a large share of the corpus or scan it exactly "
+        "(200k: 4 and 14 minutes; hours at 1M on two cores)",
+    )
+    p.add_argument(
+        "--builds",
+        nargs="+",
+        default=list(BUILDS),
+        choices=BUILDS,
+        help="what to build and check at each size (default: all)",
+    )
     p.add_argument("--index", default="ivf", choices=["exact", "ivf", "auto"])
-    p.add_argument("--nprobe", type=int, help="cells each cell meets in the IVF join (default: the builders' own, "
-                   "geograph.functional.ann.default_join_nprobe)")
-    p.add_argument("--dense-nprobe", type=_nprobe_arg, default="auto",
-                   help="lists a DenseRetriever query probes, or auto: chosen on sampled passages for recall@20 0.99 "
-                        "(default: %(default)s)")
-    p.add_argument("--candidates", type=int, default=None,
-                   help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)")
-    p.add_argument("--ranking", default="weight", choices=["weight", "cosine"],
-                   help="G3 candidate ranking: the weight itself, or cosine with the certificate (default weight)")
-    p.add_argument("--density-sample", type=int, default=None,
-                   help="G3 density columns sampled (default: G3Graph.build's, 8192 for the IVF build; 0 = exact)")
-    p.add_argument("--check-rows", type=int, default=2000, help="sampled rows checked against exact (default: %(default)s)")
-    p.add_argument("--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N (default: %(default)s)")
+    p.add_argument(
+        "--nprobe",
+        type=int,
+        help="cells each cell meets in the IVF join (default: the builders' own, "
+        "geograph.functional.ann.default_join_nprobe)",
+    )
+    p.add_argument(
+        "--dense-nprobe",
+        type=_nprobe_arg,
+        default="auto",
+        help="lists a DenseRetriever query probes, or auto: chosen on sampled passages for recall@20 0.99 "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        help="G3 candidates K' per row (default: max_degree + a quarter; 512 with --ranking cosine)",
+    )
+    p.add_argument(
+        "--ranking",
+        default="weight",
+        choices=["weight", "cosine"],
+        help="G3 candidate ranking: the weight itself, or cosine with the certificate (default weight)",
+    )
+    p.add_argument(
+        "--density-sample",
+        type=int,
+        default=None,
+        help="G3 density columns sampled (default: G3Graph.build's, 8192 for the IVF build; 0 = exact)",
+    )
+    p.add_argument(
+        "--check-rows", type=int, default=2000, help="sampled rows checked against exact (default: %(default)s)"
+    )
+    p.add_argument(
+        "--exact-limit", type=int, default=200_000, help="exact density of all rows up to this N (default: %(default)s)"
+    )
     p.add_argument("--queries", type=int, default=640, help="DenseRetriever queries per size (default: %(default)s)")
     p.add_argument("--datasets", nargs="*", default=["scifact", "musique"])
     p.add_argument("--data-root", default=str(DEFAULT_DATA), help="folder of the real sets (default: %(default)s)")
     p.add_argument("--cache", help="embedding cache directory")
     p.add_argument("--progress", action="store_true", help="progress bars of the builds")
     p.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="also build both graphs with their tiles on Ray (alone: a local Ray on this machine; "
-                        "'auto' or ray://HOST:PORT: a cluster) and report the overhead against the single-process build")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="also build both graphs with their tiles on Ray (alone: a local Ray on this machine; "
+        "'auto' or ray://HOST:PORT: a cluster) and report the overhead against the single-process build",
+    )
     args = p.parse_args(argv)
 
     from geograph.data import Encoder, load_beir, load_corpus
@@ -501,9 +597,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     qcols = ["nn1 p10", "nn1 p50", "nn1 p90", "nn10 p10", "nn10 p50", "nn10 p90", "mean cos"]
     print(format_table({k: dict(zip(qcols, v["nn1"] + v["nn10"] + [v["mean_cos"]])) for k, v in geo.items()}, qcols))
 
-    results: dict = {"threads": torch.get_num_threads(), "index": args.index, "nprobe": args.nprobe,
-                     "gauss_max": args.gauss_max, "exact_limit": args.exact_limit,
-                     "geometry": geo, "sizes": {}, "real": {}}
+    results: dict = {
+        "threads": torch.get_num_threads(),
+        "index": args.index,
+        "nprobe": args.nprobe,
+        "gauss_max": args.gauss_max,
+        "exact_limit": args.exact_limit,
+        "geometry": geo,
+        "sizes": {},
+        "real": {},
+    }
     with tempfile.TemporaryDirectory(prefix="geograph-scale-") as tmp:
         for n in args.sizes:
             for g in args.generators:
@@ -526,24 +629,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         k, g, d = r.get("knn", {}), r.get("g3", {}), r.get("dense", {})
         bi, ki = g.get("build_info", {}), k.get("build_info", {})
         rows[label] = {
-            "kNN s": k.get("seconds", nan), "kNN RSS GB": k.get("peak_rss_mb", nan) / 1024,
-            "kNN nprobe": _probes(ki), "kNN rec@10": k.get("recall@10", nan), "G3 s": g.get("seconds", nan),
+            "kNN s": k.get("seconds", nan),
+            "kNN RSS GB": k.get("peak_rss_mb", nan) / 1024,
+            "kNN nprobe": _probes(ki),
+            "kNN rec@10": k.get("recall@10", nan),
+            "G3 s": g.get("seconds", nan),
             "G3 nprobe": _probes(bi),
-            "G3 RSS GB": g.get("peak_rss_mb", nan) / 1024, "G3 edge rec": g.get("edge_recall", nan),
-            "G3 L1": g.get("weight_l1", nan), "certified": bi.get("certified", nan) / r["N"],
-            "redone": bi.get("redone", nan), "rho err": g.get("rho_max_error", nan),
+            "G3 RSS GB": g.get("peak_rss_mb", nan) / 1024,
+            "G3 edge rec": g.get("edge_recall", nan),
+            "G3 L1": g.get("weight_l1", nan),
+            "certified": bi.get("certified", nan) / r["N"],
+            "redone": bi.get("redone", nan),
+            "rho err": g.get("rho_max_error", nan),
             "dense nprobe": str(d["nprobe"]) if d.get("nprobe") else "-",
-            "dense rec@20": d.get("recall@20", nan), "dense x": d.get("speedup", nan),
+            "dense rec@20": d.get("recall@20", nan),
+            "dense x": d.get("speedup", nan),
         }
     table_cols = list(next(iter(rows.values())).keys()) if rows else []
     if rows:
         print("\ncorpus scale (synthetic MiniLM-like 384-d, this machine):")
         print(format_table(rows, table_cols, SCALE_FORMATS))
-    ray_rows = {f"{label} {kind}": {"single s": r["ray"][kind]["single_process_seconds"], "Ray s": r["ray"][kind]["seconds"],
-                                    "overhead": r["ray"][kind]["overhead"], "tasks": r["ray"][kind]["ray"]["tasks"],
-                                    "connect s": r["ray"][kind]["ray"]["connect_seconds"],
-                                    "warm-up s": r["ray"][kind]["ray"]["warmup_seconds"], "equal": str(r["ray"][kind]["equal"])}
-                for label, r in results["sizes"].items() if "ray" in r for kind in ("knn", "g3")}
+    ray_rows = {
+        f"{label} {kind}": {
+            "single s": r["ray"][kind]["single_process_seconds"],
+            "Ray s": r["ray"][kind]["seconds"],
+            "overhead": r["ray"][kind]["overhead"],
+            "tasks": r["ray"][kind]["ray"]["tasks"],
+            "connect s": r["ray"][kind]["ray"]["connect_seconds"],
+            "warm-up s": r["ray"][kind]["ray"]["warmup_seconds"],
+            "equal": str(r["ray"][kind]["equal"]),
+        }
+        for label, r in results["sizes"].items()
+        if "ray" in r
+        for kind in ("knn", "g3")
+    }
     ray_cols = ["single s", "Ray s", "overhead", "tasks", "connect s", "warm-up s", "equal"]
     if ray_rows:
         print(f"\nRay ({args.ray}) against the single-process build (same machine, same threads):")
@@ -554,9 +673,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_table(results["real"], real_cols))
     path = write_json("scale", results, args.out)
     md = Path(args.out) / "scale.md"
-    md.write_text("# geograph bench scale\n\n```\n" + (format_table(rows, table_cols, SCALE_FORMATS) if rows else "") + "\n\n"
-                  + (format_table(results["real"], real_cols) if results["real"] else "")
-                  + ("\n\n" + format_table(ray_rows, ray_cols, RAY_FORMATS) if ray_rows else "") + "\n```\n")
+    md.write_text(
+        "# geograph bench scale\n\n```\n"
+        + (format_table(rows, table_cols, SCALE_FORMATS) if rows else "")
+        + "\n\n"
+        + (format_table(results["real"], real_cols) if results["real"] else "")
+        + ("\n\n" + format_table(ray_rows, ray_cols, RAY_FORMATS) if ray_rows else "")
+        + "\n```\n"
+    )
     print(f"\nwrote {path} and {md}")
     return 0
 

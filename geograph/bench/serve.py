@@ -24,6 +24,7 @@ RSS growth <= 50 MB per process, 0 wrong answers, 0 5xx. Prints a table and writ
 ``<out>/serve.json``; exits 1 when a request is not answered with 200, or a soak finds a wrong
 answer.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,14 +51,23 @@ def parser():
     p.add_argument("--url", help="a running server to load (default: start one on 127.0.0.1)")
     p.add_argument("--method", default="maniscope", choices=("maniscope", "ricci", "iso", "g3"))
     p.add_argument("--corpus", help="BEIR folder the server serves (default: the demo corpus)")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="a flag passed to geograph serve (repeatable, e.g. --server-arg=--max-batch-size=32)")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a flag passed to geograph serve (repeatable, e.g. --server-arg=--max-batch-size=32)",
+    )
     p.add_argument("--clients", type=int, default=32, help="closed-loop clients (32)")
     p.add_argument("--text-requests", type=int, default=800, help="requests of the text phase (800; 0 skips it)")
     p.add_argument("--requests", type=int, default=2000, help="requests of the mixed phase (2000; 0 skips it)")
     p.add_argument("--candidates", type=int, default=8, help="candidate texts of a /rerank request (8)")
-    p.add_argument("--soak", type=int, default=0, metavar="N", help="N mixed requests checked against answers alone (0: none)")
-    p.add_argument("--pool", type=int, default=400, help="distinct requests of the soak, each answered alone first (400)")
+    p.add_argument(
+        "--soak", type=int, default=0, metavar="N", help="N mixed requests checked against answers alone (0: none)"
+    )
+    p.add_argument(
+        "--pool", type=int, default=400, help="distinct requests of the soak, each answered alone first (400)"
+    )
     p.add_argument("--encoder", help="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
     p.add_argument("--repeat", type=int, default=3, help="passes of the encoder limit (median)")
     p.add_argument("--seed", type=int, default=0)
@@ -98,7 +108,7 @@ class Workload:
         self.serial += 1
         n = self.rng.randint(4, 16)
         i = self.rng.randrange(max(1, len(self.words) - n))
-        return f"{' '.join(self.words[i:i + n])} {self.serial}"
+        return f"{' '.join(self.words[i : i + n])} {self.serial}"
 
     def vector(self) -> list[float]:
         import torch
@@ -193,14 +203,24 @@ def summarise(calls, got, seconds: float) -> dict:
     rows = {}
     for kind in sorted({c[0] for c in calls}) + ["all"]:
         lat = [g[2] for c, g in zip(calls, got) if kind in ("all", c[0])]
-        rows[kind] = {"requests": len(lat), "p50_ms": 1000 * quantile(lat, 0.5), "p99_ms": 1000 * quantile(lat, 0.99),
-                      "max_ms": 1000 * max(lat)}
+        rows[kind] = {
+            "requests": len(lat),
+            "p50_ms": 1000 * quantile(lat, 0.5),
+            "p99_ms": 1000 * quantile(lat, 0.99),
+            "max_ms": 1000 * max(lat),
+        }
         rows[kind]["p99_over_p50"] = rows[kind]["p99_ms"] / rows[kind]["p50_ms"]
     codes = [g[0] for g in got]
-    return {"requests": len(got), "seconds": seconds, "req_per_s": len(got) / seconds,
-            "status_5xx": sum(c >= 500 for c in codes), "status_other": sum(c != 200 and c < 500 for c in codes),
-            "kinds": rows, "p99_over_p50": rows["all"]["p99_over_p50"],
-            "worst_kind_p99_over_p50": max(r["p99_over_p50"] for k, r in rows.items() if k != "all")}
+    return {
+        "requests": len(got),
+        "seconds": seconds,
+        "req_per_s": len(got) / seconds,
+        "status_5xx": sum(c >= 500 for c in codes),
+        "status_other": sum(c != 200 and c < 500 for c in codes),
+        "kinds": rows,
+        "p99_over_p50": rows["all"]["p99_over_p50"],
+        "worst_kind_p99_over_p50": max(r["p99_over_p50"] for k, r in rows.items() if k != "all"),
+    }
 
 
 # -- the server ----------------------------------------------------------------------------
@@ -230,10 +250,25 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "geograph", "serve", "--method", method, "--corpus", corpus,
-               "--host", "127.0.0.1", "--port", str(self.port), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "geograph",
+            "serve",
+            "--method",
+            method,
+            "--corpus",
+            corpus,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *extra,
+        ]
         env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         self.log: list[bytes] = []
         threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
         try:
@@ -284,13 +319,23 @@ def encoder_limit(encoder: Optional[str], texts: list[str], repeat: int) -> dict
     try:
         for n in sorted({1, len(os.sched_getaffinity(0))}):
             torch.set_num_threads(n)
-            t = time_calls(lambda: model.encode(texts, batch_size=64, normalize_embeddings=True), repeat=repeat, warmup=1)
-            runs[n] = {"texts_per_s": len(texts) / t["median"], "spread": [len(texts) / t["max"], len(texts) / t["min"]]}
+            t = time_calls(
+                lambda: model.encode(texts, batch_size=64, normalize_embeddings=True), repeat=repeat, warmup=1
+            )
+            runs[n] = {
+                "texts_per_s": len(texts) / t["median"],
+                "spread": [len(texts) / t["max"], len(texts) / t["min"]],
+            }
     finally:
         torch.set_num_threads(before)
     best = max(runs, key=lambda n: runs[n]["texts_per_s"])
-    return {"texts": len(texts), "batch_size": 64, "threads": best, "texts_per_s": runs[best]["texts_per_s"],
-            "by_threads": runs}
+    return {
+        "texts": len(texts),
+        "batch_size": 64,
+        "threads": best,
+        "texts_per_s": runs[best]["texts_per_s"],
+        "by_threads": runs,
+    }
 
 
 # -- the soak ------------------------------------------------------------------------------
@@ -330,10 +375,17 @@ def soak(server: Server, work: Workload, n: int, pool: int, clients: int, timeou
     wrong = sum(not same_answer(g[1], alone[i][1]) for i, g in zip(picks, got) if g[0] == 200)
     growth = {p: after[p] - before[p] for p in before if p in after}
     out = summarise([calls[i] for i in picks], got, seconds)
-    out.update(pool=pool, alone_not_200=bad_alone, wrong=wrong, warmup_requests=len(warm),
-               rss_before_mb=before, rss_after_mb=after, rss_growth_mb=growth,
-               max_rss_growth_mb=max(growth.values()) if growth else float("nan"),
-               processes_gone=sorted(set(before) - set(after)))
+    out.update(
+        pool=pool,
+        alone_not_200=bad_alone,
+        wrong=wrong,
+        warmup_requests=len(warm),
+        rss_before_mb=before,
+        rss_after_mb=after,
+        rss_growth_mb=growth,
+        max_rss_growth_mb=max(growth.values()) if growth else float("nan"),
+        processes_gone=sorted(set(before) - set(after)),
+    )
     return out
 
 
@@ -359,8 +411,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     server = None if args.url else Server(args.method, corpus, args.server_arg)
     url = args.url.rstrip("/") if args.url else server.url
-    result: dict = {"method": args.method, "corpus": corpus, "clients": args.clients, "url": args.url,
-                    "server_args": args.server_arg, "cpus": len(os.sched_getaffinity(0)), "encoder_limit": limit}
+    result: dict = {
+        "method": args.method,
+        "corpus": corpus,
+        "clients": args.clients,
+        "url": args.url,
+        "server_args": args.server_arg,
+        "cpus": len(os.sched_getaffinity(0)),
+        "encoder_limit": limit,
+    }
     status = False
     try:
         warm = work.mixed(2 * args.clients)
@@ -371,31 +430,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             text = summarise(calls, got, seconds)
             text["share_of_limit"] = text["req_per_s"] / limit["texts_per_s"]
             result["text"] = text
-            print(f"text: {text['requests']} /retrieve with distinct query texts: {text['req_per_s']:.1f} req/s "
-                  f"= {100 * text['share_of_limit']:.0f}% of the encoder's {limit['texts_per_s']:.0f} texts/s; "
-                  f"p50 {text['kinds']['all']['p50_ms']:.0f} ms, p99 {text['kinds']['all']['p99_ms']:.0f} ms, "
-                  f"{text['status_5xx']} 5xx, {text['status_other']} other non-200", flush=True)
+            print(
+                f"text: {text['requests']} /retrieve with distinct query texts: {text['req_per_s']:.1f} req/s "
+                f"= {100 * text['share_of_limit']:.0f}% of the encoder's {limit['texts_per_s']:.0f} texts/s; "
+                f"p50 {text['kinds']['all']['p50_ms']:.0f} ms, p99 {text['kinds']['all']['p99_ms']:.0f} ms, "
+                f"{text['status_5xx']} 5xx, {text['status_other']} other non-200",
+                flush=True,
+            )
             status |= bool(text["status_5xx"] or text["status_other"])
         if args.requests:
             calls = work.mixed(args.requests)
             got, seconds = closed_loop(url, calls, args.clients, args.timeout)
             mixed = summarise(calls, got, seconds)
             result["mixed"] = mixed
-            print(f"mixed: {mixed['requests']} requests, {mixed['req_per_s']:.1f} req/s, {mixed['status_5xx']} 5xx, "
-                  f"{mixed['status_other']} other non-200, p99/p50 {mixed['p99_over_p50']:.2f} over all requests, "
-                  f"{mixed['worst_kind_p99_over_p50']:.2f} in the worst kind", flush=True)
+            print(
+                f"mixed: {mixed['requests']} requests, {mixed['req_per_s']:.1f} req/s, {mixed['status_5xx']} 5xx, "
+                f"{mixed['status_other']} other non-200, p99/p50 {mixed['p99_over_p50']:.2f} over all requests, "
+                f"{mixed['worst_kind_p99_over_p50']:.2f} in the worst kind",
+                flush=True,
+            )
             status |= bool(mixed["status_5xx"] or mixed["status_other"])
             print(f"  {'kind':<16}{'requests':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'p99/p50':>9}")
             for kind, row in mixed["kinds"].items():
-                print(f"  {kind:<16}{row['requests']:>9}{row['p50_ms']:>9.0f}{row['p99_ms']:>9.0f}{row['max_ms']:>9.0f}"
-                      f"{row['p99_over_p50']:>9.2f}")
+                print(
+                    f"  {kind:<16}{row['requests']:>9}{row['p50_ms']:>9.0f}{row['p99_ms']:>9.0f}{row['max_ms']:>9.0f}"
+                    f"{row['p99_over_p50']:>9.2f}"
+                )
         if args.soak:
             s = soak(server, work, args.soak, args.pool, args.clients, args.timeout)
             result["soak"] = s
-            print(f"soak: {s['requests']} requests in {s['seconds']:.0f} s ({s['req_per_s']:.1f} req/s), "
-                  f"{s['wrong']} wrong, {s['status_5xx']} 5xx, RSS growth per process (MB): "
-                  + ", ".join(f"{p}: {g:+.1f}" for p, g in s["rss_growth_mb"].items()), flush=True)
-            status |= bool(s["wrong"] or s["status_5xx"] or s["status_other"] or s["alone_not_200"] or s["processes_gone"])
+            print(
+                f"soak: {s['requests']} requests in {s['seconds']:.0f} s ({s['req_per_s']:.1f} req/s), "
+                f"{s['wrong']} wrong, {s['status_5xx']} 5xx, RSS growth per process (MB): "
+                + ", ".join(f"{p}: {g:+.1f}" for p, g in s["rss_growth_mb"].items()),
+                flush=True,
+            )
+            status |= bool(
+                s["wrong"] or s["status_5xx"] or s["status_other"] or s["alone_not_200"] or s["processes_gone"]
+            )
     finally:
         if server is not None:
             result["server_exit_status"] = server.stop()

@@ -1,4 +1,5 @@
 """Data: BEIR-format loaders, the shipped demo corpus and the embedding cache."""
+
 from pathlib import Path
 
 from geograph.data.beir import BEIRError, Dataset, check_beir, load_beir, load_corpus
@@ -23,5 +24,17 @@ def load_demo() -> Dataset:
     return load_beir(DEMO_PATH, split="test")
 
 
-__all__ = ["Dataset", "load_beir", "load_corpus", "check_beir", "BEIRError", "load_demo", "DEMO_PATH", "EmbeddingCache", "Encoder",
-           "cache_dir", "default_model_path", "DEFAULT_MODEL_NAME"]
+__all__ = [
+    "Dataset",
+    "load_beir",
+    "load_corpus",
+    "check_beir",
+    "BEIRError",
+    "load_demo",
+    "DEMO_PATH",
+    "EmbeddingCache",
+    "Encoder",
+    "cache_dir",
+    "default_model_path",
+    "DEFAULT_MODEL_NAME",
+]

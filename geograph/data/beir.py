@@ -1,4 +1,5 @@
 """Loader for BEIR-format folders: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."""
+
 from __future__ import annotations
 
 import csv
@@ -49,8 +50,16 @@ class Dataset:
     def query_range(self, start: int, stop: int) -> "Dataset":
         """The same corpus with only the queries ``[start, stop)`` (e.g. a tuning half)."""
         keep = self.query_ids[start:stop]
-        return Dataset(self.name, self.doc_ids, self.titles, self.texts, keep, self.queries[start:stop],
-                       {q: self.qrels[q] for q in keep}, {q: self.query_fields.get(q, {}) for q in keep})
+        return Dataset(
+            self.name,
+            self.doc_ids,
+            self.titles,
+            self.texts,
+            keep,
+            self.queries[start:stop],
+            {q: self.qrels[q] for q in keep},
+            {q: self.query_fields.get(q, {}) for q in keep},
+        )
 
     def __repr__(self) -> str:
         return f"Dataset({self.name!r}, passages={len(self.doc_ids)}, queries={len(self.query_ids)})"
@@ -159,9 +168,15 @@ def load_corpus(path: Union[str, Path]) -> Dataset:
         raise BEIRError(f"{file} is empty: no passages")
     if any("_id" not in d for d in corpus):
         raise BEIRError(f"{file}: every record needs an '_id'")
-    return Dataset(name=root.stem if root.is_file() else root.name, doc_ids=[str(d["_id"]) for d in corpus],
-                   titles=[d.get("title", "") or "" for d in corpus], texts=[d.get("text", "") or "" for d in corpus],
-                   query_ids=[], queries=[], qrels={})
+    return Dataset(
+        name=root.stem if root.is_file() else root.name,
+        doc_ids=[str(d["_id"]) for d in corpus],
+        titles=[d.get("title", "") or "" for d in corpus],
+        texts=[d.get("text", "") or "" for d in corpus],
+        query_ids=[],
+        queries=[],
+        qrels={},
+    )
 
 
 def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:

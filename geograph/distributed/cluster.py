@@ -5,6 +5,7 @@ is optional). geograph schedules nothing itself: every tile is one Ray task, Ray
 retries them, and the corpus travels once through Ray's object store (read zero-copy by the
 workers of a node).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,9 @@ def _check_address(address: Optional[str]) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def ray_session(address: Optional[str] = None, *, num_cpus: Optional[int] = None,
-                runtime_env: Optional[dict] = None) -> Iterator[dict]:
+def ray_session(
+    address: Optional[str] = None, *, num_cpus: Optional[int] = None, runtime_env: Optional[dict] = None
+) -> Iterator[dict]:
     """Ray for the ``with`` block: joined, started, or reused.
 
     - Ray already initialised in this process (``ray.is_initialized()``): used as it is and left
@@ -59,8 +61,9 @@ def ray_session(address: Optional[str] = None, *, num_cpus: Optional[int] = None
     address = _check_address(address)
     if ray.is_initialized():
         if address is not None:
-            raise ValueError(f"address={address!r}: Ray is already initialised in this process; "
-                             "pass address=None to use it")
+            raise ValueError(
+                f"address={address!r}: Ray is already initialised in this process; pass address=None to use it"
+            )
         yield {"address": "existing", "started": False, "seconds": 0.0, "cpus": _cpus(ray)}
         return
     t0 = time.perf_counter()
@@ -68,15 +71,22 @@ def ray_session(address: Optional[str] = None, *, num_cpus: Optional[int] = None
     if address is None:
         root = str(Path(__file__).resolve().parents[2])  # the directory holding this geograph package
         env_vars = dict(env.get("env_vars") or {})
-        env_vars.setdefault("PYTHONPATH", os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        env_vars.setdefault(
+            "PYTHONPATH", os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        )
         env["env_vars"] = env_vars
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, logging_level="WARNING",
-                 log_to_driver=False)
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, runtime_env=env, logging_level="WARNING", log_to_driver=False
+        )
     else:
         ray.init(address=address, runtime_env=env or None, logging_level="WARNING")
     try:
-        yield {"address": address or LOCAL, "started": address is None, "seconds": time.perf_counter() - t0,
-               "cpus": _cpus(ray)}
+        yield {
+            "address": address or LOCAL,
+            "started": address is None,
+            "seconds": time.perf_counter() - t0,
+            "cpus": _cpus(ray),
+        }
     finally:
         ray.shutdown()
 
@@ -152,8 +162,9 @@ class RayExecutor:
         self.num_cpus, self.max_retries = num_cpus, max_retries
         self.parallelism = parallelism or max(1, int(_cpus(self.ray) // num_cpus))
         self.tasks = 0
-        self._remote = self.ray.remote(_run_tile).options(num_cpus=num_cpus, max_retries=max_retries,
-                                                          retry_exceptions=False, name="geograph_tile")
+        self._remote = self.ray.remote(_run_tile).options(
+            num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=False, name="geograph_tile"
+        )
 
     def __call__(self, fn: Callable[[dict, Any], Any], shared: dict, items: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
         ray = self.ray
@@ -168,12 +179,16 @@ class RayExecutor:
                     try:
                         out = ray.get(d)
                     except ray.exceptions.RayTaskError as exc:  # the tile itself raised: not a lost worker
-                        raise RuntimeError(f"Ray tile {getattr(fn, '__name__', fn)}({item!r}) raised "
-                                           f"{str(exc).strip().splitlines()[-1]}") from exc
+                        raise RuntimeError(
+                            f"Ray tile {getattr(fn, '__name__', fn)}({item!r}) raised "
+                            f"{str(exc).strip().splitlines()[-1]}"
+                        ) from exc
                     except ray.exceptions.RayError as exc:
-                        raise RuntimeError(f"Ray tile {getattr(fn, '__name__', fn)}({item!r}) failed after "
-                                           f"{self.max_retries} retries, so nothing was built: "
-                                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                        raise RuntimeError(
+                            f"Ray tile {getattr(fn, '__name__', fn)}({item!r}) failed after "
+                            f"{self.max_retries} retries, so nothing was built: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        ) from exc
                     yield item, _unpack(out)
         finally:
             for d in pending:  # an error or an abandoned generator: stop the rest

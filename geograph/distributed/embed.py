@@ -10,6 +10,7 @@ renamed), so every command that reads the cache (``geograph demo --data``, ``bui
 ``bench``) finds them unchanged. A batch retried by Ray after a lost actor writes its shard again:
 the cache keeps one vector per text, so a repeat is harmless.
 """
+
 from __future__ import annotations
 
 import time
@@ -51,8 +52,14 @@ class EmbedReport:
 class _EncoderActor:
     """One replica: an :class:`Encoder` (no cache of its own) and the cache's writer."""
 
-    def __init__(self, model: Optional[str], model_name: Optional[str], cache: Optional[str], batch_size: int,
-                 device: Optional[str]) -> None:
+    def __init__(
+        self,
+        model: Optional[str],
+        model_name: Optional[str],
+        cache: Optional[str],
+        batch_size: int,
+        device: Optional[str],
+    ) -> None:
         self.encoder = Encoder(model, model_name=model_name, cache=False, batch_size=batch_size, device=device)
         self.cache = EmbeddingCache(self.encoder.model_name, cache)
 
@@ -120,14 +127,31 @@ def embed_corpus(
             rows = min(rows_per_shard, -(-len(todo) // concurrency))
             ds = ray.data.from_arrow([pa.table({"text": todo[i : i + rows]}) for i in range(0, len(todo), rows)])
             out = ds.map_batches(
-                _EncoderActor, batch_size=rows, concurrency=concurrency,
-                fn_constructor_kwargs=dict(model=model, model_name=model_name, cache=str(root),
-                                           batch_size=batch_size, device="cuda" if num_gpus > 0 else None),
-                num_cpus=num_cpus, num_gpus=num_gpus or None, batch_format="numpy")
+                _EncoderActor,
+                batch_size=rows,
+                concurrency=concurrency,
+                fn_constructor_kwargs=dict(
+                    model=model,
+                    model_name=model_name,
+                    cache=str(root),
+                    batch_size=batch_size,
+                    device="cuda" if num_gpus > 0 else None,
+                ),
+                num_cpus=num_cpus,
+                num_gpus=num_gpus or None,
+                batch_format="numpy",
+            )
             encoded = int(sum(int(b["encoded"].sum()) for b in out.iter_batches(batch_size=None, batch_format="numpy")))
         if encoded != len(todo):
-            raise RuntimeError(f"Ray Data encoded {encoded} of {len(todo)} texts; the cache at {store.path} is incomplete")
+            raise RuntimeError(
+                f"Ray Data encoded {encoded} of {len(todo)} texts; the cache at {store.path} is incomplete"
+            )
     shards = len(set(store.path.glob("*.npz")) - before) if store.path.is_dir() else 0
-    return EmbedReport(passages=len(passages), cached=len(passages) - len(missing), encoded=encoded, shards=shards,
-                       cache=str(store.path), seconds=time.perf_counter() - t0)
-
+    return EmbedReport(
+        passages=len(passages),
+        cached=len(passages) - len(missing),
+        encoded=encoded,
+        shards=shards,
+        cache=str(store.path),
+        seconds=time.perf_counter() - t0,
+    )

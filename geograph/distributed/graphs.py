@@ -10,6 +10,7 @@ same code, so a Ray build equals the single-process one: same ``edge_index``, sa
 candidate-list work that is ``O(N K')``, the sampled density and the few border rows of the IVF
 join.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,13 @@ __all__ = ["on_ray", "knn_graph", "g3_graph"]
 
 
 @contextlib.contextmanager
-def on_ray(address: Optional[str] = None, *, num_cpus: Optional[int] = None, max_retries: int = 3,
-           runtime_env: Optional[dict] = None) -> Iterator[RayExecutor]:
+def on_ray(
+    address: Optional[str] = None,
+    *,
+    num_cpus: Optional[int] = None,
+    max_retries: int = 3,
+    runtime_env: Optional[dict] = None,
+) -> Iterator[RayExecutor]:
     """Inside the block, every corpus-graph build runs its tiles as Ray tasks.
 
     ``address``: ``None`` / ``"local"`` starts a local Ray (``num_cpus`` CPUs), ``"auto"`` or
@@ -49,14 +55,27 @@ def on_ray(address: Optional[str] = None, *, num_cpus: Optional[int] = None, max
 
 
 def _record(graph, executor: RayExecutor, seconds: float) -> None:
-    graph.build_info = dict(graph.build_info, ray={"address": executor.session["address"],
-                                                   "cpus": executor.session["cpus"], "tasks": executor.tasks,
-                                                   "connect_seconds": executor.session["seconds"],
-                                                   "build_seconds": seconds})
+    graph.build_info = dict(
+        graph.build_info,
+        ray={
+            "address": executor.session["address"],
+            "cpus": executor.session["cpus"],
+            "tasks": executor.tasks,
+            "connect_seconds": executor.session["seconds"],
+            "build_seconds": seconds,
+        },
+    )
 
 
-def knn_graph(embeddings: Tensor, k: int, *, address: Optional[str] = None, num_cpus: Optional[int] = None,
-              max_retries: int = 3, **options) -> CorpusGraph:
+def knn_graph(
+    embeddings: Tensor,
+    k: int,
+    *,
+    address: Optional[str] = None,
+    num_cpus: Optional[int] = None,
+    max_retries: int = 3,
+    **options,
+) -> CorpusGraph:
     """:meth:`CorpusGraph.from_knn(embeddings, k, **options) <geograph.CorpusGraph.from_knn>` with its tiles on Ray
     (:func:`on_ray`); ``build_info["ray"]`` records the address, CPUs, tasks and seconds."""
     with on_ray(address, num_cpus=num_cpus, max_retries=max_retries) as executor:
@@ -66,8 +85,14 @@ def knn_graph(embeddings: Tensor, k: int, *, address: Optional[str] = None, num_
     return graph
 
 
-def g3_graph(embeddings: Tensor, *, address: Optional[str] = None, num_cpus: Optional[int] = None,
-             max_retries: int = 3, **options) -> G3Graph:
+def g3_graph(
+    embeddings: Tensor,
+    *,
+    address: Optional[str] = None,
+    num_cpus: Optional[int] = None,
+    max_retries: int = 3,
+    **options,
+) -> G3Graph:
     """:meth:`G3Graph.build(embeddings, **options) <geograph.G3Graph.build>` with its tiles on Ray (:func:`on_ray`)."""
     with on_ray(address, num_cpus=num_cpus, max_retries=max_retries) as executor:
         t0 = time.perf_counter()

@@ -1,4 +1,5 @@
 """Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
+
 from geograph.functional.curvature import lazy_measures, ollivier_ricci
 from geograph.functional.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
@@ -70,5 +71,13 @@ from geograph.functional.gain import gain_edges
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.transport import TransportBounds, emd, transport_bounds
 
-__all__ += ["emd", "transport_bounds", "TransportBounds", "gain_edges", "clean_edge_index", "csr_rowptr",
-            "tiled_pairs", "tiled_topk"]
+__all__ += [
+    "emd",
+    "transport_bounds",
+    "TransportBounds",
+    "gain_edges",
+    "clean_edge_index",
+    "csr_rowptr",
+    "tiled_pairs",
+    "tiled_topk",
+]

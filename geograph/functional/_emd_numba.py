@@ -123,6 +123,7 @@ solve.) The Python entry points :func:`emd_batch`,
 once. Everything is compiled once and cached on disk where a writable directory exists (the
 choice is in :func:`geograph.functional._numba.cache_info`).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -141,6 +142,7 @@ STATUS_PIVOT_CAP = 1
 # curvature 0; a neighbour weight sum at or below _WEIGHT_SUM_EPS falls back to the uniform measure
 from geograph.functional._grc import DIST_EPS as _DIST_EPS  # noqa: E402
 from geograph.functional._grc import WEIGHT_SUM_EPS as _WEIGHT_SUM_EPS  # noqa: E402
+
 # |m_x(v) - m_y(v)| at or below this puts v in neither support: rounding noise of the lazy
 # measures (sums of a few exp terms) is a few ulps, and a spurious tiny support only adds work
 _SUPPORT_EPS = 8 * np.finfo(np.float64).eps
@@ -203,30 +205,63 @@ def num_chunks() -> int:
     return _CHUNKS_PER_THREAD * numba.get_num_threads()
 
 
-def flow_batch(lengths: np.ndarray, adj: np.ndarray, node_mask: np.ndarray, *, alpha: float, exp_power: float,
-               iterations: int, step: float, delta: float, max_pivots: int, warm_start: bool = True,
-               nchunk: Optional[int] = None) -> FlowResult:
+def flow_batch(
+    lengths: np.ndarray,
+    adj: np.ndarray,
+    node_mask: np.ndarray,
+    *,
+    alpha: float,
+    exp_power: float,
+    iterations: int,
+    step: float,
+    delta: float,
+    max_pivots: int,
+    warm_start: bool = True,
+    nchunk: Optional[int] = None,
+) -> FlowResult:
     """The whole normalized Ricci flow of a batch of graphs in one compiled call.
 
     Args: ``lengths (B, n, n)`` float64, ``adj (B, n, n)`` bool, ``node_mask (B, n)`` bool, all
     C-contiguous; ``warm_start=False`` solves every problem cold (for comparisons); ``nchunk``
     defaults to :func:`num_chunks`. See :func:`_flow_batch`.
     """
-    out = _run_flow(lengths, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots, warm_start,
-                    num_chunks() if nchunk is None else nchunk)
+    out = _run_flow(
+        lengths,
+        adj,
+        node_mask,
+        alpha,
+        exp_power,
+        iterations,
+        step,
+        delta,
+        max_pivots,
+        warm_start,
+        num_chunks() if nchunk is None else nchunk,
+    )
     return FlowResult(*out[:5], stats=SimplexStats.from_counts(out[5]))
 
 
-def curvature_batch(lengths: np.ndarray, adj: np.ndarray, node_mask: np.ndarray, edges: np.ndarray, *, alpha: float,
-                    exp_power: float, max_pivots: int, nchunk: Optional[int] = None) -> CurvatureResult:
+def curvature_batch(
+    lengths: np.ndarray,
+    adj: np.ndarray,
+    node_mask: np.ndarray,
+    edges: np.ndarray,
+    *,
+    alpha: float,
+    exp_power: float,
+    max_pivots: int,
+    nchunk: Optional[int] = None,
+) -> CurvatureResult:
     """Ollivier-Ricci curvature of the edges ``(E, 3)`` int64 ``(graph, x, y)`` (see :func:`_curvature_batch`)."""
-    kappa, status, counts = _run_curvature(lengths, adj, node_mask, edges, alpha, exp_power, max_pivots,
-                                           num_chunks() if nchunk is None else nchunk)
+    kappa, status, counts = _run_curvature(
+        lengths, adj, node_mask, edges, alpha, exp_power, max_pivots, num_chunks() if nchunk is None else nchunk
+    )
     return CurvatureResult(kappa, status, SimplexStats.from_counts(counts))
 
 
-def emd_batch(a: np.ndarray, b: np.ndarray, cost: np.ndarray, *, max_pivots: int,
-              nchunk: Optional[int] = None) -> EmdResult:
+def emd_batch(
+    a: np.ndarray, b: np.ndarray, cost: np.ndarray, *, max_pivots: int, nchunk: Optional[int] = None
+) -> EmdResult:
     """Exact OT cost of every problem ``(a (E, R), b (E, C), cost (E, R, C))`` (see :func:`_emd_batch`)."""
     out, status, counts = _run_emd(a, b, cost, max_pivots, num_chunks() if nchunk is None else nchunk)
     return EmdResult(out, status, SimplexStats.from_counts(counts))
@@ -291,16 +326,34 @@ def _workspace(n):
     """A :class:`Workspace` for problems with ``nr + nc <= n`` (layout in the module docstring)."""
     i8 = np.int64
     return Workspace(
-        supply=np.empty(n), demand=np.empty(n), row_node=np.empty(n, dtype=i8), col_node=np.empty(n, dtype=i8),
-        cost=np.empty((n, n)), node_pos=np.empty(n, dtype=i8),
-        cell_row=np.empty(n, dtype=i8), cell_col=np.empty(n, dtype=i8), cell_flow=np.empty(n),
-        pot=np.empty(n), hint_u=np.empty(n), hint_v=np.empty(n),
-        degree=np.empty(n + 1, dtype=i8), start=np.empty(n + 1, dtype=i8), incident=np.empty(2 * n, dtype=i8),
-        bfs_order=np.empty(n, dtype=i8), parent=np.empty(n, dtype=i8), depth=np.empty(n, dtype=i8),
-        side=np.empty(n, dtype=i8), cycle=np.empty(n, dtype=i8), cycle_minus=np.empty(n, dtype=i8),
-        leaf_queue=np.empty(n, dtype=i8), open_cells=np.empty(n, dtype=i8), cell_set=np.empty(n, dtype=i8),
+        supply=np.empty(n),
+        demand=np.empty(n),
+        row_node=np.empty(n, dtype=i8),
+        col_node=np.empty(n, dtype=i8),
+        cost=np.empty((n, n)),
+        node_pos=np.empty(n, dtype=i8),
+        cell_row=np.empty(n, dtype=i8),
+        cell_col=np.empty(n, dtype=i8),
+        cell_flow=np.empty(n),
+        pot=np.empty(n),
+        hint_u=np.empty(n),
+        hint_v=np.empty(n),
+        degree=np.empty(n + 1, dtype=i8),
+        start=np.empty(n + 1, dtype=i8),
+        incident=np.empty(2 * n, dtype=i8),
+        bfs_order=np.empty(n, dtype=i8),
+        parent=np.empty(n, dtype=i8),
+        depth=np.empty(n, dtype=i8),
+        side=np.empty(n, dtype=i8),
+        cycle=np.empty(n, dtype=i8),
+        cycle_minus=np.empty(n, dtype=i8),
+        leaf_queue=np.empty(n, dtype=i8),
+        open_cells=np.empty(n, dtype=i8),
+        cell_set=np.empty(n, dtype=i8),
         residual=np.empty(n),
-        sort_keys=np.empty((n // 2) * ((n + 1) // 2)), line_mass=np.empty(n), retired=np.empty(n, dtype=i8),
+        sort_keys=np.empty((n // 2) * ((n + 1) // 2)),
+        line_mass=np.empty(n),
+        retired=np.empty(n, dtype=i8),
         union_root=np.empty(n, dtype=i8),
     )
 
@@ -308,9 +361,13 @@ def _workspace(n):
 @jit(nogil=True)
 def _warm_store(ne, n):
     """A :class:`WarmStore` for ``ne`` edges of graphs of ``n`` nodes, every edge without a basis."""
-    return WarmStore(np.full(ne, -1, dtype=np.int64), np.full(ne, -1, dtype=np.int64),
-                     np.full((ne, n), -1, dtype=np.int64), np.full((ne, n), -1, dtype=np.int64),
-                     np.full((ne, n), np.nan))
+    return WarmStore(
+        np.full(ne, -1, dtype=np.int64),
+        np.full(ne, -1, dtype=np.int64),
+        np.full((ne, n), -1, dtype=np.int64),
+        np.full((ne, n), -1, dtype=np.int64),
+        np.full((ne, n), np.nan),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,8 +475,9 @@ def _curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nch
         no_store = _warm_store(0, n)
         for e in range(ch * ne // nchunk, (ch + 1) * ne // nchunk):
             g = edges[e, 0]
-            kappa[e], status[e] = _edge_kappa(ws, no_store, stats[ch], dist[g], meas[g], edges[e, 1], edges[e, 2], e,
-                                              max_pivots)
+            kappa[e], status[e] = _edge_kappa(
+                ws, no_store, stats[ch], dist[g], meas[g], edges[e, 1], edges[e, 2], e, max_pivots
+            )
     return kappa, status, stats
 
 
@@ -1169,8 +1227,10 @@ def _ratio_test(length, nc, bland, cycle, cycle_minus, cell_row, cell_col, cell_
     for q in range(length):
         kk = cycle[q]
         f = cell_flow[kk]
-        if cycle_minus[q] and (f < best or (bland and f == best and cell_row[kk] * nc + cell_col[kk]
-                                            < cell_row[leave] * nc + cell_col[leave])):
+        if cycle_minus[q] and (
+            f < best
+            or (bland and f == best and cell_row[kk] * nc + cell_col[kk] < cell_row[leave] * nc + cell_col[leave])
+        ):
             best = f
             leave = kk
     return best, leave

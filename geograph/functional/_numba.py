@@ -24,6 +24,7 @@ not support parallel kernels launched from several threads at once (it aborts th
 the lock makes concurrent calls safe on every layer, and releasing the GIL lets the caller's
 other Python threads (a server's I/O, torch work) run during a solve.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,8 +91,9 @@ def _choose() -> tuple[str, Optional[str]]:
     if explicit:
         if _writable(explicit):
             return "NUMBA_CACHE_DIR", explicit
-        logger.warning("geograph: NUMBA_CACHE_DIR=%s is not writable; looking for another numba cache directory",
-                       explicit)
+        logger.warning(
+            "geograph: NUMBA_CACHE_DIR=%s is not writable; looking for another numba cache directory", explicit
+        )
     if _writable(package):
         return "package", package
     root = os.environ.get("GEOGRAPH_CACHE")
@@ -132,14 +134,20 @@ def _log_choice() -> None:
     _logged = True
     source, directory = _choose()
     if source == "none":
-        logger.warning("geograph: no writable directory for numba's cache (package, $GEOGRAPH_CACHE, ~/.cache, "
-                       "the temporary directory): the kernels compile in memory in every process; set "
-                       "NUMBA_CACHE_DIR to a writable directory to keep them")
+        logger.warning(
+            "geograph: no writable directory for numba's cache (package, $GEOGRAPH_CACHE, ~/.cache, "
+            "the temporary directory): the kernels compile in memory in every process; set "
+            "NUMBA_CACHE_DIR to a writable directory to keep them"
+        )
     elif source == "package":
         logger.debug("geograph: numba kernels cached in %s", directory)
     else:
-        logger.info("geograph: numba kernels cached in %s (%s; the package's __pycache__ is not writable%s)",
-                    directory, source, "" if source != "NUMBA_CACHE_DIR" else " or not used")
+        logger.info(
+            "geograph: numba kernels cached in %s (%s; the package's __pycache__ is not writable%s)",
+            directory,
+            source,
+            "" if source != "NUMBA_CACHE_DIR" else " or not used",
+        )
 
 
 @contextlib.contextmanager
@@ -220,5 +228,9 @@ def warmup() -> dict:
     c = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]], dtype=torch.float64)
     half = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
     emd(c, half, half)
-    return {"seconds": time.perf_counter() - t0, "threading_layer": numba.threading_layer(),
-            "threads": numba.get_num_threads(), **cache_info()}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "threading_layer": numba.threading_layer(),
+        "threads": numba.get_num_threads(),
+        **cache_info(),
+    }

@@ -3,6 +3,7 @@
 The compiled kernels (:mod:`geograph.functional._emd_numba`) count into int64 arrays whose last
 axis has the columns below; :class:`SimplexStats` is what the Python side returns.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,5 +42,9 @@ class SimplexStats:
     def from_counts(cls, counts: np.ndarray) -> "SimplexStats":
         """From the kernels' ``(..., 4)`` int64 counts (per-chunk rows are summed)."""
         total = np.asarray(counts, dtype=np.int64).reshape(-1, N_STATS).sum(0)
-        return cls(problems=int(total[STAT_PROBLEMS]), warm_started=int(total[STAT_WARM]),
-                   pivots=int(total[STAT_PIVOTS]), dual_steps=int(total[STAT_DUAL]))
+        return cls(
+            problems=int(total[STAT_PROBLEMS]),
+            warm_started=int(total[STAT_WARM]),
+            pivots=int(total[STAT_PIVOTS]),
+            dual_steps=int(total[STAT_DUAL]),
+        )

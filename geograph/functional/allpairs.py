@@ -10,6 +10,7 @@ number of keys; device and dtype follow the inputs (CPU or CUDA).
 Ties: equal scores keep the lowest key index (:func:`merge_topk`), the rule of every geograph
 ranking.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -23,8 +24,18 @@ from geograph import _checks
 from geograph._checks import check_positive_int
 from geograph.outputs import topk_by_key, topk_stable
 
-__all__ = ["tiled_pairs", "tiled_topk", "merge_topk", "sort_topk", "sort_topk_", "DEFAULT_BLOCK", "tile_executor", "map_tiles",
-           "current_executor", "TileExecutor"]
+__all__ = [
+    "tiled_pairs",
+    "tiled_topk",
+    "merge_topk",
+    "sort_topk",
+    "sort_topk_",
+    "DEFAULT_BLOCK",
+    "tile_executor",
+    "map_tiles",
+    "current_executor",
+    "TileExecutor",
+]
 
 #: rows and columns of one tile unless told (4096 x 4096 similarities: 64 MB in float32)
 DEFAULT_BLOCK = 4096
@@ -206,10 +217,14 @@ def tiled_pairs(
     else:
         self_ids = exclude.to(device=query.device, dtype=torch.long)
         if tuple(self_ids.shape) != (n_q,):
-            raise ValueError(f"exclude must be a bool or hold one key id per query row ({n_q},), got shape {tuple(self_ids.shape)}")
+            raise ValueError(
+                f"exclude must be a bool or hold one key id per query row ({n_q},), got shape {tuple(self_ids.shape)}"
+            )
     limit = v - (self_ids is not None)
     if not 0 <= k <= max(limit, 0):
-        raise ValueError(f"k must be in [0, {max(limit, 0)}] ({v} keys{' minus the excluded one' if self_ids is not None else ''}), got {k}")
+        raise ValueError(
+            f"k must be in [0, {max(limit, 0)}] ({v} keys{' minus the excluded one' if self_ids is not None else ''}), got {k}"
+        )
     out_v = query.new_empty(n_q, k)
     out_i = torch.empty(n_q, k, dtype=torch.long, device=query.device)
     sums = query.new_zeros(n_q) if row_sum is not None else None
@@ -218,8 +233,9 @@ def tiled_pairs(
     # one query tile (retrieval) or a traced call: stable top-k, no data-dependent branch (no host
     # read); a build over many query tiles: merge_topk (one host read a tile, about 3x faster)
     traced = _checks.tracing() or n_q <= block
-    shared = dict(query=query, keys=keys, k=k, block=block, self_ids=self_ids, score=score, row_sum=row_sum,
-                  traced=traced)
+    shared = dict(
+        query=query, keys=keys, k=k, block=block, self_ids=self_ids, score=score, row_sum=row_sum, traced=traced
+    )
 
     def put(r0: int, tile: tuple[Tensor, Tensor, Optional[Tensor]]) -> None:
         best_v, best_i, tile_sums = tile
@@ -283,8 +299,15 @@ def pairs_rows(shared: dict, r0: int) -> tuple[Tensor, Tensor, Optional[Tensor]]
     return best_v, best_i, sums
 
 
-def tiled_topk(query: Tensor, keys: Tensor, k: int, *, block: int = DEFAULT_BLOCK, exclude_self: bool = False,
-               progress: Union[bool, str] = False) -> tuple[Tensor, Tensor]:
+def tiled_topk(
+    query: Tensor,
+    keys: Tensor,
+    k: int,
+    *,
+    block: int = DEFAULT_BLOCK,
+    exclude_self: bool = False,
+    progress: Union[bool, str] = False,
+) -> tuple[Tensor, Tensor]:
     r"""Exact top-``k`` of the inner products ``query @ keys.T`` by tiles (:func:`tiled_pairs`).
 
     Args:

@@ -22,6 +22,7 @@ References:
     Dong, Moses, Li, "Efficient k-nearest neighbor graph construction for generic similarity
     measures", WWW 2011 (NN-descent).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,12 +34,38 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_positive_int
-from geograph.functional.allpairs import (DEFAULT_BLOCK, current_executor, map_tiles, merge_topk, progress_bar, sort_topk_,
-                                          tiled_pairs, tiled_topk)
+from geograph.functional.allpairs import (
+    DEFAULT_BLOCK,
+    current_executor,
+    map_tiles,
+    merge_topk,
+    progress_bar,
+    sort_topk_,
+    tiled_pairs,
+    tiled_topk,
+)
 
-__all__ = ["train_centroids", "ivf_self_topk", "refine_neighbours", "check_ivf", "MIN_POINTS_PER_CELL",
-           "default_nlist", "default_join_nlist", "default_join_nprobe", "DEFAULT_POINTS_PER_CELL", "QUERY_POINTS_PER_CELL", "resolve_index", "self_topk", "build_ivf_index", "INDEXES", "AUTO_EXACT_MAX",
-           "DEFAULT_RECALL_TARGET", "DEFAULT_RECALL_ROWS", "sample_recall", "exact_rows"]
+__all__ = [
+    "train_centroids",
+    "ivf_self_topk",
+    "refine_neighbours",
+    "check_ivf",
+    "MIN_POINTS_PER_CELL",
+    "default_nlist",
+    "default_join_nlist",
+    "default_join_nprobe",
+    "DEFAULT_POINTS_PER_CELL",
+    "QUERY_POINTS_PER_CELL",
+    "resolve_index",
+    "self_topk",
+    "build_ivf_index",
+    "INDEXES",
+    "AUTO_EXACT_MAX",
+    "DEFAULT_RECALL_TARGET",
+    "DEFAULT_RECALL_ROWS",
+    "sample_recall",
+    "exact_rows",
+]
 
 #: the candidate sources a corpus-wide build accepts
 INDEXES = ("exact", "ivf", "auto")
@@ -91,12 +118,24 @@ def resolve_index(index: str, n: int, what: str = "build") -> str:
     return index
 
 
-def self_topk(z: Tensor, k: int, *, index: str = "exact", nlist: Optional[int] = None, nprobe: Optional[int] = None,
-              sample: Optional[int] = None, seed: int = 0, block: int = DEFAULT_BLOCK,
-              transform: Optional[Transform] = None, target: Optional[Tensor] = None,
-              progress: Union[bool, str] = False, timings: Optional[dict] = None,
-              recall_target: Optional[float] = None, recall_rows: int = DEFAULT_RECALL_ROWS,
-              report: Optional[dict] = None) -> tuple[Tensor, Tensor]:
+def self_topk(
+    z: Tensor,
+    k: int,
+    *,
+    index: str = "exact",
+    nlist: Optional[int] = None,
+    nprobe: Optional[int] = None,
+    sample: Optional[int] = None,
+    seed: int = 0,
+    block: int = DEFAULT_BLOCK,
+    transform: Optional[Transform] = None,
+    target: Optional[Tensor] = None,
+    progress: Union[bool, str] = False,
+    timings: Optional[dict] = None,
+    recall_target: Optional[float] = None,
+    recall_rows: int = DEFAULT_RECALL_ROWS,
+    report: Optional[dict] = None,
+) -> tuple[Tensor, Tensor]:
     """Top-``k`` most similar other rows of every row of ``z``: exact by tiles, or by the IVF join.
 
     ``index`` is ``"exact"`` (:func:`~geograph.functional.allpairs.tiled_topk`), ``"ivf"``
@@ -108,17 +147,37 @@ def self_topk(z: Tensor, k: int, *, index: str = "exact", nlist: Optional[int] =
     index = resolve_index(index, z.shape[0], "self top-k")
     if index == "exact":
         return _exact_self_topk(z, k, block, transform, target, progress, timings)
-    return ivf_self_topk(z, k, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, block=block,
-                         transform=transform, target=target, progress=progress, timings=timings,
-                         recall_target=recall_target, recall_rows=recall_rows, report=report)
+    return ivf_self_topk(
+        z,
+        k,
+        nlist=nlist,
+        nprobe=nprobe,
+        sample=sample,
+        seed=seed,
+        block=block,
+        transform=transform,
+        target=target,
+        progress=progress,
+        timings=timings,
+        recall_target=recall_target,
+        recall_rows=recall_rows,
+        report=report,
+    )
 
 
 def _score(transform: Optional[Transform], target: Optional[Tensor]):
     return None if transform is None and target is None else (lambda s, cols: _rank(s, transform, target, cols))
 
 
-def _exact_self_topk(z: Tensor, k: int, block: int, transform: Optional[Transform], target: Optional[Tensor],
-                     progress: Union[bool, str], timings: Optional[dict]) -> tuple[Tensor, Tensor]:
+def _exact_self_topk(
+    z: Tensor,
+    k: int,
+    block: int,
+    transform: Optional[Transform],
+    target: Optional[Tensor],
+    progress: Union[bool, str],
+    timings: Optional[dict],
+) -> tuple[Tensor, Tensor]:
     clock = _Clock(timings)
     v, i, _ = tiled_pairs(z, z, k, block=block, exclude=True, score=_score(transform, target), progress=progress)
     clock("exact")
@@ -173,8 +232,7 @@ def _pow2(x: float) -> int:
     return max(1, 1 << int(round(math.log2(max(1.0, x)))))
 
 
-def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int],
-              per_cell: int = DEFAULT_POINTS_PER_CELL) -> int:
+def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int], per_cell: int = DEFAULT_POINTS_PER_CELL) -> int:
     """Validate IVF options for ``n`` passages; returns the training sample size (default
     ``per_cell x nlist``, at most ``n``)."""
     nlist = check_positive_int(nlist, "nlist")
@@ -190,8 +248,10 @@ def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int],
     if sample > n:
         raise ValueError(f"sample={sample} exceeds the number of passages ({n})")
     if sample < need and sample < n:
-        raise ValueError(f"sample={sample} is too small to train nlist={nlist} cells (need at least "
-                         f"{MIN_POINTS_PER_CELL} x nlist = {need}): lower nlist or raise sample")
+        raise ValueError(
+            f"sample={sample} is too small to train nlist={nlist} cells (need at least "
+            f"{MIN_POINTS_PER_CELL} x nlist = {need}): lower nlist or raise sample"
+        )
     return sample
 
 
@@ -214,8 +274,16 @@ def train_centroids(z: Tensor, nlist: int, *, sample: Optional[int] = None, seed
     n, d = z.shape
     x = z[_training_rows(n, nlist, sample, seed).to(z.device)].detach().float().cpu().contiguous().numpy()
     faiss = _faiss()
-    km = faiss.Kmeans(d, nlist, niter=niter, seed=seed, spherical=True, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=max(256, -(-sample // nlist)))
+    km = faiss.Kmeans(
+        d,
+        nlist,
+        niter=niter,
+        seed=seed,
+        spherical=True,
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=max(256, -(-sample // nlist)),
+    )
     km.train(x)
     return torch.from_numpy(km.centroids.copy()).to(device=z.device, dtype=z.dtype)
 
@@ -354,8 +422,12 @@ def ivf_self_topk(
             info.update(nprobe=nprobe, predicted_recall=predicted)
         clock("recall")
         if nprobe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
-            log.info("ivf join: recall %.3f needs more than nlist/4 = %d cells: exact tiled scan of %d rows",
-                     recall_target, nlist // 4, n)
+            log.info(
+                "ivf join: recall %.3f needs more than nlist/4 = %d cells: exact tiled scan of %d rows",
+                recall_target,
+                nlist // 4,
+                n,
+            )
             del centroids, assign
             vals, out_i = _exact_self_topk(z, k, block, transform, target, progress, timings)
             clock.reset()  # the scan timed itself ("exact")
@@ -388,15 +460,24 @@ def ivf_self_topk(
     if bar is not None:
         bar.close()
     clock("join")
-    _own_probes(z, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target,
-                progress)
+    _own_probes(
+        z, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+    )
     clock("own_probes")
     del shared
     # canonical lists (best first, ties lowest id, -1 where empty) whatever order the merges ran in
     vals, out_i = sort_topk_(best_v, best_i, empty=-1)
     if refine:
-        vals, out_i = refine_neighbours(z, vals, out_i, block=block, transform=transform, target=target, inplace=True,
-                                        progress=progress and _stage(progress, "refine"))
+        vals, out_i = refine_neighbours(
+            z,
+            vals,
+            out_i,
+            block=block,
+            transform=transform,
+            target=target,
+            inplace=True,
+            progress=progress and _stage(progress, "refine"),
+        )
         vals, out_i = sort_topk_(vals, out_i, empty=-1)  # the round's lists are unordered: canonical again
         clock("refine")
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
@@ -407,8 +488,14 @@ def ivf_self_topk(
     return vals, out_i
 
 
-def exact_rows(z: Tensor, rows: Tensor, k: int, block: int = DEFAULT_BLOCK, transform: Optional[Transform] = None,
-               target: Optional[Tensor] = None) -> Tensor:
+def exact_rows(
+    z: Tensor,
+    rows: Tensor,
+    k: int,
+    block: int = DEFAULT_BLOCK,
+    transform: Optional[Transform] = None,
+    target: Optional[Tensor] = None,
+) -> Tensor:
     """Exact top-``k`` ids of ``rows`` against every other row of ``z``, ranked as :func:`self_topk`
     ranks them (``-1`` where a pair is never ranked): the reference :func:`sample_recall` compares with."""
     v, i, _ = tiled_pairs(z[rows], z, k, block=block, exclude=rows, score=_score(transform, target))
@@ -435,8 +522,9 @@ def _ranks(sim: Tensor) -> Tensor:
     return ranks
 
 
-def _choose_nprobe(z: Tensor, rows: Tensor, exact: Tensor, centroids: Tensor, assign: Tensor, start: int,
-                   target: float) -> tuple[Optional[int], float]:
+def _choose_nprobe(
+    z: Tensor, rows: Tensor, exact: Tensor, centroids: Tensor, assign: Tensor, start: int, target: float
+) -> tuple[Optional[int], float]:
     """The smallest ``start x 2^j`` cells (at most ``max(start, nlist // 4)``) whose join would meet
     at least ``target`` of the sampled rows' exact neighbours; ``None`` if none would.
 
@@ -463,16 +551,33 @@ def _choose_nprobe(z: Tensor, rows: Tensor, exact: Tensor, centroids: Tensor, as
     return None, predicted
 
 
-def _measure(z: Tensor, vals: Tensor, out_i: Tensor, rows: Tensor, k: int, block: int, transform: Optional[Transform],
-             target: Optional[Tensor], info: dict, clock: "_Clock", recall_target: float, report: Optional[dict]) -> None:
+def _measure(
+    z: Tensor,
+    vals: Tensor,
+    out_i: Tensor,
+    rows: Tensor,
+    k: int,
+    block: int,
+    transform: Optional[Transform],
+    target: Optional[Tensor],
+    info: dict,
+    clock: "_Clock",
+    recall_target: float,
+    report: Optional[dict],
+) -> None:
     """The recall of the built lists on ``rows`` (not those that chose ``nprobe``), logged and reported."""
     rows = rows.to(z.device)
     recall = 1.0 if info["exact"] else sample_recall(out_i, rows, exact_rows(z, rows, k, block, transform, target))
     clock("recall")
     info.update(recall=recall, recall_rows=len(rows), recall_target=recall_target)
     if recall < recall_target:
-        log.warning("ivf join: measured recall %.4f on %d sampled rows is below recall_target %.3f (nprobe=%s)",
-                    recall, len(rows), recall_target, info["nprobe"])
+        log.warning(
+            "ivf join: measured recall %.4f on %d sampled rows is below recall_target %.3f (nprobe=%s)",
+            recall,
+            len(rows),
+            recall_target,
+            info["nprobe"],
+        )
     else:
         log.info("ivf join: recall %.4f on %d sampled rows (nprobe=%s)", recall, len(rows), info["nprobe"])
     if report is not None:
@@ -543,8 +648,9 @@ def _cell_groups(ptr: list[int], pairs: list[Tensor], groups: int) -> list[list[
 
 def _merge_into(best_v: Tensor, best_i: Tensor, rows, values: Tensor, ids: Tensor) -> None:
     """Merge candidates ``(R, c)`` into the running lists of ``rows`` (a slice or unique row ids), in place."""
-    best_v[rows], best_i[rows] = merge_topk(torch.cat([best_v[rows], values], 1), torch.cat([best_i[rows], ids], 1),
-                                            best_v.shape[1])
+    best_v[rows], best_i[rows] = merge_topk(
+        torch.cat([best_v[rows], values], 1), torch.cat([best_i[rows], ids], 1), best_v.shape[1]
+    )
 
 
 class _Clock:
@@ -565,9 +671,21 @@ class _Clock:
             self.last = now
 
 
-def _own_probes(z: Tensor, order: Tensor, centroids: Tensor, cell: Tensor, pairs: list[Tensor], ptr: list[int],
-                nprobe: int, best_v: Tensor, best_i: Tensor, block: int, transform: Optional[Transform],
-                target: Optional[Tensor], progress: Union[bool, str] = False) -> None:
+def _own_probes(
+    z: Tensor,
+    order: Tensor,
+    centroids: Tensor,
+    cell: Tensor,
+    pairs: list[Tensor],
+    ptr: list[int],
+    nprobe: int,
+    best_v: Tensor,
+    best_i: Tensor,
+    block: int,
+    transform: Optional[Transform],
+    target: Optional[Tensor],
+    progress: Union[bool, str] = False,
+) -> None:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
     Rows are sorted positions; ``best_v`` / ``best_i`` are in corpus order (row ``order[r]``)."""
@@ -611,10 +729,18 @@ def _stage(progress: Union[bool, str], stage: str) -> str:
     return f"{progress if isinstance(progress, str) else 'ivf join'}: {stage}"
 
 
-def refine_neighbours(z: Tensor, values: Tensor, indices: Tensor, *, width: int = 8,
-                      block: int = DEFAULT_BLOCK, transform: Optional[Transform] = None,
-                      target: Optional[Tensor] = None, inplace: bool = False,
-                      progress: Union[bool, str] = False) -> tuple[Tensor, Tensor]:
+def refine_neighbours(
+    z: Tensor,
+    values: Tensor,
+    indices: Tensor,
+    *,
+    width: int = 8,
+    block: int = DEFAULT_BLOCK,
+    transform: Optional[Transform] = None,
+    target: Optional[Tensor] = None,
+    inplace: bool = False,
+    progress: Union[bool, str] = False,
+) -> tuple[Tensor, Tensor]:
     """One NN-descent round: each row's list meets its best ``width`` neighbours' best ``width`` neighbours, re-scored exactly.
 
     Args:

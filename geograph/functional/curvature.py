@@ -3,6 +3,7 @@
 The measures and the curvature follow GraphRicciCurvature 0.6.1 (``OllivierRicci``) exactly,
 so that its outputs are the reference (see ``tests/test_curvature.py``).
 """
+
 from __future__ import annotations
 
 import math
@@ -202,8 +203,19 @@ def ollivier_ricci(
         0.75
     """
     kappa, _, _ = ollivier_ricci_solve(
-        lengths, adj, mask, alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, max_iter=max_iter,
-        reg_start=reg_start, scaling_iter=scaling_iter, tol=tol, relaxation=relaxation, state=None,
+        lengths,
+        adj,
+        mask,
+        alpha=alpha,
+        exp_power=exp_power,
+        solver=solver,
+        reg=reg,
+        max_iter=max_iter,
+        reg_start=reg_start,
+        scaling_iter=scaling_iter,
+        tol=tol,
+        relaxation=relaxation,
+        state=None,
         cert_tol=check_cert_tol(cert_tol),
     )
     return kappa
@@ -285,20 +297,43 @@ def ollivier_ricci_solve(
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
     if solver == "exact":
         k_e = _exact_kappa(w, adj, node_mask, edges, alpha, float(exp_power))
-        info = SolveInfo(resolved=torch.ones((), dtype=w.dtype, device=w.device), bound=zero, work=torch.zeros((), dtype=torch.long, device=w.device))
+        info = SolveInfo(
+            resolved=torch.ones((), dtype=w.dtype, device=w.device),
+            bound=zero,
+            work=torch.zeros((), dtype=torch.long, device=w.device),
+        )
         new_state = None
     else:
         k_e, new_state, info = _sinkhorn_kappa(
-            w, adj, node_mask, edges, alpha=alpha, exp_power=float(exp_power), reg=reg, max_iter=max_iter,
-            reg_start=reg_start, scaling_iter=scaling_iter, tol=tol, relaxation=relaxation, state=state, cert_tol=cert_tol,
+            w,
+            adj,
+            node_mask,
+            edges,
+            alpha=alpha,
+            exp_power=float(exp_power),
+            reg=reg,
+            max_iter=max_iter,
+            reg_start=reg_start,
+            scaling_iter=scaling_iter,
+            tol=tol,
+            relaxation=relaxation,
+            state=state,
+            cert_tol=cert_tol,
         )
     gb, gx, gy = edges.unbind(1)
     kappa = torch.zeros_like(w).index_put((gb, gx, gy), k_e).index_put((gb, gy, gx), k_e)
     return kappa, new_state, info
 
 
-def _exact_kappa(w: Tensor, adj: Tensor, node_mask: Tensor, edges: Tensor, alpha: float, exp_power: float,
-                 max_pivots: Optional[int] = None) -> Tensor:
+def _exact_kappa(
+    w: Tensor,
+    adj: Tensor,
+    node_mask: Tensor,
+    edges: Tensor,
+    alpha: float,
+    exp_power: float,
+    max_pivots: Optional[int] = None,
+) -> Tensor:
     """Curvature of every edge by the compiled kernels: APSP, measures, KR compaction, simplex.
 
     One device-to-host transfer of ``w``, ``adj``, ``mask`` and ``edges`` (the kernels run on
@@ -313,8 +348,9 @@ def _exact_kappa(w: Tensor, adj: Tensor, node_mask: Tensor, edges: Tensor, alpha
     mask_np = np.ascontiguousarray(node_mask.detach().cpu().numpy())
     e_np = np.ascontiguousarray(edges.detach().cpu().numpy().astype(np.int64))
     pivots = _MAX_PIVOTS if max_pivots is None else max_pivots
-    k_np, status, _ = curvature_batch(w_np, adj_np, mask_np, e_np, alpha=float(alpha), exp_power=float(exp_power),
-                                      max_pivots=pivots)
+    k_np, status, _ = curvature_batch(
+        w_np, adj_np, mask_np, e_np, alpha=float(alpha), exp_power=float(exp_power), max_pivots=pivots
+    )
     if status.any():  # pragma: no cover - never seen; exercised by the forced-cap test
         dist = shortest_paths(w.detach().cpu().double(), adj.cpu(), node_mask.cpu()).numpy()
         meas = _measures(w.detach().cpu().double(), adj.cpu(), node_mask.cpu(), alpha, exp_power).numpy()
@@ -387,8 +423,16 @@ def _kr_problems(diff: Tensor, dist: Tensor, gb: Tensor, d_xy: Tensor) -> _Probl
     cost = rows_d.gather(2, c_idx.unsqueeze(1).expand(-1, r_size, -1)) / d_xy.clamp_min(_DIST_EPS).view(-1, 1, 1)
     cost = torch.where(r_ok.unsqueeze(2) & c_ok.unsqueeze(1) & torch.isfinite(cost), cost, zero)
     return _Problems(
-        a=a / mass_a.clamp_min(tiny), b=b / mass_b.clamp_min(tiny), cost=cost, t=0.5 * (mass_a + mass_b).squeeze(1),
-        r_idx=r_idx, c_idx=c_idx, r_ok=r_ok, c_ok=c_ok, flip=flip, has_mass=has_mass,
+        a=a / mass_a.clamp_min(tiny),
+        b=b / mass_b.clamp_min(tiny),
+        cost=cost,
+        t=0.5 * (mass_a + mass_b).squeeze(1),
+        r_idx=r_idx,
+        c_idx=c_idx,
+        r_ok=r_ok,
+        c_ok=c_ok,
+        flip=flip,
+        has_mass=has_mass,
     )
 
 
@@ -421,7 +465,9 @@ def _sinkhorn_kappa(
     n = w.shape[1]
     zero = torch.zeros((), dtype=dtype, device=device)
     # validated once by the caller: the unchecked Floyd-Warshall reads nothing on the host
-    dist = floyd_warshall_unchecked(torch.where(adj, w, torch.full((), float("inf"), dtype=dtype, device=device)), node_mask)
+    dist = floyd_warshall_unchecked(
+        torch.where(adj, w, torch.full((), float("inf"), dtype=dtype, device=device)), node_mask
+    )
     measures = _measures(w, adj, node_mask, alpha, exp_power)
     gb, gx, gy = edges.unbind(1)
     d_xy = dist[gb, gx, gy]
@@ -433,8 +479,18 @@ def _sinkhorn_kappa(
         f_init = torch.where(flip, state.neg, state.pos).gather(1, r_idx)
         g_init = torch.where(flip, state.pos, state.neg).gather(1, c_idx)
     out = sinkhorn_unchecked(
-        prob.cost, prob.a, prob.b, reg=reg, max_iter=max_iter, reg_start=1.0 if reg_start is None else reg_start,
-        scaling_iter=scaling_iter, tol=tol, check_every=10, f_init=f_init, g_init=g_init, relaxation=relaxation,
+        prob.cost,
+        prob.a,
+        prob.b,
+        reg=reg,
+        max_iter=max_iter,
+        reg_start=1.0 if reg_start is None else reg_start,
+        scaling_iter=scaling_iter,
+        tol=tol,
+        check_every=10,
+        f_init=f_init,
+        g_init=g_init,
+        relaxation=relaxation,
     )
     c64 = prob.cost.double()
     bd = transport_bounds(c64, prob.a.double(), prob.b.double(), out.f.double(), out.plan.double())
@@ -447,7 +503,9 @@ def _sinkhorn_kappa(
         solved = live & (bound > cert_tol)
         idx = solved.nonzero().squeeze(1)  # the one host sync of this solve: which edges to re-solve
         if idx.numel():
-            exact = emd_numpy(c64[idx].cpu().numpy(), prob.a[idx].double().cpu().numpy(), prob.b[idx].double().cpu().numpy())
+            exact = emd_numpy(
+                c64[idx].cpu().numpy(), prob.a[idx].double().cpu().numpy(), prob.b[idx].double().cpu().numpy()
+            )
             ratio = ratio.index_put((idx,), t64[idx] * torch.from_numpy(exact).to(device))
             bound = bound.index_put((idx,), torch.zeros((), dtype=torch.float64, device=device))
     ratio = torch.where(live, ratio, torch.zeros_like(ratio))
@@ -456,7 +514,9 @@ def _sinkhorn_kappa(
     e_count = edges.shape[0]
     f_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, r_idx, torch.where(prob.r_ok, out.f, zero))
     g_node = torch.zeros(e_count, n, dtype=dtype, device=device).scatter(1, c_idx, torch.where(prob.c_ok, out.g, zero))
-    new_state = CurvatureState(edges=edges, pos=torch.where(flip, g_node, f_node), neg=torch.where(flip, f_node, g_node))
+    new_state = CurvatureState(
+        edges=edges, pos=torch.where(flip, g_node, f_node), neg=torch.where(flip, f_node, g_node)
+    )
     info = SolveInfo(
         resolved=solved.to(dtype).mean() if e_count else zero,
         bound=bound.amax().to(dtype) if e_count else zero,

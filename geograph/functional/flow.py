@@ -1,4 +1,5 @@
 """Normalized discrete Ricci flow of a batch of graphs, as GraphRicciCurvature 0.6.1 runs it."""
+
 from __future__ import annotations
 
 import math
@@ -156,13 +157,34 @@ def ricci_flow(
     w, adj, node_mask = _validated_flow_graph(adj, lengths, mask)
     solver = resolve_solver(solver, w.device)
     if solver == "exact":
-        out = _exact_flow(w, adj, node_mask, iterations=iterations, step=step, delta=float(delta), alpha=float(alpha),
-                          exp_power=float(exp_power))
+        out = _exact_flow(
+            w,
+            adj,
+            node_mask,
+            iterations=iterations,
+            step=step,
+            delta=float(delta),
+            alpha=float(alpha),
+            exp_power=float(exp_power),
+        )
         if out is not None:
             return out
     return _torch_flow(
-        w, adj, node_mask, iterations=iterations, step=step, delta=delta, alpha=alpha, exp_power=exp_power, solver=solver,
-        reg=reg, max_iter=max_iter, warm_iter=warm_iter, relaxation=relaxation, cert_tol=cert_tol, early_stop=early_stop,
+        w,
+        adj,
+        node_mask,
+        iterations=iterations,
+        step=step,
+        delta=delta,
+        alpha=alpha,
+        exp_power=exp_power,
+        solver=solver,
+        reg=reg,
+        max_iter=max_iter,
+        warm_iter=warm_iter,
+        relaxation=relaxation,
+        cert_tol=cert_tol,
+        early_stop=early_stop,
         check_every=check_every,
     )
 
@@ -218,8 +240,17 @@ def exact_flow_stats(
     step = check_step(step)
     _check_finite(delta=delta, exp_power=exp_power)
     w, adj, node_mask = _validated_flow_graph(adj, lengths, mask)
-    return _compiled_flow(w, adj, node_mask, iterations=iterations, step=step, delta=float(delta), alpha=float(alpha),
-                          exp_power=float(exp_power), warm_start=bool(warm_start)).stats
+    return _compiled_flow(
+        w,
+        adj,
+        node_mask,
+        iterations=iterations,
+        step=step,
+        delta=float(delta),
+        alpha=float(alpha),
+        exp_power=float(exp_power),
+        warm_start=bool(warm_start),
+    ).stats
 
 
 def _check_finite(**values) -> None:
@@ -239,29 +270,72 @@ def _validated_flow_graph(adj, lengths, mask) -> tuple[Tensor, Tensor, Tensor]:
     return validate_graph(lengths, adj, mask)
 
 
-def _compiled_flow(w: Tensor, adj: Tensor, node_mask: Tensor, *, iterations: int, step: float, delta: float,
-                   alpha: float, exp_power: float, warm_start: bool = True):
+def _compiled_flow(
+    w: Tensor,
+    adj: Tensor,
+    node_mask: Tensor,
+    *,
+    iterations: int,
+    step: float,
+    delta: float,
+    alpha: float,
+    exp_power: float,
+    warm_start: bool = True,
+):
     """The compiled flow (:func:`~geograph.functional._emd_numba.flow_batch`) on validated tensors: its
     ``FlowResult`` (numpy, float64)."""
     from geograph.functional._emd_numba import flow_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
-    return flow_batch(np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy()),
-                      np.ascontiguousarray(adj.detach().cpu().numpy()),
-                      np.ascontiguousarray(node_mask.detach().cpu().numpy()),
-                      alpha=alpha, exp_power=exp_power, iterations=iterations, step=step, delta=delta,
-                      max_pivots=_MAX_PIVOTS, warm_start=warm_start)
+    return flow_batch(
+        np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy()),
+        np.ascontiguousarray(adj.detach().cpu().numpy()),
+        np.ascontiguousarray(node_mask.detach().cpu().numpy()),
+        alpha=alpha,
+        exp_power=exp_power,
+        iterations=iterations,
+        step=step,
+        delta=delta,
+        max_pivots=_MAX_PIVOTS,
+        warm_start=warm_start,
+    )
 
 
-def _torch_flow(w, adj, node_mask, *, iterations, step, delta, alpha, exp_power, solver, reg, max_iter, warm_iter,
-                relaxation, cert_tol, early_stop, check_every) -> RicciFlowOutput:
+def _torch_flow(
+    w,
+    adj,
+    node_mask,
+    *,
+    iterations,
+    step,
+    delta,
+    alpha,
+    exp_power,
+    solver,
+    reg,
+    max_iter,
+    warm_iter,
+    relaxation,
+    cert_tol,
+    early_stop,
+    check_every,
+) -> RicciFlowOutput:
     """The flow as a torch loop over the steps, one batched curvature solve per step."""
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
-    opts = dict(alpha=alpha, exp_power=exp_power, solver=solver, reg=reg, tol=None, relaxation=relaxation,
-                validated=True, cert_tol=cert_tol)
+    opts = dict(
+        alpha=alpha,
+        exp_power=exp_power,
+        solver=solver,
+        reg=reg,
+        tol=None,
+        relaxation=relaxation,
+        validated=True,
+        cert_tol=cert_tol,
+    )
     edges = torch.triu(adj, 1).nonzero()  # once per call
-    kappa, state, info = ollivier_ricci_solve(w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None,
-                                         state=None, edges=edges, **opts)
+    kappa, state, info = ollivier_ricci_solve(
+        w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None, state=None, edges=edges, **opts
+    )
     infos = [info]
     n_edges = torch.triu(adj, 1).sum((1, 2)).to(w.dtype)  # (B,)
     active = n_edges > 0
@@ -287,18 +361,32 @@ def _torch_flow(w, adj, node_mask, *, iterations, step, delta, alpha, exp_power,
         if early_stop and not tracing() and (it + 1) % check_every == 0 and not bool(active.any()):
             break
     return RicciFlowOutput(
-        lengths=w, curvature=kappa, iterations=steps, converged=converged,
-        resolved=torch.stack([i.resolved for i in infos]), bound=torch.stack([i.bound for i in infos]),
+        lengths=w,
+        curvature=kappa,
+        iterations=steps,
+        converged=converged,
+        resolved=torch.stack([i.resolved for i in infos]),
+        bound=torch.stack([i.bound for i in infos]),
         work=torch.stack([i.work for i in infos]),
     )
 
 
-def _exact_flow(w: Tensor, adj: Tensor, node_mask: Tensor, *, iterations: int, step: float, delta: float, alpha: float,
-                exp_power: float) -> Optional[RicciFlowOutput]:
+def _exact_flow(
+    w: Tensor,
+    adj: Tensor,
+    node_mask: Tensor,
+    *,
+    iterations: int,
+    step: float,
+    delta: float,
+    alpha: float,
+    exp_power: float,
+) -> Optional[RicciFlowOutput]:
     """The whole flow in one compiled call (float64 inside); output in ``w``'s dtype and device."""
     dtype, device = w.dtype, w.device
-    lengths, kappa, steps, converged, stuck, _ = _compiled_flow(w, adj, node_mask, iterations=iterations, step=step,
-                                                                delta=delta, alpha=alpha, exp_power=exp_power)
+    lengths, kappa, steps, converged, stuck, _ = _compiled_flow(
+        w, adj, node_mask, iterations=iterations, step=step, delta=delta, alpha=alpha, exp_power=exp_power
+    )
     if stuck.any():  # pragma: no cover - never seen; the simplex falls back to Bland's rule first
         return None  # the torch loop re-solves stuck problems with POT
     n_solves = int(steps.max()) + 1 if steps.size else 1
@@ -307,7 +395,11 @@ def _exact_flow(w: Tensor, adj: Tensor, node_mask: Tensor, *, iterations: int, s
         return torch.from_numpy(x).to(device=device, dtype=dt)
 
     return RicciFlowOutput(
-        lengths=back(lengths), curvature=back(kappa), iterations=back(steps, torch.long),
-        converged=back(converged, torch.bool), resolved=torch.ones(n_solves, dtype=dtype, device=device),
-        bound=torch.zeros(n_solves, dtype=dtype, device=device), work=torch.zeros(n_solves, dtype=torch.long, device=device),
+        lengths=back(lengths),
+        curvature=back(kappa),
+        iterations=back(steps, torch.long),
+        converged=back(converged, torch.bool),
+        resolved=torch.ones(n_solves, dtype=dtype, device=device),
+        bound=torch.zeros(n_solves, dtype=dtype, device=device),
+        work=torch.zeros(n_solves, dtype=torch.long, device=device),
     )

@@ -1,4 +1,5 @@
 """G3RAG's query-time math: dense candidates, seeds, one diffusion step over ``T``, the top-up."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -25,8 +26,9 @@ def check_g3_options(candidates: int, seeds: int, num_nodes: int) -> tuple[int, 
     return candidates, seeds
 
 
-def g3_diffuse(crow: Tensor, col: Tensor, val: Tensor, seeds: Tensor, row_width: int,
-               dtype: Optional[torch.dtype] = None) -> Tensor:
+def g3_diffuse(
+    crow: Tensor, col: Tensor, val: Tensor, seeds: Tensor, row_width: int, dtype: Optional[torch.dtype] = None
+) -> Tensor:
     """``y = p T`` for ``p`` uniform on ``seeds (B, s)``: a gather of the seeds' CSR rows of ``T``, ``(B, N)``.
 
     Args:
@@ -82,8 +84,11 @@ def g3_top_up(cos_all: Tensor, cand_ids: Tensor, seeds: Tensor, y: Tensor, m: in
     _, r_idx = topk_stable(torch.where(taken | is_cand, ninf, cos_all), m)
     n_cand = torch.isfinite(c_val).sum(1, keepdim=True)
     slot = torch.arange(m, device=cos_all.device).unsqueeze(0).expand(b, -1)
-    fill_idx = torch.where(slot < n_cand, c_idx.gather(1, slot.clamp_max(c_idx.shape[1] - 1)),
-                           r_idx.gather(1, (slot - n_cand).clamp_min(0)))
+    fill_idx = torch.where(
+        slot < n_cand,
+        c_idx.gather(1, slot.clamp_max(c_idx.shape[1] - 1)),
+        r_idx.gather(1, (slot - n_cand).clamp_min(0)),
+    )
     # diffused passages first (already sorted by y), then the fill, per row
     n_pos = positive.sum(1, keepdim=True)
     fill = fill_idx.gather(1, (slot - n_pos).clamp_min(0))
@@ -92,10 +97,20 @@ def g3_top_up(cos_all: Tensor, cand_ids: Tensor, seeds: Tensor, y: Tensor, m: in
     return idx, val
 
 
-def g3_retrieve(query: Tensor, embeddings: Tensor, crow: Tensor, col: Tensor, val: Tensor, k: int = 5, *,
-                candidates: int = 10, seeds: int = 2, row_width: Optional[int] = None,
-                seed_scorer: Optional[Callable[..., Tensor]] = None,
-                query_texts: Optional[Sequence[str]] = None) -> RetrievalOutput:
+def g3_retrieve(
+    query: Tensor,
+    embeddings: Tensor,
+    crow: Tensor,
+    col: Tensor,
+    val: Tensor,
+    k: int = 5,
+    *,
+    candidates: int = 10,
+    seeds: int = 2,
+    row_width: Optional[int] = None,
+    seed_scorer: Optional[Callable[..., Tensor]] = None,
+    query_texts: Optional[Sequence[str]] = None,
+) -> RetrievalOutput:
     r"""G3RAG retrieval: the function :class:`~geograph.G3Retriever` calls (bitwise the same result).
 
     Dense top-``candidates`` by cosine; ``seed_scorer(query, candidate_ids, query_texts)``
@@ -126,12 +141,36 @@ def g3_retrieve(query: Tensor, embeddings: Tensor, crow: Tensor, col: Tensor, va
     candidates, seeds = check_g3_options(candidates, seeds, embeddings.shape[0])
     if row_width is None:
         row_width = int((crow[1:] - crow[:-1]).max()) if crow.shape[0] > 1 else 0
-    return _retrieve(query, embeddings, crow, col, val, k, candidates=candidates, seeds=seeds, row_width=row_width,
-                     seed_scorer=seed_scorer, query_texts=query_texts)
+    return _retrieve(
+        query,
+        embeddings,
+        crow,
+        col,
+        val,
+        k,
+        candidates=candidates,
+        seeds=seeds,
+        row_width=row_width,
+        seed_scorer=seed_scorer,
+        query_texts=query_texts,
+    )
 
 
-def _retrieve(query, embeddings, crow, col, val, k, *, candidates, seeds, row_width, seed_scorer, query_texts,
-              owner: str = "the corpus") -> RetrievalOutput:
+def _retrieve(
+    query,
+    embeddings,
+    crow,
+    col,
+    val,
+    k,
+    *,
+    candidates,
+    seeds,
+    row_width,
+    seed_scorer,
+    query_texts,
+    owner: str = "the corpus",
+) -> RetrievalOutput:
     """:func:`g3_retrieve` with validated options (the query and ``k`` are checked here)."""
     check_same_device(query, "query", crow.device, owner)
     check_tensor(query, "query", 2, finite=False)

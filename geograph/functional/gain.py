@@ -1,4 +1,5 @@
 """G3RAG's geometric-gain graph, built in row blocks: density and the sparse transition matrix."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,18 @@ from geograph.functional.graphs import csr_rowptr
 from geograph.functional.similarity import minmax_normalize, unit_rows
 from geograph.outputs import topk_stable
 
-__all__ = ["gain_density", "gain_transition", "gain_edges", "gain_bound", "check_band", "csr", "DensityInfo",
-           "GainEdges", "candidate_cap", "gain_rank"]
+__all__ = [
+    "gain_density",
+    "gain_transition",
+    "gain_edges",
+    "gain_bound",
+    "check_band",
+    "csr",
+    "DensityInfo",
+    "GainEdges",
+    "candidate_cap",
+    "gain_rank",
+]
 
 
 def csr(crow: Tensor, col: Tensor, val: Tensor, n: int) -> Tensor:
@@ -76,11 +87,14 @@ def _positive_part(s: Tensor) -> Tensor:
     return s.clamp_min(0)
 
 
-def _raw_density_exact(z: Tensor, block: int, rows: Optional[Tensor] = None, progress: Union[bool, str] = False) -> Tensor:
+def _raw_density_exact(
+    z: Tensor, block: int, rows: Optional[Tensor] = None, progress: Union[bool, str] = False
+) -> Tensor:
     """``sum_{k != j} max(0, S_jk)`` for every row (or ``rows``) by the tiled routine."""
     q = z if rows is None else z[rows]
-    _, _, sums = tiled_pairs(q, z, 0, block=block, exclude=True if rows is None else rows, row_sum=_positive_part,
-                             progress=progress)
+    _, _, sums = tiled_pairs(
+        q, z, 0, block=block, exclude=True if rows is None else rows, row_sum=_positive_part, progress=progress
+    )
     return sums
 
 
@@ -96,8 +110,15 @@ class DensityInfo:
     exact_rows: int
 
 
-def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Optional[int] = None, seed: int = 0,
-                 progress: Union[bool, str] = False, return_info: bool = False):
+def gain_density(
+    embeddings: Tensor,
+    *,
+    block: Optional[int] = None,
+    sample: Optional[int] = None,
+    seed: int = 0,
+    progress: Union[bool, str] = False,
+    return_info: bool = False,
+):
     r"""G3RAG's similarity density of every passage, min-max normalised.
 
     .. math:: \rho_j = \frac{1}{N} \sum_{k \ne j} \max(0, S_{jk}), \qquad
@@ -184,8 +205,12 @@ def gain_density(embeddings: Tensor, *, block: Optional[int] = None, sample: Opt
         rows = torch.unique(torch.cat(exact_rows))
         raw = raw.clone()
         raw[rows] = _raw_density_exact(z, block, rows).double()
-        info = DensityInfo(sample=sample, mean_stderr=float(se.mean()) / n, max_stderr=float(se.max()) / n,
-                           exact_rows=int(rows.numel()))
+        info = DensityInfo(
+            sample=sample,
+            mean_stderr=float(se.mean()) / n,
+            max_stderr=float(se.max()) / n,
+            exact_rows=int(rows.numel()),
+        )
         rho = minmax_normalize(raw, lo=raw[rows].min(), hi=raw[rows].max(), clip=True)
     rho = rho.to(embeddings.dtype)
     return (rho, info) if return_info else rho
@@ -316,9 +341,15 @@ def gain_edges(
 
     def exact(rows: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         q = z if rows is None else z[rows]
-        val, col, _ = tiled_pairs(q, z, min(max_degree, n - 1), block=block, exclude=True if rows is None else rows,
-                                  score=score,
-                                  progress=progress and (f"{progress} exact" if isinstance(progress, str) else True))
+        val, col, _ = tiled_pairs(
+            q,
+            z,
+            min(max_degree, n - 1),
+            block=block,
+            exclude=True if rows is None else rows,
+            score=score,
+            progress=progress and (f"{progress} exact" if isinstance(progress, str) else True),
+        )
         return val, col
 
     if candidates is None:
@@ -374,8 +405,9 @@ def gain_edges(
 EDGE_ROWS = 1 << 14
 
 
-def _csr_edges(kv: Tensor, ki: Tensor, *, certified: Tensor, redone: Tensor,
-               out: Optional[tuple[Tensor, Tensor]] = None) -> GainEdges:
+def _csr_edges(
+    kv: Tensor, ki: Tensor, *, certified: Tensor, redone: Tensor, out: Optional[tuple[Tensor, Tensor]] = None
+) -> GainEdges:
     """The positive entries of per-row lists ``(N, k)`` as edges in CSR order (row, then column).
 
     Sorts ``kv`` / ``ki`` in place (by row chunks: no second copy of the lists at the peak); the
@@ -484,16 +516,23 @@ def gain_transition(
     elif candidates is not None:
         raise ValueError("candidates need max_degree: the full T (max_degree=None) uses every pair")
     elif n > FULL_T_WARN_NODES:
-        warnings.warn(f"gain_transition with max_degree=None on {n} passages: T may hold O(N^2) edges "
-                      "(over half of all pairs on real embeddings); pass max_degree to bound it", stacklevel=2)
+        warnings.warn(
+            f"gain_transition with max_degree=None on {n} passages: T may hold O(N^2) edges "
+            "(over half of all pairs on real embeddings); pass max_degree to bound it",
+            stacklevel=2,
+        )
     if candidates is not None:
         cv, ci = candidates
         if ci.ndim != 2 or ci.shape[0] != n or tuple(cv.shape) != tuple(ci.shape):
-            raise ValueError(f"candidates must be two (N={n}, K') tensors (values, indices), got shapes "
-                             f"{tuple(cv.shape)} and {tuple(ci.shape)}")
+            raise ValueError(
+                f"candidates must be two (N={n}, K') tensors (values, indices), got shapes "
+                f"{tuple(cv.shape)} and {tuple(ci.shape)}"
+            )
         if ci.shape[1] < min(max_degree, n - 1):
-            raise ValueError(f"candidates hold K'={ci.shape[1]} per row, fewer than max_degree={max_degree}: "
-                             "raise the candidates or lower max_degree")
+            raise ValueError(
+                f"candidates hold K'={ci.shape[1]} per row, fewer than max_degree={max_degree}: "
+                "raise the candidates or lower max_degree"
+            )
         candidates = (cv.to(z), ci.to(z.device))
     rho = gain_density(z, block=None if block is None else block) if density is None else density.to(z)
     if tuple(rho.shape) != (n,):
@@ -501,8 +540,17 @@ def gain_transition(
     penalty = torch.exp(-beta * rho)
     proof = None
     if max_degree is not None and max_degree < n:
-        edges = gain_edges(z, penalty, band=band, max_degree=max_degree, candidates=candidates, ranking=ranking,
-                           block=block, consume=consume, progress=progress)
+        edges = gain_edges(
+            z,
+            penalty,
+            band=band,
+            max_degree=max_degree,
+            candidates=candidates,
+            ranking=ranking,
+            block=block,
+            consume=consume,
+            progress=progress,
+        )
         crow, cols, vals, proof = edges.crow, edges.cols, edges.vals, (edges.certified, edges.redone)
         del edges, candidates
         # consumed lists: the edges are views of their storage (N K' entries); compact copies, each

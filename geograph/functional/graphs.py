@@ -1,5 +1,6 @@
 """Graph utilities: batched k-nearest-neighbour graphs, the Ricci-Filtration query graph, and
 edge-list helpers (cleaning an ``edge_index``, CSR row pointers)."""
+
 from __future__ import annotations
 
 from typing import Optional

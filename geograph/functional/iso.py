@@ -1,4 +1,5 @@
 """ISO-RAG's query-time math: the local set, the personalization, PageRank and the fusion."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -6,8 +7,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import (check_finite_float, check_finite_where, check_positive_int, check_same_device,
-                              check_tensor, check_unit_interval)
+from geograph._checks import (
+    check_finite_float,
+    check_finite_where,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    check_unit_interval,
+)
 from geograph.functional.allpairs import tiled_topk
 from geograph.functional.graphs import csr_row_slots
 from geograph.functional.pagerank import personalized_pagerank
@@ -17,8 +24,20 @@ from geograph.outputs import LocalSubgraph, RetrievalOutput, topk_by_key, topk_s
 __all__ = ["iso_retrieve", "iso_local_subgraph", "iso_personalization", "iso_fusion", "iso_max_k", "check_iso_options"]
 
 
-def check_iso_options(*, m: int, L: int, hops: int, max_nodes: int, tau: float, alpha: float, lambda_g: float,
-                      lambda_d: float, max_iter: int, beta: Optional[float] = None, p: Optional[float] = None) -> dict:
+def check_iso_options(
+    *,
+    m: int,
+    L: int,
+    hops: int,
+    max_nodes: int,
+    tau: float,
+    alpha: float,
+    lambda_g: float,
+    lambda_d: float,
+    max_iter: int,
+    beta: Optional[float] = None,
+    p: Optional[float] = None,
+) -> dict:
     """Validate ISO-RAG's hyperparameters; returns them normalised, or raises ``ValueError``.
 
     The one check of :func:`iso_retrieve` and :class:`~geograph.ISORetriever` (``beta`` and
@@ -96,9 +115,21 @@ def _neighbours(rowptr: Tensor, col: Tensor, seeds: Tensor, seed_ok: Tensor, max
     return col[at].flatten(1), ok.flatten(1)
 
 
-def iso_local_subgraph(query: Tensor, embeddings: Tensor, rowptr: Tensor, col: Tensor, kept_keys: Tensor, *,
-                       max_degree: int, m: int = 5, L: int = 50, hops: int = 1, max_nodes: int = 100,
-                       tau: float = 10.0, chunk_size: int = 4096) -> LocalSubgraph:
+def iso_local_subgraph(
+    query: Tensor,
+    embeddings: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    kept_keys: Tensor,
+    *,
+    max_degree: int,
+    m: int = 5,
+    L: int = 50,
+    hops: int = 1,
+    max_nodes: int = 100,
+    tau: float = 10.0,
+    chunk_size: int = 4096,
+) -> LocalSubgraph:
     r"""ISO-RAG's padded query-local subgraphs (what :meth:`geograph.ISORetriever.local` returns).
 
     Dense cosine ``s`` (exact, in the corpus's dtype); seeds = top-``m``; the local set =
@@ -121,15 +152,28 @@ def iso_local_subgraph(query: Tensor, embeddings: Tensor, rowptr: Tensor, col: T
         :class:`~geograph.outputs.LocalSubgraph` with ``n = min(max_nodes, width)`` columns.
     """
     check_iso_query(query, embeddings)
-    opts = check_iso_options(m=m, L=L, hops=hops, max_nodes=max_nodes, tau=tau, alpha=0.0, lambda_g=0.0,
-                             lambda_d=0.0, max_iter=1)
-    return _local_subgraph(query, embeddings, rowptr, col, kept_keys, max_degree=max_degree, m=opts["m"],
-                           L=opts["L"], hops=opts["hops"], max_nodes=opts["max_nodes"], tau=opts["tau"],
-                           chunk_size=check_positive_int(chunk_size, "chunk_size"))
+    opts = check_iso_options(
+        m=m, L=L, hops=hops, max_nodes=max_nodes, tau=tau, alpha=0.0, lambda_g=0.0, lambda_d=0.0, max_iter=1
+    )
+    return _local_subgraph(
+        query,
+        embeddings,
+        rowptr,
+        col,
+        kept_keys,
+        max_degree=max_degree,
+        m=opts["m"],
+        L=opts["L"],
+        hops=opts["hops"],
+        max_nodes=opts["max_nodes"],
+        tau=opts["tau"],
+        chunk_size=check_positive_int(chunk_size, "chunk_size"),
+    )
 
 
-def _local_subgraph(query, embeddings, rowptr, col, kept_keys, *, max_degree, m, L, hops, max_nodes, tau,
-                    chunk_size) -> LocalSubgraph:
+def _local_subgraph(
+    query, embeddings, rowptr, col, kept_keys, *, max_degree, m, L, hops, max_nodes, tau, chunk_size
+) -> LocalSubgraph:
     """:func:`iso_local_subgraph` on a validated query and options."""
     v = embeddings.shape[0]
     qn = normalize(query.to(embeddings.dtype))
@@ -167,10 +211,26 @@ def _local_subgraph(query, embeddings, rowptr, col, kept_keys, *, max_degree, m,
     return LocalSubgraph(nodes, mask, dense, adj, iso_personalization(nodes, mask, dense, seeds, tau))
 
 
-def iso_retrieve(query: Tensor, embeddings: Tensor, rowptr: Tensor, col: Tensor, kept_keys: Tensor, k: int, *,
-                 max_degree: int, m: int = 5, L: int = 50, hops: int = 1, max_nodes: int = 100, tau: float = 10.0,
-                 alpha: float = 0.85, lambda_g: float = 0.5, lambda_d: float = 0.5, max_iter: int = 100,
-                 chunk_size: int = 4096) -> RetrievalOutput:
+def iso_retrieve(
+    query: Tensor,
+    embeddings: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    kept_keys: Tensor,
+    k: int,
+    *,
+    max_degree: int,
+    m: int = 5,
+    L: int = 50,
+    hops: int = 1,
+    max_nodes: int = 100,
+    tau: float = 10.0,
+    alpha: float = 0.85,
+    lambda_g: float = 0.5,
+    lambda_d: float = 0.5,
+    max_iter: int = 100,
+    chunk_size: int = 4096,
+) -> RetrievalOutput:
     r"""ISO-RAG retrieval: the function :class:`~geograph.ISORetriever` calls (bitwise the same result).
 
     :func:`iso_local_subgraph`, then :func:`~geograph.functional.personalized_pagerank` on the
@@ -196,14 +256,51 @@ def iso_retrieve(query: Tensor, embeddings: Tensor, rowptr: Tensor, col: Tensor,
         >>> torch.equal(out.indices, ref.indices), torch.equal(out.scores, ref.scores)
         (True, True)
     """
-    opts = check_iso_options(m=m, L=L, hops=hops, max_nodes=max_nodes, tau=tau, alpha=alpha, lambda_g=lambda_g,
-                             lambda_d=lambda_d, max_iter=max_iter)
-    return _retrieve(query, embeddings, rowptr, col, kept_keys, k, max_degree=max_degree,
-                     chunk_size=check_positive_int(chunk_size, "chunk_size"), **opts)
+    opts = check_iso_options(
+        m=m,
+        L=L,
+        hops=hops,
+        max_nodes=max_nodes,
+        tau=tau,
+        alpha=alpha,
+        lambda_g=lambda_g,
+        lambda_d=lambda_d,
+        max_iter=max_iter,
+    )
+    return _retrieve(
+        query,
+        embeddings,
+        rowptr,
+        col,
+        kept_keys,
+        k,
+        max_degree=max_degree,
+        chunk_size=check_positive_int(chunk_size, "chunk_size"),
+        **opts,
+    )
 
 
-def _retrieve(query, embeddings, rowptr, col, kept_keys, k, *, max_degree, m, L, hops, max_nodes, tau, alpha,
-              lambda_g, lambda_d, max_iter, chunk_size, owner: str = "the corpus") -> RetrievalOutput:
+def _retrieve(
+    query,
+    embeddings,
+    rowptr,
+    col,
+    kept_keys,
+    k,
+    *,
+    max_degree,
+    m,
+    L,
+    hops,
+    max_nodes,
+    tau,
+    alpha,
+    lambda_g,
+    lambda_d,
+    max_iter,
+    chunk_size,
+    owner: str = "the corpus",
+) -> RetrievalOutput:
     """:func:`iso_retrieve` with validated options (``k`` and the query are checked here, in that order)."""
     k = check_positive_int(k, "k")
     v = embeddings.shape[0]
@@ -211,8 +308,20 @@ def _retrieve(query, embeddings, rowptr, col, kept_keys, k, *, max_degree, m, L,
     if k > limit:
         raise ValueError(f"k={k} exceeds the guaranteed local set size min(max(L, m), max_nodes, V) = {limit}")
     check_iso_query(query, embeddings, owner)
-    sub = _local_subgraph(query, embeddings, rowptr, col, kept_keys, max_degree=max_degree, m=m, L=L, hops=hops,
-                          max_nodes=max_nodes, tau=tau, chunk_size=chunk_size)
+    sub = _local_subgraph(
+        query,
+        embeddings,
+        rowptr,
+        col,
+        kept_keys,
+        max_degree=max_degree,
+        m=m,
+        L=L,
+        hops=hops,
+        max_nodes=max_nodes,
+        tau=tau,
+        chunk_size=chunk_size,
+    )
     w = sub.adj.to(sub.dense.dtype)
     pi = personalized_pagerank(w, sub.personalization, sub.mask, alpha=alpha, max_iter=max_iter)
     score = iso_fusion(pi, sub.dense, sub.mask, lambda_g, lambda_d)

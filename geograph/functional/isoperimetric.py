@@ -1,4 +1,5 @@
 """ISO-RAG's isoperimetric (Cheeger-type) node ratio and the edge filter built on it."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,7 +29,9 @@ def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
     total = int(count.sum())
     first = torch.repeat_interleave(src, count, output_size=total)
     start = torch.repeat_interleave(rowptr[dst], count, output_size=total)
-    offset = torch.arange(total, device=device) - torch.repeat_interleave(count.cumsum(0) - count, count, output_size=total)
+    offset = torch.arange(total, device=device) - torch.repeat_interleave(
+        count.cumsum(0) - count, count, output_size=total
+    )
     key = torch.unique(first * num_nodes + dst[start + offset])
     nodes = torch.arange(num_nodes, device=device)
     closed = torch.cat([src * num_nodes + dst, nodes * num_nodes + nodes])

@@ -1,4 +1,5 @@
 """Maniscope scores: cosine mixed with geodesic similarity on the candidates' k-NN graph."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -101,8 +102,11 @@ def _relax_knn(idx: Tensor, w: Tensor, at_source: Tensor, steps: int, early_stop
     """
     b, n, kk = idx.shape
     flat = idx.reshape(b, n * kk)
-    dist = torch.where(at_source, torch.zeros((), dtype=w.dtype, device=w.device),
-                       torch.full((), float("inf"), dtype=w.dtype, device=w.device))
+    dist = torch.where(
+        at_source,
+        torch.zeros((), dtype=w.dtype, device=w.device),
+        torch.full((), float("inf"), dtype=w.dtype, device=w.device),
+    )
     prev = dist
     for t in range(steps):
         pull = (dist.gather(1, flat).view(b, n, kk) + w).amin(dim=-1)

@@ -15,6 +15,7 @@ builds both tensors from a run and qrels.
 :func:`hit_answer_at_k` instead takes ``contains (B, K)`` bool: whether the passage at each
 rank contains an answer string (:func:`geograph.metrics.answer_hits` builds it from texts).
 """
+
 from __future__ import annotations
 
 import torch

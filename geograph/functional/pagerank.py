@@ -1,4 +1,5 @@
 """Batched personalized PageRank by power iteration on padded weighted graphs."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -6,7 +7,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from geograph._checks import check_finite_float, check_mask, check_positive_int, check_same_device, check_tensor, tracing
+from geograph._checks import (
+    check_finite_float,
+    check_mask,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    tracing,
+)
 
 __all__ = ["personalized_pagerank"]
 

@@ -5,6 +5,7 @@ is the length of the edge ``i -> j``; pass a symmetric matrix for an undirected 
 edge mask ``adj (B, N, N)``. Unreachable pairs, and every pair touching a padded node, are
 ``+inf`` (a distance has no neutral 0: 0 would claim a free path).
 """
+
 from __future__ import annotations
 
 from typing import Optional

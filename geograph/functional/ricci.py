@@ -1,4 +1,5 @@
 """Ricci-Filtration: flow each query graph, keep the candidates whose query edge stays short."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -6,7 +7,13 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from geograph._checks import check_cert_tol, check_finite_float, check_percentile, check_positive_int, check_unit_interval
+from geograph._checks import (
+    check_cert_tol,
+    check_finite_float,
+    check_percentile,
+    check_positive_int,
+    check_unit_interval,
+)
 from geograph.functional.curvature import check_solver, resolve_solver
 from geograph.functional.flow import check_step, ricci_flow
 from geograph.functional.graphs import query_graph
@@ -16,8 +23,19 @@ from geograph.outputs import RerankOutput, order_by_score
 __all__ = ["ricci_filtration", "ricci_surgery", "check_ricci_options"]
 
 
-def check_ricci_options(*, percentile: float, alpha: float, exp_power: float, iterations: int, step: float,
-                        delta: float, eta: float, solver: str, reg: float, cert_tol: Optional[float]) -> dict:
+def check_ricci_options(
+    *,
+    percentile: float,
+    alpha: float,
+    exp_power: float,
+    iterations: int,
+    step: float,
+    delta: float,
+    eta: float,
+    solver: str,
+    reg: float,
+    cert_tol: Optional[float],
+) -> dict:
     """Validate Ricci-Filtration's hyperparameters; returns them normalised (floats), or raises ``ValueError``.
 
     The one check of :func:`ricci_filtration` and :class:`~geograph.RicciFiltration`.
@@ -37,8 +55,18 @@ def check_ricci_options(*, percentile: float, alpha: float, exp_power: float, it
     reg_f = check_finite_float(reg, "reg")
     if not reg_f > 0:
         raise ValueError(f"reg must be positive, got {reg!r}")
-    return dict(percentile=percentile, alpha=alpha, exp_power=exp_power, iterations=iterations, step=step,
-                delta=delta_f, eta=eta_f, solver=solver, reg=reg_f, cert_tol=check_cert_tol(cert_tol))
+    return dict(
+        percentile=percentile,
+        alpha=alpha,
+        exp_power=exp_power,
+        iterations=iterations,
+        step=step,
+        delta=delta_f,
+        eta=eta_f,
+        solver=solver,
+        reg=reg_f,
+        cert_tol=check_cert_tol(cert_tol),
+    )
 
 
 def ricci_surgery(query_edge_length: Tensor, mask: Tensor, eta: float) -> Tensor:
@@ -103,16 +131,34 @@ def ricci_filtration(
         >>> torch.equal(out.scores, ref.scores), torch.equal(out.query_edge_length, ref.query_edge_length)
         (True, True)
     """
-    opts = check_ricci_options(percentile=percentile, alpha=alpha, exp_power=exp_power, iterations=iterations,
-                               step=step, delta=delta, eta=eta, solver=solver, reg=reg, cert_tol=cert_tol)
+    opts = check_ricci_options(
+        percentile=percentile,
+        alpha=alpha,
+        exp_power=exp_power,
+        iterations=iterations,
+        step=step,
+        delta=delta,
+        eta=eta,
+        solver=solver,
+        reg=reg,
+        cert_tol=cert_tol,
+    )
     adj, node_mask, _ = query_graph(query, docs, mask, percentile=opts["percentile"])
     cand_mask = node_mask[:, 1:]
     solver = resolve_solver(opts["solver"], docs.device)
     dtype = torch.float64 if solver == "exact" else docs.dtype
     flow = ricci_flow(
-        adj, torch.ones(adj.shape, dtype=dtype, device=docs.device), node_mask, iterations=opts["iterations"],
-        step=opts["step"], delta=opts["delta"], alpha=opts["alpha"], exp_power=opts["exp_power"], solver=solver,
-        reg=opts["reg"], cert_tol=opts["cert_tol"],
+        adj,
+        torch.ones(adj.shape, dtype=dtype, device=docs.device),
+        node_mask,
+        iterations=opts["iterations"],
+        step=opts["step"],
+        delta=opts["delta"],
+        alpha=opts["alpha"],
+        exp_power=opts["exp_power"],
+        solver=solver,
+        reg=opts["reg"],
+        cert_tol=opts["cert_tol"],
     )
     full_length = flow.lengths[:, 0, 1:]
     length = full_length.to(docs.dtype)
@@ -129,6 +175,9 @@ def ricci_filtration(
         scores = cosine_similarity(query.unsqueeze(1), docs, y_mask=cand_mask).squeeze(1)
     scores = torch.where(keep, scores, torch.full_like(scores, float("-inf")))
     return RerankOutput(
-        scores=scores, order=order_by_score(scores), keep=keep,
-        query_edge_length=length, query_edge_curvature=flow.curvature[:, 0, 1:].to(docs.dtype),
+        scores=scores,
+        order=order_by_score(scores),
+        keep=keep,
+        query_edge_length=length,
+        query_edge_curvature=flow.curvature[:, 0, 1:].to(docs.dtype),
     )

@@ -1,4 +1,5 @@
 """Batched cosine similarity."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -70,9 +71,7 @@ def cosine_similarity(
     else:
         check_tensor(y, "y", 3, finite=False)
         if y.shape[0] != x.shape[0] or y.shape[2] != x.shape[2]:
-            raise ValueError(
-                f"y must have shape (B={x.shape[0]}, M, D={x.shape[2]}), got {tuple(y.shape)}"
-            )
+            raise ValueError(f"y must have shape (B={x.shape[0]}, M, D={x.shape[2]}), got {tuple(y.shape)}")
         y_mask = check_mask(y_mask, y.shape[:2], "y_mask")
         check_finite_where(y, y_mask, "y")
     xn = normalize(_zero_padding(x, mask))
@@ -87,8 +86,15 @@ def _zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def minmax_normalize(x: Tensor, mask: Optional[Tensor] = None, *, dim: int = -1, lo: Optional[Tensor] = None,
-                     hi: Optional[Tensor] = None, clip: bool = False) -> Tensor:
+def minmax_normalize(
+    x: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    dim: int = -1,
+    lo: Optional[Tensor] = None,
+    hi: Optional[Tensor] = None,
+    clip: bool = False,
+) -> Tensor:
     r"""Min-max scale ``x`` to ``[0, 1]``: ``(x - lo) / (hi - lo)``; 0 where ``hi == lo`` and at masked entries.
 
     ``lo`` and ``hi`` default to the min and max of the real (``mask``) entries along ``dim``;

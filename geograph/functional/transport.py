@@ -1,4 +1,5 @@
 """Batched entropic optimal transport: log-domain Sinkhorn with epsilon-scaling."""
+
 from __future__ import annotations
 
 import math
@@ -44,7 +45,9 @@ def _check_problems(cost: Tensor, a: Tensor, b: Tensor) -> None:
     for name, w, size in (("a", a, n), ("b", b, m)):
         check_tensor(w, name, 2)
         if tuple(w.shape) != (bsz, size):
-            raise ValueError(f"{name} must have shape ({bsz}, {size}) to match cost {tuple(cost.shape)}, got {tuple(w.shape)}")
+            raise ValueError(
+                f"{name} must have shape ({bsz}, {size}) to match cost {tuple(cost.shape)}, got {tuple(w.shape)}"
+            )
         if bool((w < 0).any()):
             raise ValueError(f"{name} must be non-negative")
 
@@ -128,8 +131,18 @@ def sinkhorn(
     if reg_start is None:
         reg_start = max(float(cost.detach().abs().max()) if cost.numel() else reg, reg)
     return sinkhorn_unchecked(
-        cost, a, b, reg=reg, max_iter=max_iter, reg_start=float(reg_start), scaling_iter=scaling_iter, tol=tol,
-        check_every=check_every, f_init=f_init, g_init=g_init, relaxation=relaxation,
+        cost,
+        a,
+        b,
+        reg=reg,
+        max_iter=max_iter,
+        reg_start=float(reg_start),
+        scaling_iter=scaling_iter,
+        tol=tol,
+        check_every=check_every,
+        f_init=f_init,
+        g_init=g_init,
+        relaxation=relaxation,
     )
 
 
@@ -337,7 +350,9 @@ def transport_bounds(cost: Tensor, a: Tensor, b: Tensor, f: Tensor, plan: Tensor
     p = p * y.unsqueeze(1)
     err_a = (a - p.sum(2)).clamp_min(0)
     err_b = (b - p.sum(1)).clamp_min(0)
-    p = p + err_a.unsqueeze(2) * err_b.unsqueeze(1) / err_a.sum(1).clamp_min(torch.finfo(torch.float64).tiny).view(-1, 1, 1)
+    p = p + err_a.unsqueeze(2) * err_b.unsqueeze(1) / err_a.sum(1).clamp_min(torch.finfo(torch.float64).tiny).view(
+        -1, 1, 1
+    )
     upper = (p * torch.where(valid, c, zero)).sum((1, 2))
     empty = ~(has_a.any(1) & has_b.any(1))
     lower = torch.where(empty, zero, lower)

@@ -1,4 +1,5 @@
 """What the framework components share: embedding texts, one padded module call per query list."""
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence

@@ -11,6 +11,7 @@ Example:
     >>> from haystack import Pipeline                                              # doctest: +SKIP
     >>> p = Pipeline(); p.add_component("ranker", GeographRanker(Maniscope()))       # doctest: +SKIP
 """
+
 # no `from __future__ import annotations`: Haystack reads run()'s annotations as types
 from dataclasses import replace
 from typing import Any, List, Optional, Sequence
@@ -18,7 +19,9 @@ from typing import Any, List, Optional, Sequence
 try:
     from haystack import Document, component
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("geograph.integrations.haystack needs the haystack extra: pip install 'geograph[haystack]'") from e
+    raise ImportError(
+        "geograph.integrations.haystack needs the haystack extra: pip install 'geograph[haystack]'"
+    ) from e
 import torch
 
 from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, retrieve

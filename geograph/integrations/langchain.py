@@ -13,6 +13,7 @@ Example:
     >>> from geograph.integrations.langchain import GeographCompressor              # doctest: +SKIP
     >>> GeographCompressor(module=Maniscope(), top_n=3).compress_documents(docs, "query")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -23,7 +24,9 @@ try:
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables.config import run_in_executor
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("geograph.integrations.langchain needs the langchain extra: pip install 'geograph[langchain]'") from e
+    raise ImportError(
+        "geograph.integrations.langchain needs the langchain extra: pip install 'geograph[langchain]'"
+    ) from e
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from geograph.integrations._common import check_top, cut, resolve_encoder, embed, rerank, retrieve
@@ -59,8 +62,9 @@ class GeographCompressor(BaseDocumentCompressor):
     def _enc(self):
         return resolve_encoder(self)
 
-    def compress_documents(self, documents: Sequence[Document], query: str,
-                           callbacks: Optional[Callbacks] = None) -> Sequence[Document]:
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Optional[Callbacks] = None
+    ) -> Sequence[Document]:
         documents = list(documents)
         if not documents:
             return []
@@ -70,8 +74,9 @@ class GeographCompressor(BaseDocumentCompressor):
         [ranked] = rerank(self.module, q, [docs])
         return [_scored(documents[j], s) for j, s in cut(ranked, self.top_n)]
 
-    async def acompress_documents(self, documents: Sequence[Document], query: str,
-                                  callbacks: Optional[Callbacks] = None) -> Sequence[Document]:
+    async def acompress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Optional[Callbacks] = None
+    ) -> Sequence[Document]:
         return await run_in_executor(None, self.compress_documents, documents, query, callbacks)
 
 

@@ -12,6 +12,7 @@ Example:
     >>> from geograph.integrations.llamaindex import GeographPostprocessor        # doctest: +SKIP
     >>> engine = index.as_query_engine(node_postprocessors=[GeographPostprocessor(module=Maniscope())])  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
@@ -22,8 +23,9 @@ try:
     from llama_index.core.retrievers import BaseRetriever
     from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, TextNode
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("geograph.integrations.llamaindex needs the llamaindex extra: "
-                      "pip install 'geograph[llamaindex]'") from e
+    raise ImportError(
+        "geograph.integrations.llamaindex needs the llamaindex extra: pip install 'geograph[llamaindex]'"
+    ) from e
 import torch
 
 from geograph.integrations._common import check_top, cut, resolve_encoder, embed, rerank, retrieve
@@ -57,8 +59,9 @@ class GeographPostprocessor(BaseNodePostprocessor):
     def _enc(self):
         return resolve_encoder(self)
 
-    def _postprocess_nodes(self, nodes: List[NodeWithScore],
-                           query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+    def _postprocess_nodes(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
+    ) -> List[NodeWithScore]:
         if query_bundle is None:
             raise ValueError("query_bundle is required (the query to rerank for)")
         if not nodes:
@@ -68,7 +71,8 @@ class GeographPostprocessor(BaseNodePostprocessor):
         else:
             q = embed(self._enc(), [query_bundle.query_str], query=True).float()
         rows: list[Optional[torch.Tensor]] = [
-            None if n.node.embedding is None else torch.as_tensor(n.node.embedding, dtype=q.dtype) for n in nodes]
+            None if n.node.embedding is None else torch.as_tensor(n.node.embedding, dtype=q.dtype) for n in nodes
+        ]
         missing = [i for i, r in enumerate(rows) if r is None]
         if missing:
             vecs = embed(self._enc(), [nodes[i].node.get_content() for i in missing]).to(q)

@@ -1,4 +1,5 @@
 """Rerankers: ``nn.Module`` s over a padded batch of candidates."""
+
 from geograph.rerankers.maniscope import Maniscope
 from geograph.rerankers.ricci import RicciFiltration
 

@@ -1,4 +1,5 @@
 """Maniscope: geodesic reranking on the candidates' k-NN graph."""
+
 from __future__ import annotations
 
 from typing import Optional

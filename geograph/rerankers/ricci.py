@@ -1,4 +1,5 @@
 """Ricci-Filtration: drop the candidates whose query edge the Ricci flow stretches."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -97,8 +98,18 @@ class RicciFiltration(nn.Module):
         scorer: Optional[Callable[..., Tensor]] = None,
     ) -> None:
         super().__init__()
-        opts = check_ricci_options(percentile=percentile, alpha=alpha, exp_power=exp_power, iterations=iterations,
-                                   step=step, delta=delta, eta=eta, solver=solver, reg=reg, cert_tol=cert_tol)
+        opts = check_ricci_options(
+            percentile=percentile,
+            alpha=alpha,
+            exp_power=exp_power,
+            iterations=iterations,
+            step=step,
+            delta=delta,
+            eta=eta,
+            solver=solver,
+            reg=reg,
+            cert_tol=cert_tol,
+        )
         self.percentile = opts["percentile"]
         self.eta = opts["eta"]
         self.alpha = opts["alpha"]
@@ -125,9 +136,22 @@ class RicciFiltration(nn.Module):
         doc_texts: Optional[Sequence[Sequence[str]]] = None,
     ) -> RerankOutput:
         return ricci_filtration(
-            query, docs, mask, percentile=self.percentile, alpha=self.alpha, exp_power=self.exp_power,
-            iterations=self.iterations, step=self.step, delta=self.delta, eta=self.eta, solver=self.solver,
-            reg=self.reg, cert_tol=self.cert_tol, scorer=self.scorer, query_texts=query_texts, doc_texts=doc_texts,
+            query,
+            docs,
+            mask,
+            percentile=self.percentile,
+            alpha=self.alpha,
+            exp_power=self.exp_power,
+            iterations=self.iterations,
+            step=self.step,
+            delta=self.delta,
+            eta=self.eta,
+            solver=self.solver,
+            reg=self.reg,
+            cert_tol=self.cert_tol,
+            scorer=self.scorer,
+            query_texts=query_texts,
+            doc_texts=doc_texts,
         )
 
     def extra_repr(self) -> str:

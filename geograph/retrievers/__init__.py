@@ -1,4 +1,5 @@
 """Retrievers: ``nn.Module`` s over a corpus."""
+
 from geograph.retrievers.bm25 import BM25Retriever
 from geograph.retrievers.dense import DenseRetriever
 from geograph.retrievers.g3 import G3Graph, G3Retriever

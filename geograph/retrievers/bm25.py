@@ -1,4 +1,5 @@
 """BM25: the lexical baseline next to dense retrieval (the ``bm25s`` package, ``bench`` extra)."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Union
@@ -50,9 +51,15 @@ class BM25Retriever:
         [[2, 0], [1, 0]]
     """
 
-    def __init__(self, passages: Sequence[str], *, k1: float = 1.5, b: float = 0.75,
-                 stopwords: Union[str, Sequence[str], None] = "en",
-                 stemmer: Optional[Callable[[list[str]], list[str]]] = None) -> None:
+    def __init__(
+        self,
+        passages: Sequence[str],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        stopwords: Union[str, Sequence[str], None] = "en",
+        stemmer: Optional[Callable[[list[str]], list[str]]] = None,
+    ) -> None:
         try:
             import bm25s
             from bm25s.tokenization import Tokenizer
@@ -76,8 +83,9 @@ class BM25Retriever:
         self._bm25.index(ids, show_progress=False)
         sc = self._bm25.scores
         # (vocab, N): row t holds every passage's BM25 weight of token t
-        self._weights = csc_matrix((sc["data"], sc["indices"], sc["indptr"]),
-                                   shape=(self.num_passages, len(sc["indptr"]) - 1)).T.tocsr()
+        self._weights = csc_matrix(
+            (sc["data"], sc["indices"], sc["indptr"]), shape=(self.num_passages, len(sc["indptr"]) - 1)
+        ).T.tocsr()
 
     @property
     def vocab_size(self) -> int:
@@ -89,8 +97,9 @@ class BM25Retriever:
 
         if isinstance(queries, str) or not all(isinstance(q, str) for q in queries):
             raise ValueError("queries must be a sequence of strings")
-        toks = self._tokenizer.tokenize(list(queries), show_progress=False, update_vocab=False, allow_empty=False,
-                                        return_as="ids")
+        toks = self._tokenizer.tokenize(
+            list(queries), show_progress=False, update_vocab=False, allow_empty=False, return_as="ids"
+        )
         rows = np.repeat(np.arange(len(toks)), [len(t) for t in toks])
         cols = np.fromiter((t for ts in toks for t in ts), dtype=np.int64, count=len(rows))
         counts = csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(toks), self.vocab_size))

@@ -1,4 +1,5 @@
 """Exact dense retrieval by chunked matrix products."""
+
 from __future__ import annotations
 
 import logging
@@ -9,8 +10,16 @@ from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_same_device, check_tensor, tracing
 from geograph.functional.allpairs import sort_topk, tiled_topk
-from geograph.functional.ann import (DEFAULT_RECALL_ROWS, QUERY_POINTS_PER_CELL, build_ivf_index, check_ivf, default_nlist,
-                                     exact_rows, resolve_index, sample_recall)
+from geograph.functional.ann import (
+    DEFAULT_RECALL_ROWS,
+    QUERY_POINTS_PER_CELL,
+    build_ivf_index,
+    check_ivf,
+    default_nlist,
+    exact_rows,
+    resolve_index,
+    sample_recall,
+)
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
 
@@ -72,10 +81,20 @@ class DenseRetriever(nn.Module):
         (tensor([[1, 2]]), tensor([[1.0000, 0.8000]]))
     """
 
-    def __init__(self, embeddings: Tensor, *, chunk_size: int = 4096, index: str = "exact", nlist: Optional[int] = None,
-                 nprobe: Union[int, str] = "auto", sample: Optional[int] = None, seed: int = 0,
-                 recall_target: float = DENSE_RECALL_TARGET, recall_k: int = DENSE_RECALL_K,
-                 persistent: bool = True) -> None:
+    def __init__(
+        self,
+        embeddings: Tensor,
+        *,
+        chunk_size: int = 4096,
+        index: str = "exact",
+        nlist: Optional[int] = None,
+        nprobe: Union[int, str] = "auto",
+        sample: Optional[int] = None,
+        seed: int = 0,
+        recall_target: float = DENSE_RECALL_TARGET,
+        recall_k: int = DENSE_RECALL_K,
+        persistent: bool = True,
+    ) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         if embeddings.shape[0] == 0:
@@ -166,14 +185,28 @@ class DenseRetriever(nn.Module):
             if recall >= self.recall_target or nprobe >= self.nlist:
                 break
             nprobe = min(2 * nprobe, self.nlist)
-        self.calibration = {"nprobe": nprobe, "recall": recall, "recall_k": k, "rows": len(rows),
-                            "recall_target": self.recall_target}
-        log.info("DenseRetriever: nprobe='auto' chose %d of %d lists (recall@%d %.4f on %d sampled passages)",
-                 nprobe, self.nlist, k, recall, len(rows))
+        self.calibration = {
+            "nprobe": nprobe,
+            "recall": recall,
+            "recall_k": k,
+            "rows": len(rows),
+            "recall_target": self.recall_target,
+        }
+        log.info(
+            "DenseRetriever: nprobe='auto' chose %d of %d lists (recall@%d %.4f on %d sampled passages)",
+            nprobe,
+            self.nlist,
+            k,
+            recall,
+            len(rows),
+        )
         if 4 * nprobe >= self.nlist:
-            log.warning("DenseRetriever: the recall target needs %d of %d IVF lists: little faster than "
-                        "index='exact' on this corpus (no cluster structure for the lists to cut along)",
-                        nprobe, self.nlist)
+            log.warning(
+                "DenseRetriever: the recall target needs %d of %d IVF lists: little faster than "
+                "index='exact' on this corpus (no cluster structure for the lists to cut along)",
+                nprobe,
+                self.nlist,
+            )
         return nprobe
 
     def extra_repr(self) -> str:

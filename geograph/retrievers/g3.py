@@ -1,4 +1,5 @@
 """G3RAG: one-step diffusion from seeds over the zero-token geometric-gain graph."""
+
 from __future__ import annotations
 
 import logging
@@ -68,27 +69,53 @@ class G3Graph(nn.Module):
     col: Tensor
     val: Tensor
 
-    def __init__(self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float,
-                 max_degree: Optional[int]) -> None:
+    def __init__(
+        self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float, max_degree: Optional[int]
+    ) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
         n = embeddings.shape[0]
-        if not isinstance(transition, Tensor) or transition.layout != torch.sparse_csr or tuple(transition.shape) != (n, n):
-            raise ValueError(f"transition must be a sparse CSR ({n}, {n}) tensor, got {getattr(transition, 'shape', transition)}")
+        if (
+            not isinstance(transition, Tensor)
+            or transition.layout != torch.sparse_csr
+            or tuple(transition.shape) != (n, n)
+        ):
+            raise ValueError(
+                f"transition must be a sparse CSR ({n}, {n}) tensor, got {getattr(transition, 'shape', transition)}"
+            )
         if not isinstance(density, Tensor) or tuple(density.shape) != (n,):
             raise ValueError(f"density must have shape ({n},), got {tuple(getattr(density, 'shape', ()))}")
         for name, t in (("transition", transition), ("density", density)):
             if t.device != embeddings.device:
-                raise ValueError(f"{name} is on {t.device} but embeddings is on {embeddings.device}: "
-                                 "move one of them with .to() first")
+                raise ValueError(
+                    f"{name} is on {t.device} but embeddings is on {embeddings.device}: "
+                    "move one of them with .to() first"
+                )
         # copies, not views into the sparse tensor (dynamo cannot trace a view of a sparse base)
-        self._hold(embeddings, density, transition.crow_indices().to(torch.long, copy=True),
-                   transition.col_indices().to(torch.long, copy=True), transition.values().clone(),
-                   band=band, beta=beta, max_degree=max_degree)
+        self._hold(
+            embeddings,
+            density,
+            transition.crow_indices().to(torch.long, copy=True),
+            transition.col_indices().to(torch.long, copy=True),
+            transition.values().clone(),
+            band=band,
+            beta=beta,
+            max_degree=max_degree,
+        )
 
     @classmethod
-    def _from_parts(cls, embeddings: Tensor, density: Tensor, crow: Tensor, col: Tensor, val: Tensor, *, band,
-                    beta: float, max_degree: Optional[int]) -> "G3Graph":
+    def _from_parts(
+        cls,
+        embeddings: Tensor,
+        density: Tensor,
+        crow: Tensor,
+        col: Tensor,
+        val: Tensor,
+        *,
+        band,
+        beta: float,
+        max_degree: Optional[int],
+    ) -> "G3Graph":
         """A graph holding ``T``'s CSR parts as given (no copy: :meth:`build`'s own fresh arrays; at
         1M passages x 128 edges a copy would be 1.5 GB more at the peak)."""
         graph = cls.__new__(cls)
@@ -96,8 +123,18 @@ class G3Graph(nn.Module):
         graph._hold(embeddings, density, crow, col, val, band=band, beta=beta, max_degree=max_degree)
         return graph
 
-    def _hold(self, embeddings: Tensor, density: Tensor, crow: Tensor, col: Tensor, val: Tensor, *, band,
-              beta: float, max_degree: Optional[int]) -> None:
+    def _hold(
+        self,
+        embeddings: Tensor,
+        density: Tensor,
+        crow: Tensor,
+        col: Tensor,
+        val: Tensor,
+        *,
+        band,
+        beta: float,
+        max_degree: Optional[int],
+    ) -> None:
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("density", density)
         self.register_buffer("crow", crow)
@@ -114,12 +151,25 @@ class G3Graph(nn.Module):
         self.row_width = int(self.degree().max()) if self.num_nodes else 0
 
     @classmethod
-    def build(cls, embeddings: Tensor, *, band: Optional[tuple[float, float]] = (0.1, 0.7), beta: float = 0.4,
-              max_degree: Optional[int] = DEFAULT_MAX_DEGREE, block: Optional[int] = None, index: str = "exact",
-              candidates: Optional[int] = None, nlist: Optional[int] = None, nprobe: Optional[int] = None,
-              sample: Optional[int] = None, density_sample: Optional[int] = None, ranking: str = "weight",
-              seed: int = 0, recall_target: Optional[float] = DEFAULT_RECALL_TARGET,
-              progress: bool = False) -> "G3Graph":
+    def build(
+        cls,
+        embeddings: Tensor,
+        *,
+        band: Optional[tuple[float, float]] = (0.1, 0.7),
+        beta: float = 0.4,
+        max_degree: Optional[int] = DEFAULT_MAX_DEGREE,
+        block: Optional[int] = None,
+        index: str = "exact",
+        candidates: Optional[int] = None,
+        nlist: Optional[int] = None,
+        nprobe: Optional[int] = None,
+        sample: Optional[int] = None,
+        density_sample: Optional[int] = None,
+        ranking: str = "weight",
+        seed: int = 0,
+        recall_target: Optional[float] = DEFAULT_RECALL_TARGET,
+        progress: bool = False,
+    ) -> "G3Graph":
         """Build by tiles: memory ``O(block^2 + N x max_degree)`` (``band=None``: the authors' T).
 
         ``max_degree`` defaults to :data:`DEFAULT_MAX_DEGREE` (128) strongest edges a row: the
@@ -178,14 +228,22 @@ class G3Graph(nn.Module):
             if max_degree is None:
                 raise ValueError("candidates need max_degree: the full T (max_degree=None) uses every pair")
             if candidates < max_degree and candidates < n - 1:
-                raise ValueError(f"candidates={candidates} must be at least max_degree={max_degree} "
-                                 "(each row keeps max_degree of its candidates)")
+                raise ValueError(
+                    f"candidates={candidates} must be at least max_degree={max_degree} "
+                    "(each row keeps max_degree of its candidates)"
+                )
             candidates = min(candidates, n - 1)
         z = _unit(embeddings)
         info: dict = {"index": index, "passages": n}
         t0 = time.perf_counter()
-        rho, dinfo = gain_density(z, block=block, sample=density_sample, seed=seed,
-                                  progress="G3 density" if progress else False, return_info=True)
+        rho, dinfo = gain_density(
+            z,
+            block=block,
+            sample=density_sample,
+            seed=seed,
+            progress="G3 density" if progress else False,
+            return_info=True,
+        )
         info.update(density_seconds=time.perf_counter() - t0, density=asdict(dinfo))
         cand = None
         if candidates is not None and max_degree is not None and max_degree < n:
@@ -196,16 +254,37 @@ class G3Graph(nn.Module):
             else:
                 rank = dict(transform=gain_rank(band), target=torch.exp(-check_finite_float(beta, "beta") * rho.to(z)))
             report: dict = {}
-            cand = self_topk(z, candidates, index=index, nlist=nlist, nprobe=nprobe, sample=sample, seed=seed,
-                             block=tile, progress="G3 candidates" if progress else False,
-                             recall_target=recall_target, report=report, **rank)
+            cand = self_topk(
+                z,
+                candidates,
+                index=index,
+                nlist=nlist,
+                nprobe=nprobe,
+                sample=sample,
+                seed=seed,
+                block=tile,
+                progress="G3 candidates" if progress else False,
+                recall_target=recall_target,
+                report=report,
+                **rank,
+            )
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
             if index == "ivf":
                 info.update(nlist=nlist or default_join_nlist(n), **report)
         t0 = time.perf_counter()
-        t, edges = gain_transition(z, band=band, beta=beta, max_degree=max_degree, block=block, density=rho,
-                                   candidates=cand, ranking=ranking, progress="G3 edges" if progress else False,
-                                   return_edges=True, consume=True)
+        t, edges = gain_transition(
+            z,
+            band=band,
+            beta=beta,
+            max_degree=max_degree,
+            block=block,
+            density=rho,
+            candidates=cand,
+            ranking=ranking,
+            progress="G3 edges" if progress else False,
+            return_edges=True,
+            consume=True,
+        )
         info["edge_seconds"] = time.perf_counter() - t0
         if edges is not None:
             info.update(certified=int(edges.certified.sum()), redone=int(edges.redone.sum()))
@@ -213,8 +292,16 @@ class G3Graph(nn.Module):
         # T's parts are fresh arrays of this build (not views of another tensor): held without a copy
         crow, col, val = t.crow_indices(), t.col_indices(), t.values()
         del t
-        graph = cls._from_parts(embeddings, rho.to(embeddings.dtype), _plain(crow), _plain(col),
-                                _plain(val).to(embeddings.dtype), band=band, beta=beta, max_degree=max_degree)
+        graph = cls._from_parts(
+            embeddings,
+            rho.to(embeddings.dtype),
+            _plain(crow),
+            _plain(col),
+            _plain(val).to(embeddings.dtype),
+            band=band,
+            beta=beta,
+            max_degree=max_degree,
+        )
         graph.build_info = info
         log.info("G3Graph.build: %s", info)
         return graph
@@ -241,18 +328,38 @@ class G3Graph(nn.Module):
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / _META).unlink(missing_ok=True)  # not loadable until the new g3graph.json is in place
-        size = atomic_torch_save({"embeddings": self.embeddings.cpu(), "density": self.density.cpu(),
-                                  "crow": self.crow.cpu(), "col": self.col.cpu(), "val": self.val.cpu()},
-                                 path / _DATA)
-        meta = {"format": _FORMAT, "band": self.band, "beta": self.beta, "max_degree": self.max_degree,
-                "num_nodes": self.num_nodes, "nnz": int(self.val.numel()), "dim": int(self.embeddings.shape[1]),
-                "files": {_DATA: size}, "build": self.build_info}
+        size = atomic_torch_save(
+            {
+                "embeddings": self.embeddings.cpu(),
+                "density": self.density.cpu(),
+                "crow": self.crow.cpu(),
+                "col": self.col.cpu(),
+                "val": self.val.cpu(),
+            },
+            path / _DATA,
+        )
+        meta = {
+            "format": _FORMAT,
+            "band": self.band,
+            "beta": self.beta,
+            "max_degree": self.max_degree,
+            "num_nodes": self.num_nodes,
+            "nnz": int(self.val.numel()),
+            "dim": int(self.embeddings.shape[1]),
+            "files": {_DATA: size},
+            "build": self.build_info,
+        }
         atomic_write_json(meta, path / _META)
         return path
 
     @classmethod
-    def load(cls, directory: Union[str, Path], *, device: Optional[Union[str, torch.device]] = None,
-             corpus_shape: Optional[tuple[int, int]] = None) -> "G3Graph":
+    def load(
+        cls,
+        directory: Union[str, Path],
+        *,
+        device: Optional[Union[str, torch.device]] = None,
+        corpus_shape: Optional[tuple[int, int]] = None,
+    ) -> "G3Graph":
         """Read a graph written by :meth:`save`.
 
         Raises:
@@ -266,7 +373,9 @@ class G3Graph(nn.Module):
             raise ValueError(f"{path} is not a saved G3Graph (no {_META})")
         meta = read_json(meta_file)
         if meta.get("format") != _FORMAT:
-            raise ValueError(f"{meta_file}: G3Graph format {meta.get('format')!r}, this geograph reads format {_FORMAT}")
+            raise ValueError(
+                f"{meta_file}: G3Graph format {meta.get('format')!r}, this geograph reads format {_FORMAT}"
+            )
         try:
             n, nnz = int(meta["num_nodes"]), int(meta["nnz"])
             band = tuple(meta["band"]) if meta["band"] is not None else None
@@ -276,7 +385,11 @@ class G3Graph(nn.Module):
         check_file_size(data, (meta.get("files") or {}).get(_DATA), meta_file)
         blob = read_torch(data, device)
         want = {"embeddings": None, "density": (n,), "crow": (n + 1,), "col": (nnz,), "val": (nnz,)}
-        if not isinstance(blob, dict) or set(blob) != set(want) or not all(isinstance(t, Tensor) for t in blob.values()):
+        if (
+            not isinstance(blob, dict)
+            or set(blob) != set(want)
+            or not all(isinstance(t, Tensor) for t in blob.values())
+        ):
             raise ValueError(f"{data}: expected the tensors {sorted(want)}, got {_keys(blob)}")
         emb = blob["embeddings"]
         d = meta.get("dim")  # (recorded since the atomic save)
@@ -287,12 +400,18 @@ class G3Graph(nn.Module):
             if tuple(blob[key].shape) != shape:
                 raise ValueError(f"{data}: {key} has shape {tuple(blob[key].shape)}, {_META} says {shape}")
         crow, col = blob["crow"], blob["col"]
-        if (int(crow[0]) != 0 or int(crow[-1]) != nnz or bool((crow[1:] < crow[:-1]).any())
-                or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))):
+        if (
+            int(crow[0]) != 0
+            or int(crow[-1]) != nnz
+            or bool((crow[1:] < crow[:-1]).any())
+            or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))
+        ):
             raise ValueError(f"{data}: the CSR arrays (crow, col) are not a valid {n} x {n} matrix with {nnz} entries")
         if corpus_shape is not None and tuple(emb.shape) != tuple(corpus_shape):
-            raise ValueError(f"{data}: a graph of {n} passages x {emb.shape[1]} dimensions, the corpus is "
-                             f"{corpus_shape[0]} x {corpus_shape[1]}")
+            raise ValueError(
+                f"{data}: a graph of {n} passages x {emb.shape[1]} dimensions, the corpus is "
+                f"{corpus_shape[0]} x {corpus_shape[1]}"
+            )
         t = csr(crow, col, blob["val"], n)
         try:
             graph = cls(emb, t, blob["density"], band=band, beta=beta, max_degree=max_degree)
@@ -302,8 +421,10 @@ class G3Graph(nn.Module):
         return graph
 
     def extra_repr(self) -> str:
-        return (f"nodes={self.num_nodes}, nnz={int(self.val.numel())}, band={self.band}, "
-                f"beta={self.beta}, max_degree={self.max_degree}")
+        return (
+            f"nodes={self.num_nodes}, nnz={int(self.val.numel())}, band={self.band}, "
+            f"beta={self.beta}, max_degree={self.max_degree}"
+        )
 
 
 SeedScorer = Callable[..., Tensor]
@@ -362,9 +483,16 @@ class G3Retriever(nn.Module):
         [0, 1, 2]
     """
 
-    def __init__(self, graph_or_embeddings: Union[G3Graph, Tensor], *, candidates: int = 10, seeds: int = 2,
-                 beta: float = 0.4, band: Optional[tuple[float, float]] = (0.1, 0.7),
-                 max_degree: Optional[int] = DEFAULT_MAX_DEGREE) -> None:
+    def __init__(
+        self,
+        graph_or_embeddings: Union[G3Graph, Tensor],
+        *,
+        candidates: int = 10,
+        seeds: int = 2,
+        beta: float = 0.4,
+        band: Optional[tuple[float, float]] = (0.1, 0.7),
+        max_degree: Optional[int] = DEFAULT_MAX_DEGREE,
+    ) -> None:
         super().__init__()
         if isinstance(graph_or_embeddings, G3Graph):
             graph = graph_or_embeddings
@@ -377,12 +505,28 @@ class G3Retriever(nn.Module):
         self.dense = DenseRetriever(graph.embeddings, persistent=False)  # the unit embeddings, derived from the graph
         self.register_load_state_dict_post_hook(_rebuild_dense_after_load)
 
-    def forward(self, query: Tensor, k: int = 5, seed_scorer: Optional[SeedScorer] = None,
-                query_texts: Optional[Sequence[str]] = None) -> RetrievalOutput:
+    def forward(
+        self,
+        query: Tensor,
+        k: int = 5,
+        seed_scorer: Optional[SeedScorer] = None,
+        query_texts: Optional[Sequence[str]] = None,
+    ) -> RetrievalOutput:
         g = self.graph
-        return _retrieve(query, self.dense.embeddings, g.crow, g.col, g.val, k, candidates=self.candidates,
-                         seeds=self.seeds, row_width=g.row_width, seed_scorer=seed_scorer, query_texts=query_texts,
-                         owner="the G3Retriever")
+        return _retrieve(
+            query,
+            self.dense.embeddings,
+            g.crow,
+            g.col,
+            g.val,
+            k,
+            candidates=self.candidates,
+            seeds=self.seeds,
+            row_width=g.row_width,
+            seed_scorer=seed_scorer,
+            query_texts=query_texts,
+            owner="the G3Retriever",
+        )
 
     def extra_repr(self) -> str:
         return f"candidates={self.candidates}, seeds={self.seeds}"
@@ -404,5 +548,6 @@ def _keys(blob) -> str:
 def _plain(t: Tensor) -> Tensor:
     """A tensor on ``t``'s memory that is not a view (no ``_base``): a sparse tensor's parts held
     as buffers without a copy (dynamo cannot trace a view of a sparse base)."""
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
-                                                                t.stride())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape, t.stride()
+    )

@@ -1,4 +1,5 @@
 """ISO-RAG: isoperimetric edge pruning and personalized PageRank on query-local subgraphs."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -117,12 +118,25 @@ class ISORetriever(nn.Module):
         if projection is not None:
             for t in list(projection.parameters()) + list(projection.buffers()):
                 if t.device != graph.device:
-                    raise ValueError(f"the projection is on {t.device} but the graph is on {graph.device}: "
-                                     "move one of them with .to() first")
+                    raise ValueError(
+                        f"the projection is on {t.device} but the graph is on {graph.device}: "
+                        "move one of them with .to() first"
+                    )
         self.graph = graph
         self.projection = projection if projection is not None else IdentityPoincare()
-        opts = check_iso_options(m=m, L=L, hops=hops, max_nodes=max_nodes, beta=beta, p=p, tau=tau, alpha=alpha,
-                                 lambda_g=lambda_g, lambda_d=lambda_d, max_iter=max_iter)
+        opts = check_iso_options(
+            m=m,
+            L=L,
+            hops=hops,
+            max_nodes=max_nodes,
+            beta=beta,
+            p=p,
+            tau=tau,
+            alpha=alpha,
+            lambda_g=lambda_g,
+            lambda_d=lambda_d,
+            max_iter=max_iter,
+        )
         for name, value in opts.items():
             setattr(self, name, value)
         self.register_buffer("phi", torch.empty(0), persistent=False)
@@ -153,7 +167,9 @@ class ISORetriever(nn.Module):
         dtype = params[0].dtype if params else emb.dtype
         was_training = self.projection.training
         self.projection.eval()
-        z = torch.cat([self.projection(emb[s : s + chunk_size].to(dev, dtype)) for s in range(0, g.num_nodes, chunk_size)])
+        z = torch.cat(
+            [self.projection(emb[s : s + chunk_size].to(dev, dtype)) for s in range(0, g.num_nodes, chunk_size)]
+        )
         self.projection.train(was_training)
         c = float(getattr(self.projection, "c", 1.0))
         if not bool(torch.isfinite(z).all()):
@@ -169,12 +185,20 @@ class ISORetriever(nn.Module):
         """The batch's padded local subgraphs (:func:`geograph.functional.iso_local_subgraph`; exposed for
         inspection and the benchmark)."""
         check_iso_query(query, self.dense.embeddings, "the ISORetriever")
-        return _local_subgraph(query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys,
-                               **self._local_options())
+        return _local_subgraph(
+            query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys, **self._local_options()
+        )
 
     def _local_options(self) -> dict:
-        return dict(max_degree=self._max_degree, m=self.m, L=self.L, hops=self.hops, max_nodes=self.max_nodes,
-                    tau=self.tau, chunk_size=self.dense.chunk_size)
+        return dict(
+            max_degree=self._max_degree,
+            m=self.m,
+            L=self.L,
+            hops=self.hops,
+            max_nodes=self.max_nodes,
+            tau=self.tau,
+            chunk_size=self.dense.chunk_size,
+        )
 
     @property
     def max_k(self) -> int:
@@ -182,16 +206,28 @@ class ISORetriever(nn.Module):
         return iso_max_k(self.m, self.L, self.max_nodes, self.graph.num_nodes)
 
     def forward(self, query: Tensor, k: int) -> RetrievalOutput:
-        return _retrieve(query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys, k,
-                         alpha=self.alpha, lambda_g=self.lambda_g, lambda_d=self.lambda_d, max_iter=self.max_iter,
-                         owner="the ISORetriever", **self._local_options())
+        return _retrieve(
+            query,
+            self.dense.embeddings,
+            self.graph.rowptr,
+            self.graph.col,
+            self.kept_keys,
+            k,
+            alpha=self.alpha,
+            lambda_g=self.lambda_g,
+            lambda_d=self.lambda_d,
+            max_iter=self.max_iter,
+            owner="the ISORetriever",
+            **self._local_options(),
+        )
 
     def extra_repr(self) -> str:
-        return (f"nodes={self.graph.num_nodes}, m={self.m}, L={self.L}, hops={self.hops}, max_nodes={self.max_nodes}, "
-                f"beta={self.beta}, p={self.p}, tau={self.tau}, alpha={self.alpha}")
+        return (
+            f"nodes={self.graph.num_nodes}, m={self.m}, L={self.L}, hops={self.hops}, max_nodes={self.max_nodes}, "
+            f"beta={self.beta}, p={self.p}, tau={self.tau}, alpha={self.alpha}"
+        )
 
 
 def _refresh_after_load(module: ISORetriever, incompatible_keys) -> None:
     """``load_state_dict`` post hook: the derived state follows the loaded graph and projection."""
     module.refresh()
-

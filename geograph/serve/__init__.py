@@ -37,6 +37,7 @@ and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts)
 (``/metrics``), :mod:`~geograph.serve.server` (build, run, lifecycle),
 :mod:`~geograph.serve.cli` (the command).
 """
+
 from geograph.serve.cli import main
 from geograph.serve.models import METHODS, RERANKERS, build_model
 

@@ -20,6 +20,7 @@ corpus retrievers (ISO, G3), which take one ``k`` per call, the batch runs with 
 Results are read back with one device-to-host transfer per endpoint and batch: everything a
 response needs is packed into one tensor first.
 """
+
 import time
 from typing import Any, Optional
 
@@ -50,8 +51,12 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        super().__init__(max_batch_size=settings["max_batch_size"], batch_timeout=settings["batch_timeout"],
-                         api_path=API_PATH, loop=WaitingBatchedLoop())
+        super().__init__(
+            max_batch_size=settings["max_batch_size"],
+            batch_timeout=settings["batch_timeout"],
+            api_path=API_PATH,
+            loop=WaitingBatchedLoop(),
+        )
         self.settings = dict(settings)
         self.method = settings["method"]
         self.max_batch_texts = settings.get("max_batch_texts")  # None: batches are bounded by count only
@@ -74,8 +79,13 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             torch.set_num_threads(int(s["worker_threads"]))  # no more threads than cores (server.worker_threads)
         self.dataset = read_corpus(s["corpus"])
         self.index = {d: i for i, d in enumerate(self.dataset.doc_ids)}
-        self.encoder = TextEncoder(s["encoder"], query_prefix=s["query_prefix"], passage_prefix=s["passage_prefix"],
-                                   cache=s["cache"], memory=s["text_cache_size"])
+        self.encoder = TextEncoder(
+            s["encoder"],
+            query_prefix=s["query_prefix"],
+            passage_prefix=s["passage_prefix"],
+            cache=s["cache"],
+            memory=s["text_cache_size"],
+        )
         self.corpus = self.encoder.corpus(self.dataset.passages()).to(self.device)
         self.encoder.warm()  # the worker reports ready only once it can encode a request text
         self.model = build_model(self.method, self.corpus, s["params"], graph=s["graph"], projection=s["projection"])
@@ -93,9 +103,13 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         from geograph.functional import warmup
 
         info = warmup()
-        print(f"geograph serve: worker (pid {os.getpid()}): numba kernels ready in {info['seconds']:.1f} s "
-              f"(cache: {info['source']} {info['directory']}; threading layer {info['threading_layer']}, "
-              f"{info['threads']} threads)", file=sys.stderr, flush=True)
+        print(
+            f"geograph serve: worker (pid {os.getpid()}): numba kernels ready in {info['seconds']:.1f} s "
+            f"(cache: {info['source']} {info['directory']}; threading layer {info['threading_layer']}, "
+            f"{info['threads']} threads)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # LitServe hooks -----------------------------------------------------------------------
     def batch(self, inputs):
@@ -116,8 +130,10 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         import torch
 
         out: list = [None] * len(reqs)
-        parts = {"retrieve": [i for i, r in enumerate(reqs) if not isinstance(r, RerankRequest)],
-                 "rerank": [i for i, r in enumerate(reqs) if isinstance(r, RerankRequest)]}
+        parts = {
+            "retrieve": [i for i, r in enumerate(reqs) if not isinstance(r, RerankRequest)],
+            "rerank": [i for i, r in enumerate(reqs) if isinstance(r, RerankRequest)],
+        }
         with torch.inference_mode():
             for endpoint, rows in parts.items():
                 if not rows:
@@ -146,10 +162,18 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         if self.method not in RERANKERS:
             k = max(r.k for r in reqs)
             out = self.model(q, k)
-            packed = torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu().numpy()  # one transfer
-            return [{"ids": [self.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
-                     "scores": packed[1, i, : r.k].tolist(), "dropped": [], "batch_size": b}
-                    for i, r in enumerate(reqs)]
+            packed = (
+                torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu().numpy()
+            )  # one transfer
+            return [
+                {
+                    "ids": [self.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
+                    "scores": packed[1, i, : r.k].tolist(),
+                    "dropped": [],
+                    "batch_size": b,
+                }
+                for i, r in enumerate(reqs)
+            ]
         pools = torch.tensor([r.pool() for r in reqs], device=self.device)
         width = max(r.pool() for r in reqs)
         top = self.dense(q, width).indices  # (B, width); a row's first c entries are its own top-c
@@ -163,8 +187,14 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         import torch
 
         order = res.order
-        parts = [order, res.scores.gather(1, order), res.keep.gather(1, order), res.keep, mask,
-                 (ids.gather(1, order) if ids is not None else order)]
+        parts = [
+            order,
+            res.scores.gather(1, order),
+            res.keep.gather(1, order),
+            res.keep,
+            mask,
+            (ids.gather(1, order) if ids is not None else order),
+        ]
         return torch.stack([p.to(torch.float64) for p in parts]).cpu().numpy()  # one transfer
 
     def _answer_retrieve(self, cols, i, r, b):
@@ -173,8 +203,12 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         sel = kept_sorted[:n] > 0
         kept_ids, kept_scores = ids[:n][sel][: r.k], scores[:n][sel][: r.k]
         dropped = [self.ids[int(j)] for j, kp in zip(ids[:n], kept_sorted[:n]) if not kp]
-        return {"ids": [self.ids[int(j)] for j in kept_ids], "scores": kept_scores.tolist(),
-                "dropped": sorted(dropped, key=self.index.__getitem__), "batch_size": b}
+        return {
+            "ids": [self.ids[int(j)] for j in kept_ids],
+            "scores": kept_scores.tolist(),
+            "dropped": sorted(dropped, key=self.index.__getitem__),
+            "batch_size": b,
+        }
 
     def _rerank(self, reqs):
         import torch
@@ -185,7 +219,9 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         blocks: list[Optional[torch.Tensor]] = [None] * b
         text_rows = [i for i, r in enumerate(reqs) if r.candidates is not None]
         if text_rows:
-            texts = [t for i in text_rows for t in self.encoder.truncate(reqs[i].candidates, reqs[i].max_tokens_per_doc)]
+            texts = [
+                t for i in text_rows for t in self.encoder.truncate(reqs[i].candidates, reqs[i].max_tokens_per_doc)
+            ]
             enc = self.encoder.passages(texts).to(self.device, q.dtype)
             for i, part in zip(text_rows, enc.split([sizes[i] for i in text_rows])):
                 blocks[i] = part
@@ -213,8 +249,14 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             m = sizes[i]
             sel = kept_sorted[:m] > 0
             top_n = r.top_n if r.top_n is not None else m
-            out.append({"order": order[:m][sel][:top_n].astype(int).tolist(), "scores": scores[:m][sel][:top_n].tolist(),
-                        "dropped": [j for j in range(m) if not keep[j]], "batch_size": b})
+            out.append(
+                {
+                    "order": order[:m][sel][:top_n].astype(int).tolist(),
+                    "scores": scores[:m][sel][:top_n].tolist(),
+                    "dropped": [j for j in range(m) if not keep[j]],
+                    "batch_size": b,
+                }
+            )
         return out
 
 
@@ -284,8 +326,14 @@ if ls is not None:
                 if item == _SENTINEL_VALUE:
                     raise _StopLoopError()
                 queue_id, uid, arrived, body = item
-                self.put_response(transport=transport, response_queue_id=queue_id, uid=uid, response_data=(),
-                                  status=LitAPIStatus.START, response_type=LoopResponseType.REGULAR)
+                self.put_response(
+                    transport=transport,
+                    response_queue_id=queue_id,
+                    uid=uid,
+                    response_data=(),
+                    status=LitAPIStatus.START,
+                    response_type=LoopResponseType.REGULAR,
+                )
                 if deadline and time.monotonic() - arrived > lit_api.request_timeout:
                     timed_out.append((queue_id, uid))
                 else:

@@ -6,6 +6,7 @@ except ``GET /health`` and the groups the config opens with ``public`` (``metric
 ``docs``: ``/docs``, ``/redoc``, ``/openapi.json``). Anything else gets a 401 before its body is
 read. The comparison is constant-time (:func:`hmac.compare_digest`).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -61,9 +62,17 @@ class APIKeyMiddleware:
         given = any(k.lower() == b"authorization" for k, _ in scope.get("headers") or [])
         msg = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
         body = json.dumps({"message": msg, "detail": msg}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -76,5 +85,7 @@ def exposure_warning(host: str, key) -> str | None:
     """
     if key is not None or host in LOOPBACK:
         return None
-    return (f"warning: listening on {host} without an API key: anyone who reaches the port can use every "
-            "endpoint (set --api-key or $GEOGRAPH_API_KEY)")
+    return (
+        f"warning: listening on {host} without an API key: anyone who reaches the port can use every "
+        "endpoint (set --api-key or $GEOGRAPH_API_KEY)"
+    )

@@ -7,6 +7,7 @@ about six seconds before a process manager sees the exit.
 Configuration and startup errors print one line (``geograph serve: <key>: <problem>``) to
 stderr and exit with status 2 (configuration) or 1 (startup), without a traceback.
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ Every key of the file is a field of :class:`ServeConfig` (the flag of the same n
 read as YAML). Unknown keys and bad values raise :class:`ConfigError` with one line naming the
 key, which the CLI prints before exiting with status 2. See ``configs/serve.yaml``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,12 @@ class ServeConfig(BaseModel):
     host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_batch_size: int = Field(64, ge=1)
-    max_batch_texts: int = Field(64, ge=1, description="a batch takes no more requests once their texts (queries and "
-                                 "candidates to encode) reach this many")
+    max_batch_texts: int = Field(
+        64,
+        ge=1,
+        description="a batch takes no more requests once their texts (queries and "
+        "candidates to encode) reach this many",
+    )
     batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
     candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")
     max_candidates: int = Field(1000, ge=1, description="largest candidate list of /rerank")
@@ -55,16 +60,24 @@ class ServeConfig(BaseModel):
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Union[int, Literal["auto"]] = "auto"
     workers_per_device: Union[int, Literal["auto"]] = Field(
-        "auto", description="inference workers per device, one pool for every endpoint (auto: on the CPU one "
-        "per usable CPU, at most 4; on GPUs 1)")
-    threads: Union[int, Literal["auto"]] = Field("auto", description="torch intra-op threads of each inference worker "
-                                                 "on the CPU (auto: the usable CPUs divided among the workers)")
+        "auto",
+        description="inference workers per device, one pool for every endpoint (auto: on the CPU one "
+        "per usable CPU, at most 4; on GPUs 1)",
+    )
+    threads: Union[int, Literal["auto"]] = Field(
+        "auto",
+        description="torch intra-op threads of each inference worker "
+        "on the CPU (auto: the usable CPUs divided among the workers)",
+    )
     api_servers: int = Field(1, ge=1)
     shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
-    api_key: Optional[SecretStr] = Field(None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)")
-    public: list[Literal["metrics", "docs"]] = Field(default_factory=list,
-                                                     description="endpoint groups open without the key")
+    api_key: Optional[SecretStr] = Field(
+        None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)"
+    )
+    public: list[Literal["metrics", "docs"]] = Field(
+        default_factory=list, description="endpoint groups open without the key"
+    )
 
     @field_validator("threads", "workers_per_device")
     @classmethod
@@ -128,27 +141,47 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="127.0.0.1 (default), 0.0.0.0 or ::")
     p.add_argument("--port", type=int, help="8000")
     p.add_argument("--max-batch-size", type=int, help="64")
-    p.add_argument("--max-batch-texts", type=int, help="a batch takes no more requests once their texts to encode "
-                   "reach this many (64)")
+    p.add_argument(
+        "--max-batch-texts",
+        type=int,
+        help="a batch takes no more requests once their texts to encode reach this many (64)",
+    )
     p.add_argument("--batch-timeout", type=float, help="seconds a batch waits to fill (0.01)")
     p.add_argument("--candidates", type=int, help="default dense pool of /retrieve for maniscope, ricci (20)")
     p.add_argument("--max-candidates", type=int, help="largest candidate list of /rerank (1000)")
     p.add_argument("--max-k", type=int, help="largest k (1000)")
     p.add_argument("--max-payload-mb", type=float, help="largest request body (10)")
-    p.add_argument("--request-timeout", "--timeout", type=float, dest="request_timeout",
-                   help="seconds from a request's arrival to its answer, then 504 (60; --timeout: the old name)")
+    p.add_argument(
+        "--request-timeout",
+        "--timeout",
+        type=float,
+        dest="request_timeout",
+        help="seconds from a request's arrival to its answer, then 504 (60; --timeout: the old name)",
+    )
     p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
     p.add_argument("--devices", help="number of devices or auto")
-    p.add_argument("--workers-per-device", help="inference workers per device (one pool serves every endpoint), or auto "
-                   "(on the CPU one per usable CPU, at most 4; on GPUs 1)")
-    p.add_argument("--threads", help="torch threads per inference worker on the CPU, or auto (the CPUs divided among the workers)")
+    p.add_argument(
+        "--workers-per-device",
+        help="inference workers per device (one pool serves every endpoint), or auto "
+        "(on the CPU one per usable CPU, at most 4; on GPUs 1)",
+    )
+    p.add_argument(
+        "--threads", help="torch threads per inference worker on the CPU, or auto (the CPUs divided among the workers)"
+    )
     p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
     p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
     p.add_argument("--log-level", help="warning")
-    p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
-                                     f"(default ${API_KEY_ENV}; prefer the variable: a flag shows in ps)")
-    p.add_argument("--public", action="append", metavar="GROUP",
-                   help="metrics or docs: keep /metrics or /docs open without the key (repeatable)")
+    p.add_argument(
+        "--api-key",
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+        f"(default ${API_KEY_ENV}; prefer the variable: a flag shows in ps)",
+    )
+    p.add_argument(
+        "--public",
+        action="append",
+        metavar="GROUP",
+        help="metrics or docs: keep /metrics or /docs open without the key (repeatable)",
+    )
     return p
 
 

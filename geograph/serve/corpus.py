@@ -20,6 +20,7 @@ token count without padding, the earlier scheme, formed groups of one or two tex
 traffic (70 texts/s on one thread, against 150-166 texts/s in buckets of 8-32 texts). Elsewhere
 (CUDA, where kernels are chosen by shape) texts are encoded one at a time (``batch_size=1``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,15 +74,22 @@ class TextEncoder:
             one at a time, unpadded.
     """
 
-    def __init__(self, model: Optional[str] = None, *, query_prefix: str = "", passage_prefix: str = "",
-                 cache: Optional[str] = None, memory: int = 4096, device: Optional[str] = None,
-                 group: bool = True) -> None:
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        *,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        cache: Optional[str] = None,
+        memory: int = 4096,
+        device: Optional[str] = None,
+        group: bool = True,
+    ) -> None:
         from geograph.data.cache import Encoder, MemoryCache
 
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
         self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device)
-        self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False,
-                                       device=device)
+        self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False, device=device)
         self.group = group
 
     def corpus(self, passages: Sequence[str]):
@@ -113,8 +121,10 @@ class TextEncoder:
             return list(texts)
         tok = self._shared().model.tokenizer
         enc = tok(list(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False)
-        return [t if len(offsets) <= max_tokens else t[: offsets[max_tokens - 1][1]]
-                for t, offsets in zip(texts, enc["offset_mapping"])]
+        return [
+            t if len(offsets) <= max_tokens else t[: offsets[max_tokens - 1][1]]
+            for t, offsets in zip(texts, enc["offset_mapping"])
+        ]
 
     def queries(self, texts: Sequence[str]):
         """``(B, D)`` query vectors; in memory only."""
@@ -175,8 +185,9 @@ def encode_padded(model, texts: Sequence[str], length: int, *, tokens: Optional[
     import torch
 
     if tokens is None:
-        features = model.tokenizer(list(texts), padding="max_length", truncation=True, max_length=length,
-                                   return_tensors="pt")
+        features = model.tokenizer(
+            list(texts), padding="max_length", truncation=True, max_length=length, return_tensors="pt"
+        )
     else:
         features = model.tokenizer.pad(tokens, padding="max_length", max_length=length, return_tensors="pt")
     features = {name: x.to(model.device) for name, x in features.items()}

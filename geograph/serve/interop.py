@@ -37,6 +37,7 @@ Errors are ``{"message": "<field>: <problem>"}`` with the native API's status co
 request, every rule of the native schema included; 404 unknown model; 401, 413, 415 as the
 server answers them on every path).
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,10 @@ class InteropRequest(BaseModel):
             if not text:
                 raise ValueError(f"documents[{i}] is empty" + (" (no text, or none of rank_fields)" if objects else ""))
         if self.candidate_embeddings is not None and len(self.candidate_embeddings) != len(self.documents):
-            raise ValueError(f"candidate_embeddings has {len(self.candidate_embeddings)} rows, "
-                             f"documents {len(self.documents)}: give one row per document")
+            raise ValueError(
+                f"candidate_embeddings has {len(self.candidate_embeddings)} rows, "
+                f"documents {len(self.documents)}: give one row per document"
+            )
         return self
 
     def texts(self) -> list[str]:
@@ -149,17 +152,28 @@ def answer(req: InteropRequest, out: dict, *, method: str, bounds: tuple[float, 
     lo, hi = bounds
     results = []
     for j, s in zip(out["order"], out["scores"]):
-        item: dict[str, Any] = {"index": int(j), "relevance_score": relevance_score(float(s), lo, hi), "score": float(s)}
+        item: dict[str, Any] = {
+            "index": int(j),
+            "relevance_score": relevance_score(float(s), lo, hi),
+            "score": float(s),
+        }
         if req.return_documents:
             d = req.documents[j]
             item["document"] = {"text": d} if isinstance(d, str) else d
         results.append(item)
     if req.top_n:
         results = results[: req.top_n]
-    return {"id": str(uuid.uuid4()), "model": method, "results": results,
-            "meta": {"api_version": {"version": str(version)}, "dropped": list(out["dropped"]),
-                     "batch_size": out["batch_size"]},
-            "usage": {"documents": len(req.documents)}}
+    return {
+        "id": str(uuid.uuid4()),
+        "model": method,
+        "results": results,
+        "meta": {
+            "api_version": {"version": str(version)},
+            "dropped": list(out["dropped"]),
+            "batch_size": out["batch_size"],
+        },
+        "usage": {"documents": len(req.documents)},
+    }
 
 
 def _error(status: int, message: str):
@@ -174,8 +188,14 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
     Call after LitServe has registered ``/rerank``: its endpoint function is the one handler
     both paths hand their (translated) requests to.
     """
-    native = next((r.endpoint for r in app.routes if getattr(r, "path", None) == "/rerank"
-                   and "POST" in getattr(r, "methods", ())), None)
+    native = next(
+        (
+            r.endpoint
+            for r in app.routes
+            if getattr(r, "path", None) == "/rerank" and "POST" in getattr(r, "methods", ())
+        ),
+        None,
+    )
     if native is None:
         raise RuntimeError("the /rerank endpoint must be registered before the interop routes")
 
@@ -191,8 +211,9 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
         except ValidationError as e:
             return _error(422, error_message(e))
         if req.model is not None and req.model != method:
-            return _error(404, f"model: {req.model!r} is not served here; this server serves {method!r} "
-                               "(or omit model)")
+            return _error(
+                404, f"model: {req.model!r} is not served here; this server serves {method!r} (or omit model)"
+            )
         try:
             native_req = req.native()
         except ValidationError as e:
@@ -243,7 +264,11 @@ class MessageErrorMiddleware:
                     detail = content.get("detail", content)
                     content["message"] = detail if isinstance(detail, str) else json.dumps(detail)
                     body = json.dumps(content).encode()
-                headers = [(k, v) for k, v in held["start"].get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+                headers = [
+                    (k, v)
+                    for k, v in held["start"].get("headers", [])
+                    if k.lower() not in (b"content-length", b"content-type")
+                ]
                 headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
                 await send({**held["start"], "headers": headers})
                 await send({"type": "http.response.body", "body": body})

@@ -16,6 +16,7 @@ multiprocess mode (``$PROMETHEUS_MULTIPROC_DIR``, a private temporary folder unl
 unknown URL cannot grow the label set). Metrics trail the responses by the logger queue's
 latency (milliseconds).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -86,12 +87,18 @@ class PrometheusLogger(ls.Logger if ls is not None else object):
 
         return {
             "requests": Counter("geograph_requests", "HTTP requests by endpoint and status", ["endpoint", "status"]),
-            "errors": Counter("geograph_request_errors", "HTTP requests answered with status >= 400",
-                              ["endpoint", "status"]),
-            "latency": Histogram("geograph_request_latency_seconds", "time from request to response",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS),
-            "batch": Histogram("geograph_batch_size", "requests per inference batch", ["endpoint"],
-                               buckets=BATCH_BUCKETS),
+            "errors": Counter(
+                "geograph_request_errors", "HTTP requests answered with status >= 400", ["endpoint", "status"]
+            ),
+            "latency": Histogram(
+                "geograph_request_latency_seconds",
+                "time from request to response",
+                ["endpoint"],
+                buckets=LATENCY_BUCKETS,
+            ),
+            "batch": Histogram(
+                "geograph_batch_size", "requests per inference batch", ["endpoint"], buckets=BATCH_BUCKETS
+            ),
         }
 
     def process(self, key: str, value: Any) -> None:
@@ -143,8 +150,16 @@ class RequestMetricsMiddleware:
             if self.stopping is not None and self.stopping.value and status[0] == 500 and not started[0]:
                 status[0] = 503
                 body = b'{"detail":"the server is shutting down"}'
-                await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 503,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 if isinstance(e, asyncio.CancelledError):
                     return  # answered, and the task ends here (uvicorn would print the cancellation as a traceback)
@@ -162,15 +177,23 @@ class JSONOnlyMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank"):
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank")
+        ):
             ctype = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1").lower()
             if ctype.split(";")[0].strip() != "application/json":
                 from fastapi.responses import JSONResponse
 
                 msg = f"content-type must be application/json, got {ctype or 'none'!r}"
-                resp = JSONResponse(status_code=415, content={"message": msg,
-                                                              "detail": [{"loc": ["header", "content-type"],
-                                                                          "msg": msg, "type": "content_type"}]})
+                resp = JSONResponse(
+                    status_code=415,
+                    content={
+                        "message": msg,
+                        "detail": [{"loc": ["header", "content-type"], "msg": msg, "type": "content_type"}],
+                    },
+                )
                 await resp(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -18,6 +18,7 @@ iso        :class:`~geograph.ISORetriever`; plus ``knn`` (k-NN graph built at st
 g3         :class:`~geograph.G3Retriever`; ``band``, ``beta``, ``max_degree`` only when no ``graph``
 =========  ==========================================================================
 """
+
 from __future__ import annotations
 
 import functools
@@ -72,8 +73,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_params(method: str, params: dict[str, Any], *, graph: Optional[str] = None,
-                 projection: Optional[str] = None) -> None:
+def check_params(
+    method: str, params: dict[str, Any], *, graph: Optional[str] = None, projection: Optional[str] = None
+) -> None:
     """Raise ``ValueError`` on a parameter or artefact the method does not take.
 
     Example:
@@ -98,8 +100,9 @@ def check_params(method: str, params: dict[str, Any], *, graph: Optional[str] = 
         raise ValueError(f"projection applies to iso, not {method}")
 
 
-def build_model(method: str, corpus, params: Optional[dict] = None, *, graph: Optional[str] = None,
-                projection: Optional[str] = None):
+def build_model(
+    method: str, corpus, params: Optional[dict] = None, *, graph: Optional[str] = None, projection: Optional[str] = None
+):
     """The module for ``method`` over ``corpus (V, D)`` (on the corpus's device).
 
     Raises:

@@ -18,6 +18,7 @@ Checks, per field:
 * ``max_tokens_per_doc`` (``/rerank``): ``>= 1``; only with ``candidates`` (texts), each cut to
   its first ``max_tokens_per_doc`` tokens of the encoder's tokenizer before it is embedded.
 """
+
 from __future__ import annotations
 
 import math

@@ -19,6 +19,7 @@ made when transformers shows a progress bar loading the encoder), and the resour
 reports them as leaked when the server exits. A terminal's Ctrl-C reaches the whole process
 group: the workers and the logger ignore SIGINT and the main process coordinates the stop.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,9 @@ def build_server(cfg: ServeConfig):
         print(f"geograph serve: {warning}", file=sys.stderr, flush=True)
     try:
         dataset = read_corpus(cfg.corpus)
-        encoder = TextEncoder(cfg.encoder, query_prefix=cfg.query_prefix, passage_prefix=cfg.passage_prefix,
-                              cache=cfg.cache, memory=0)
+        encoder = TextEncoder(
+            cfg.encoder, query_prefix=cfg.query_prefix, passage_prefix=cfg.passage_prefix, cache=cfg.cache, memory=0
+        )
         emb = encoder.corpus(dataset.passages())  # fills the on-disk cache before the workers start
     except (ValueError, OSError) as e:
         raise StartupError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
@@ -75,20 +77,33 @@ def build_server(cfg: ServeConfig):
         model = build_model(cfg.method, emb, cfg.params, graph=cfg.graph, projection=cfg.projection)
     except ValueError as e:
         msg = str(e).splitlines()[0]
-        raise StartupError(msg if msg.split(":")[0] in ("params", "graph", "projection") else f"params: {msg}") from None
+        raise StartupError(
+            msg if msg.split(":")[0] in ("params", "graph", "projection") else f"params: {msg}"
+        ) from None
     v = int(emb.shape[0])
     if cfg.method in RERANKERS and cfg.candidates > v:
         raise StartupError(f"candidates: {cfg.candidates} exceeds the corpus size {v}")
     bounds = score_bounds(cfg.method, model) if cfg.method in RERANKERS else None
     k_min, k_max, why = k_bounds(cfg.method, model, v)
-    set_limits(method=cfg.method, dim=int(emb.shape[1]), ids=frozenset(dataset.doc_ids), num_docs=v,
-               max_candidates=cfg.max_candidates, max_k=cfg.max_k, default_candidates=cfg.candidates,
-               k_min=k_min, k_max=k_max, k_max_reason=why)
+    set_limits(
+        method=cfg.method,
+        dim=int(emb.shape[1]),
+        ids=frozenset(dataset.doc_ids),
+        num_docs=v,
+        max_candidates=cfg.max_candidates,
+        max_k=cfg.max_k,
+        default_candidates=cfg.candidates,
+        k_min=k_min,
+        k_max=k_max,
+        k_max_reason=why,
+    )
     del model, emb
 
     settings = cfg.model_dump()
     workers = workers_per_device(cfg.workers_per_device, cfg.accelerator)
-    settings["worker_threads"] = worker_threads(cfg.threads, workers * (cfg.devices if isinstance(cfg.devices, int) else 1))
+    settings["worker_threads"] = worker_threads(
+        cfg.threads, workers * (cfg.devices if isinstance(cfg.devices, int) else 1)
+    )
     apis = [GeoAPI(settings)]  # one queue and one pool of workers for every endpoint (geograph.serve.api)
     devices = cfg.devices
     # the last middleware runs first: metrics count every answer, 401s and 504s included;
@@ -97,9 +112,16 @@ def build_server(cfg: ServeConfig):
     if key is not None:
         middlewares.append((APIKeyMiddleware, {"key": key, "public": cfg.public}))
     middlewares.append((RequestMetricsMiddleware, {"apis": apis, "stopping": _stopping_flag()}))
-    server = _server_class()(apis, accelerator=cfg.accelerator, devices=devices, workers_per_device=workers,
-                          timeout=cfg.request_timeout, max_payload_size=int(cfg.max_payload_mb * 2**20),
-                          loggers=[PrometheusLogger()], middlewares=middlewares)
+    server = _server_class()(
+        apis,
+        accelerator=cfg.accelerator,
+        devices=devices,
+        workers_per_device=workers,
+        timeout=cfg.request_timeout,
+        max_payload_size=int(cfg.max_payload_mb * 2**20),
+        loggers=[PrometheusLogger()],
+        middlewares=middlewares,
+    )
     server.app.add_exception_handler(RequestValidationError, _validation_error)
     add_metrics_route(server.app)
     if cfg.method in RERANKERS:
@@ -194,12 +216,18 @@ def _server_class():
                 routes = getattr(lit_api, "routes", {lit_api.api_path: request_type})
                 if not lit_api.spec:
                     for path, model in routes.items():
-                        self.app.add_api_route(path, _endpoint(handler, model, response_type), methods=["POST"],
-                                               dependencies=[Depends(self.setup_auth(lit_api))])
+                        self.app.add_api_route(
+                            path,
+                            _endpoint(handler, model, response_type),
+                            methods=["POST"],
+                            dependencies=[Depends(self.setup_auth(lit_api))],
+                        )
                 self._register_spec_endpoints(lit_api)
 
             def _start_worker_monitoring(self, manager, uvicorn_workers):
-                threading.Thread(target=watch_workers, args=(self,), daemon=True, name="geograph-worker-monitor").start()
+                threading.Thread(
+                    target=watch_workers, args=(self,), daemon=True, name="geograph-worker-monitor"
+                ).start()
 
             def _init_manager(self, num_api_servers):
                 # starts the manager process and LitServe's logger process: note the latter
@@ -299,7 +327,11 @@ def watch_workers(server, interval: float = 0.5) -> None:
             code = proc.exitcode
             how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
             _STATE["failure"] = f"inference worker {key} (pid {proc.pid}) died ({how}); the server stopped"
-            print(f"geograph serve: inference worker {key} (pid {proc.pid}) died ({how}); stopping", file=sys.stderr, flush=True)
+            print(
+                f"geograph serve: inference worker {key} (pid {proc.pid}) died ({how}); stopping",
+                file=sys.stderr,
+                flush=True,
+            )
             try:
                 server.workers_setup_status[key] = WorkerSetupStatus.ERROR  # /health: not ready
             except Exception:  # the manager is gone: the server is stopping anyway
@@ -372,8 +404,13 @@ class DeadlineMiddleware:
             if started[0]:  # the answer is on its way already: it cannot become a 504
                 return
             body = json.dumps({"detail": f"no answer within request_timeout ({self.seconds:g} s)"}).encode()
-            await send({"type": "http.response.start", "status": 504,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 504,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
 
 
@@ -382,7 +419,9 @@ def _validation_error(request, exc):
     cannot be rendered as JSON when it holds NaN, and can be megabytes long."""
     from fastapi.responses import JSONResponse
 
-    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")} for e in exc.errors()]
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")} for e in exc.errors()
+    ]
     return JSONResponse(status_code=422, content={"detail": errors})
 
 
@@ -429,7 +468,9 @@ def drain_api_servers(port: int, timeout: float, exclude=frozenset()) -> None:
         if p.pid in exclude:
             continue
         try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in p.net_connections("tcp")):
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in p.net_connections("tcp")
+            ):
                 servers.append(p)
         except psutil.Error:
             pass
@@ -503,8 +544,14 @@ def run(cfg: ServeConfig) -> int:
     try:
         server = build_server(cfg)
         _STATE.update(port=cfg.port, timeout=cfg.shutdown_timeout, server=server)
-        server.run(host=cfg.host, port=cfg.port, num_api_servers=cfg.api_servers, generate_client_file=False,
-                   log_level=cfg.log_level, pretty_logs=False)
+        server.run(
+            host=cfg.host,
+            port=cfg.port,
+            num_api_servers=cfg.api_servers,
+            generate_client_file=False,
+            log_level=cfg.log_level,
+            pretty_logs=False,
+        )
     except KeyboardInterrupt:
         pass
     except RuntimeError as e:

@@ -7,8 +7,19 @@ of the source tree forwards here and is not installed). See
 :class:`geograph.train.data.GraphDataModule` for the triplets. Needs the ``train`` extra
 (lightning, jsonargparse).
 """
+
 from geograph.train.data import GraphDataModule, TripletDataset, TripletSampler, build_graph, triplet_loader
 from geograph.train.module import ExportProjection, PoincareModule, radial_target
 from geograph.train.fit import train_projection
 
-__all__ = ["PoincareModule", "GraphDataModule", "TripletDataset", "TripletSampler", "triplet_loader", "build_graph", "ExportProjection", "radial_target", "train_projection"]
+__all__ = [
+    "PoincareModule",
+    "GraphDataModule",
+    "TripletDataset",
+    "TripletSampler",
+    "triplet_loader",
+    "build_graph",
+    "ExportProjection",
+    "radial_target",
+    "train_projection",
+]

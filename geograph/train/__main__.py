@@ -1,5 +1,6 @@
 """``python -m geograph.train fit --config configs/iso_poincare.yaml`` (``python -m train fit ...``
 from the repository root): LightningCLI for f_theta."""
+
 import sys
 
 from lightning.pytorch.cli import LightningCLI

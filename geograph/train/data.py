@@ -3,6 +3,7 @@
 The graph comes from a BEIR-format folder and a recipe (k-NN ``k`` or title mentions), built
 once and cached on disk, or from a directory saved with ``CorpusGraph.save``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -75,8 +76,9 @@ class TripletDataset(Dataset):
 
     _TRIES = 8
 
-    def __init__(self, graph: CorpusGraph, *, hard: Optional[Tensor] = None, hard_ratio: float = 0.5,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, graph: CorpusGraph, *, hard: Optional[Tensor] = None, hard_ratio: float = 0.5, seed: int = 0
+    ) -> None:
         if graph.num_edges == 0:
             raise ValueError("the graph has no edges: no positive pairs to train on")
         self.num_nodes = graph.num_nodes
@@ -102,11 +104,12 @@ class TripletDataset(Dataset):
         return self.edges.shape[0]
 
     def _uniform(self, epoch: np.ndarray, i: np.ndarray, stream: int) -> np.ndarray:
-        base = _mix(_mix(_mix(np.full_like(i, self.seed, dtype=np.uint64)) ^ epoch.astype(np.uint64))
-                    ^ i.astype(np.uint64))
+        base = _mix(
+            _mix(_mix(np.full_like(i, self.seed, dtype=np.uint64)) ^ epoch.astype(np.uint64)) ^ i.astype(np.uint64)
+        )
         with np.errstate(over="ignore"):
             r = _mix(base + np.uint64(stream))
-        return (r >> np.uint64(11)).astype(np.float64) * 2.0 ** -53  # [0, 1)
+        return (r >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1)
 
     def __getitems__(self, items: Sequence[Union[int, tuple[int, int]]]) -> list[Tensor]:
         """The triplets of ``items``, drawn together: a list of ``(3,)`` rows (views of one array)."""
@@ -148,9 +151,16 @@ class TripletSampler(DistributedSampler):
     are always drawn at that epoch (a validation set that does not change).
     """
 
-    def __init__(self, indices: Sequence[int], *, shuffle: bool = True, seed: int = 0,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None,
-                 fixed_epoch: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        indices: Sequence[int],
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        fixed_epoch: Optional[int] = None,
+    ) -> None:
         distributed = dist.is_available() and dist.is_initialized()
         if num_replicas is None:
             num_replicas = dist.get_world_size() if distributed else 1
@@ -166,14 +176,22 @@ class TripletSampler(DistributedSampler):
             yield epoch, self.items[pos]
 
 
-def triplet_loader(dataset: TripletDataset, indices: Optional[Sequence[int]] = None, *, batch_size: int,
-                   shuffle: bool = True, seed: int = 0, num_workers: int = 0,
-                   fixed_epoch: Optional[int] = None) -> DataLoader:
+def triplet_loader(
+    dataset: TripletDataset,
+    indices: Optional[Sequence[int]] = None,
+    *,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    fixed_epoch: Optional[int] = None,
+) -> DataLoader:
     """A DataLoader over ``dataset`` (all items, or ``indices``) that re-draws negatives every epoch."""
     items = range(len(dataset)) if indices is None else indices
     sampler = TripletSampler(items, shuffle=shuffle, seed=seed, fixed_epoch=fixed_epoch)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                      persistent_workers=num_workers > 0)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, persistent_workers=num_workers > 0
+    )
 
 
 def _resolve_corpus(corpus: str) -> Path:
@@ -184,8 +202,15 @@ def _resolve_corpus(corpus: str) -> Path:
     return Path(corpus)
 
 
-def build_graph(corpus: str, *, knn: Optional[int] = None, mentions: bool = False, split: str = "test",
-                cache: Optional[str] = None, verbose: bool = True) -> CorpusGraph:
+def build_graph(
+    corpus: str,
+    *,
+    knn: Optional[int] = None,
+    mentions: bool = False,
+    split: str = "test",
+    cache: Optional[str] = None,
+    verbose: bool = True,
+) -> CorpusGraph:
     """The :class:`CorpusGraph` of a BEIR folder by a recipe, cached on disk.
 
     Embeds the passages with the default encoder (through the embedding cache) and builds a
@@ -267,19 +292,35 @@ class GraphDataModule(L.LightningDataModule):
         seed: triplet sampling and split seed.
     """
 
-    def __init__(self, graph_dir: Optional[str] = None, *, corpus: Optional[str] = None, knn: Optional[int] = None,
-                 mentions: bool = False, split: str = "test", cache: Optional[str] = None, batch_size: int = 512,
-                 hard_negatives: int = 8, hard_ratio: float = 0.5, val_fraction: float = 0.1, num_workers: int = 0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        graph_dir: Optional[str] = None,
+        *,
+        corpus: Optional[str] = None,
+        knn: Optional[int] = None,
+        mentions: bool = False,
+        split: str = "test",
+        cache: Optional[str] = None,
+        batch_size: int = 512,
+        hard_negatives: int = 8,
+        hard_ratio: float = 0.5,
+        val_fraction: float = 0.1,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         if (graph_dir is None) == (corpus is None):
-            raise DataConfigError("give either data.graph_dir (a saved CorpusGraph) or data.corpus (a BEIR folder) "
-                                  "with data.knn or data.mentions")
+            raise DataConfigError(
+                "give either data.graph_dir (a saved CorpusGraph) or data.corpus (a BEIR folder) "
+                "with data.knn or data.mentions"
+            )
         if graph_dir is not None:
             if knn is not None or mentions:
-                raise DataConfigError("data.knn and data.mentions are recipes for data.corpus; data.graph_dir is "
-                                      "already built (set them to null)")
+                raise DataConfigError(
+                    "data.knn and data.mentions are recipes for data.corpus; data.graph_dir is "
+                    "already built (set them to null)"
+                )
             try:
                 self.graph = CorpusGraph.load(graph_dir)
             except (ValueError, OSError) as e:
@@ -303,12 +344,20 @@ class GraphDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return triplet_loader(self.full, self.train_idx, batch_size=hp.batch_size, shuffle=True, seed=hp.seed,
-                              num_workers=hp.num_workers)
+        return triplet_loader(
+            self.full, self.train_idx, batch_size=hp.batch_size, shuffle=True, seed=hp.seed, num_workers=hp.num_workers
+        )
 
     def val_dataloader(self):
         if not self.val_idx:
             return []
         hp = self.hparams
-        return triplet_loader(self.full, self.val_idx, batch_size=hp.batch_size, shuffle=False, seed=hp.seed,
-                              num_workers=hp.num_workers, fixed_epoch=0)
+        return triplet_loader(
+            self.full,
+            self.val_idx,
+            batch_size=hp.batch_size,
+            shuffle=False,
+            seed=hp.seed,
+            num_workers=hp.num_workers,
+            fixed_epoch=0,
+        )

@@ -1,5 +1,6 @@
 """Fitting f_theta on a corpus graph in one call (the benchmarks' path; ``python -m train fit``
 is the configurable one)."""
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,13 @@ def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0) -> Poinc
     model.attach(graph)
     data = TripletDataset(graph, hard=hard_negatives(graph, 8), seed=seed)
     loader = triplet_loader(data, batch_size=1024, seed=seed)  # new negatives every epoch
-    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, train_dataloaders=loader)
     return model.projection.eval()

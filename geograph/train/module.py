@@ -12,6 +12,7 @@ over the nodes ``U`` of the batch: hubs (``k = k_max``) are pulled to radius ``r
 the origin, leaves to ``r_max`` near the rim. Total: ``L_tri + radial_weight * L_rad``.
 These are our forms (the paper's appendix with its exact ones is not available).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,19 @@ class PoincareModule(L.LightningModule):
             output is mapped into the ball, so no Riemannian optimiser is needed.)
     """
 
-    def __init__(self, in_dim: int = 384, out_dim: int = 32, hidden: int = 256, c: float = 1.0, margin: float = 1.0,
-                 radial_weight: float = 10.0, r_min: float = 0.1, r_max: float = 0.9, lr: float = 1e-3,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        in_dim: int = 384,
+        out_dim: int = 32,
+        hidden: int = 256,
+        c: float = 1.0,
+        margin: float = 1.0,
+        radial_weight: float = 10.0,
+        r_min: float = 0.1,
+        r_max: float = 0.9,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.projection = PoincareProjection(in_dim, out_dim, hidden=hidden, c=c)
@@ -81,8 +92,12 @@ class PoincareModule(L.LightningModule):
         target = radial_target(self.degree[nodes], self.max_degree, self.hparams.r_min, self.hparams.r_max)
         radius = z.norm(dim=-1) * math.sqrt(self.hparams.c)
         radial = ((radius - target.to(radius.dtype)) ** 2).mean()
-        return {"loss": triplet + self.hparams.radial_weight * radial, "triplet": triplet, "radial": radial,
-                "accuracy": (d_pos < d_neg).float().mean()}
+        return {
+            "loss": triplet + self.hparams.radial_weight * radial,
+            "triplet": triplet,
+            "radial": radial,
+            "accuracy": (d_pos < d_neg).float().mean(),
+        }
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         out = self.losses(batch)
@@ -91,8 +106,9 @@ class PoincareModule(L.LightningModule):
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         out = self.losses(batch)
-        self.log_dict({f"val/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0],
-                      sync_dist=True)
+        self.log_dict(
+            {f"val/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0], sync_dist=True
+        )
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
@@ -132,9 +148,13 @@ class ExportProjection(L.Callback):
         projection = PoincareProjection(**pl_module.projection.config())
         if ckpt and Path(ckpt).is_file():
             blob = torch.load(ckpt, map_location="cpu", weights_only=False)
-            state = {k[len("projection."):]: val for k, val in blob["state_dict"].items() if k.startswith("projection.")}
+            state = {
+                k[len("projection.") :]: val for k, val in blob["state_dict"].items() if k.startswith("projection.")
+            }
         projection.load_state_dict(state if state is not None else pl_module.projection.state_dict())
-        path = self.free_name(Path(self.path) if self.path else Path(log_dir or trainer.default_root_dir) / "projection.pt")
+        path = self.free_name(
+            Path(self.path) if self.path else Path(log_dir or trainer.default_root_dir) / "projection.pt"
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         projection.save(path)
         self.exported = path

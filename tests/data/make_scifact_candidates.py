@@ -4,6 +4,7 @@ The first 24 SciFact test queries and their dense top-100 candidates (all-MiniLM
 stored as float16 to keep the file small. Run from the repository root:
     .venv/bin/python tests/data/make_scifact_candidates.py [../shared/data/scifact]
 """
+
 import sys
 from pathlib import Path
 
@@ -18,8 +19,11 @@ def main():
     ds = load_beir(root, "test").subset(24)
     corpus, query = embed(ds, Encoder())
     c = dense_candidates(corpus, query, 100)
-    np.savez_compressed(Path(__file__).with_name("scifact_candidates.npz"),
-                        query=query.numpy().astype(np.float16), docs=c.docs(slice(None)).numpy().astype(np.float16))
+    np.savez_compressed(
+        Path(__file__).with_name("scifact_candidates.npz"),
+        query=query.numpy().astype(np.float16),
+        docs=c.docs(slice(None)).numpy().astype(np.float16),
+    )
 
 
 if __name__ == "__main__":

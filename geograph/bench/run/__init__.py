@@ -30,17 +30,49 @@ Writes ``results.json``, ``results.md`` and ``results.png`` (quality gain vs ms/
 ``out`` and prints a table. Chains (e.g. ``[ricci, maniscope]``) run the stages in order with
 each stage's tuned values: a stage's dropped candidates stay dropped.
 """
+
 from __future__ import annotations
 
 from geograph.bench.run.cli import main
 from geograph.bench.run.config import DEFAULT_CONFIG, dataset_root, grid_points, load_config
-from geograph.bench.run.methods import (LABELS, METHODS, Context, Method, Ranker, chain_reference, chain_ranker,
-                                        reranker, ricci_filtration_reference)
+from geograph.bench.run.methods import (
+    LABELS,
+    METHODS,
+    Context,
+    Method,
+    Ranker,
+    chain_reference,
+    chain_ranker,
+    reranker,
+    ricci_filtration_reference,
+)
 from geograph.bench.run.plot import figure
 from geograph.bench.run.protocol import environment, evaluate_run, run, speed, tune
 from geograph.bench.run.tables import markdown, print_table, table_rows, write
 
-__all__ = ["main", "run", "write", "load_config", "dataset_root", "grid_points", "Context", "Method", "Ranker",
-           "METHODS", "LABELS", "chain_ranker", "chain_reference", "reranker", "ricci_filtration_reference",
-           "speed", "tune", "evaluate_run", "environment", "table_rows", "markdown", "print_table", "figure",
-           "DEFAULT_CONFIG"]
+__all__ = [
+    "main",
+    "run",
+    "write",
+    "load_config",
+    "dataset_root",
+    "grid_points",
+    "Context",
+    "Method",
+    "Ranker",
+    "METHODS",
+    "LABELS",
+    "chain_ranker",
+    "chain_reference",
+    "reranker",
+    "ricci_filtration_reference",
+    "speed",
+    "tune",
+    "evaluate_run",
+    "environment",
+    "table_rows",
+    "markdown",
+    "print_table",
+    "figure",
+    "DEFAULT_CONFIG",
+]

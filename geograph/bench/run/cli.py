@@ -1,4 +1,5 @@
 """``geograph bench run``: the command line."""
+
 from __future__ import annotations
 
 from typing import Optional, Sequence

@@ -1,4 +1,5 @@
 """The bench YAML: reading and checking it, data set folders, grids."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,8 +9,14 @@ from geograph.bench.common import DEFAULT_DATA
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "bench" / "default.yaml"
 KNOWN_KEYS = {"out", "candidates", "metrics", "bootstrap", "speed", "datasets", "methods", "chains", "cache"}
-SPEED_DEFAULTS = {"batch": 64, "single": 16, "repeat": 5, "min_time": 1.0, "reference_repeat": 5,
-                  "reference_min_time": 1.0}
+SPEED_DEFAULTS = {
+    "batch": 64,
+    "single": 16,
+    "repeat": 5,
+    "min_time": 1.0,
+    "reference_repeat": 5,
+    "reference_min_time": 1.0,
+}
 
 
 def load_config(path: str | Path) -> dict:
@@ -51,8 +58,10 @@ def load_config(path: str | Path) -> dict:
         raise SystemExit(f"{path}: unknown methods {sorted(bad)}; known: {sorted(METHODS)}")
     for chain in cfg["chains"]:
         if len(chain) < 2 or any(m not in cfg["methods"] or METHODS[m].kind != "rerank" for m in chain):
-            raise SystemExit(f"{path}: chain {chain} must list >= 2 configured rerankers "
-                             f"({[m for m, c in METHODS.items() if c.kind == 'rerank']})")
+            raise SystemExit(
+                f"{path}: chain {chain} must list >= 2 configured rerankers "
+                f"({[m for m, c in METHODS.items() if c.kind == 'rerank']})"
+            )
     for ds in cfg["datasets"]:
         if "name" not in ds and "path" not in ds:
             raise SystemExit(f"{path}: each data set needs a name (in ../shared/data) or a path")

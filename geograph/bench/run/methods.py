@@ -5,6 +5,7 @@ with ``-inf`` = dropped; a reference maps one query ``(D,)`` and its candidate i
 to the corpus indices it returns, best first. References are computed from the raw inputs
 (embeddings, edge lists, texts) by separate code, never from the module's state.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,8 +17,15 @@ from torch import Tensor
 
 from geograph.bench.common import Split
 
-LABELS = {"dense": "dense", "bm25": "BM25", "maniscope": "Maniscope", "ricci": "Ricci-Filtration", "iso": "ISO-RAG",
-          "iso_trained": "ISO-RAG + f_theta", "g3": "G3RAG"}
+LABELS = {
+    "dense": "dense",
+    "bm25": "BM25",
+    "maniscope": "Maniscope",
+    "ricci": "Ricci-Filtration",
+    "iso": "ISO-RAG",
+    "iso_trained": "ISO-RAG + f_theta",
+    "g3": "G3RAG",
+}
 Ranker = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
@@ -143,8 +151,9 @@ class RicciMethod(Method):
         return lambda q, c: np.asarray(c)[ricci_filtration_reference(q, ctx.corpus[torch.as_tensor(c)], **params)]
 
 
-def ricci_filtration_reference(query: Tensor, docs: Tensor, *, percentile: float = 50.0, eta: float = 1.0,
-                               **flow) -> np.ndarray:
+def ricci_filtration_reference(
+    query: Tensor, docs: Tensor, *, percentile: float = 50.0, eta: float = 1.0, **flow
+) -> np.ndarray:
     """Ricci-Filtration for one query with GraphRicciCurvature's 20-step flow: kept candidates by cosine.
 
     The query graph is built in numpy (:func:`geograph.bench.reference.ricci_graph_reference`,
@@ -222,16 +231,19 @@ def iso_method_reference(ctx, params, cfg, graph, projection):
     z, c = None, 1.0
     if projection is not None:
         with torch.no_grad():
-            z = expmap0_reference(projection.eval().mlp(ctx.corpus.to(next(projection.parameters()).dtype))
-                                  .double().numpy(), projection.c)
+            z = expmap0_reference(
+                projection.eval().mlp(ctx.corpus.to(next(projection.parameters()).dtype)).double().numpy(), projection.c
+            )
         c = projection.c
     beta = params.get("beta", 0.4)
     key = ("iso-reference", projection is not None, cfg.get("knn", 10), beta)
     if key not in ctx.cache:  # the per-corpus part, once per beta (outside the timed loop)
         ctx.cache[key] = iso_reference_prepare(emb, edges, z=z, c=c, beta=beta)
     kwargs = {name: value for name, value in params.items() if name != "beta"}
-    return lambda q, cands: np.asarray(iso_reference(emb, edges, q.double().numpy(), cfg["k"], beta=beta, c=c,
-                                                     prepared=ctx.cache[key], **kwargs)[0], dtype=np.int64)
+    return lambda q, cands: np.asarray(
+        iso_reference(emb, edges, q.double().numpy(), cfg["k"], beta=beta, c=c, prepared=ctx.cache[key], **kwargs)[0],
+        dtype=np.int64,
+    )
 
 
 class ISOTrainedMethod(ISOMethod):
@@ -256,8 +268,11 @@ class G3Method(Method):
     def ranker(self, ctx, params, cfg):
         from geograph.retrievers import G3Retriever
 
-        model = G3Retriever(self._graph(ctx, params, cfg), candidates=cfg.get("candidates", 10),
-                            seeds=params.get("seeds", cfg.get("seeds", 2)))
+        model = G3Retriever(
+            self._graph(ctx, params, cfg),
+            candidates=cfg.get("candidates", 10),
+            seeds=params.get("seeds", cfg.get("seeds", 2)),
+        )
 
         def run(q, c):
             out = model(q, cfg["k"])
@@ -272,12 +287,22 @@ class G3Method(Method):
         x = ctx.corpus.double().numpy()
         t, _ = g3_dense_reference(x, graph.band, graph.beta, graph.max_degree)
         seeds = params.get("seeds", cfg.get("seeds", 2))
-        return lambda q, c: np.asarray(g3_retrieve_reference(
-            x, t, q.double().numpy(), candidates=cfg.get("candidates", 10), seeds=seeds, k=cfg["k"])[0], dtype=np.int64)
+        return lambda q, c: np.asarray(
+            g3_retrieve_reference(
+                x, t, q.double().numpy(), candidates=cfg.get("candidates", 10), seeds=seeds, k=cfg["k"]
+            )[0],
+            dtype=np.int64,
+        )
 
 
-METHODS: dict[str, Method] = {"bm25": BM25Method(), "maniscope": ManiscopeMethod(), "ricci": RicciMethod(),
-                              "iso": ISOMethod(), "iso_trained": ISOTrainedMethod(), "g3": G3Method()}
+METHODS: dict[str, Method] = {
+    "bm25": BM25Method(),
+    "maniscope": ManiscopeMethod(),
+    "ricci": RicciMethod(),
+    "iso": ISOMethod(),
+    "iso_trained": ISOTrainedMethod(),
+    "g3": G3Method(),
+}
 
 
 def chain_ranker(rankers: Sequence[Ranker]) -> Ranker:

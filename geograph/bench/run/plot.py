@@ -1,4 +1,5 @@
 """The results figure: quality gain over dense against ms/query."""
+
 from __future__ import annotations
 
 import itertools
@@ -22,11 +23,20 @@ def figure(results: dict, path: Path) -> Path:
         for label, row in ds["methods"].items():
             x = row["speed"]["Bbatch_ms"]
             ci = row.get("vs_dense", {}).get(ds["primary"], {"diff": 0.0, "low": 0.0, "high": 0.0})
-            ax.errorbar([x], [ci["diff"]], yerr=[[ci["diff"] - ci["low"]], [ci["high"] - ci["diff"]]],
-                        fmt=markers[name], color=colors[label], capsize=3, ms=7)
+            ax.errorbar(
+                [x],
+                [ci["diff"]],
+                yerr=[[ci["diff"] - ci["low"]], [ci["high"] - ci["diff"]]],
+                fmt=markers[name],
+                color=colors[label],
+                capsize=3,
+                ms=7,
+            )
     handles = [Line2D([], [], color=colors[label], marker="o", ls="", label=label) for label in labels]
-    handles += [Line2D([], [], color="black", marker=m, ls="", label=f"{name} ({results['datasets'][name]['primary']})")
-                for name, m in markers.items()]
+    handles += [
+        Line2D([], [], color="black", marker=m, ls="", label=f"{name} ({results['datasets'][name]['primary']})")
+        for name, m in markers.items()
+    ]
     ax.legend(handles=handles, fontsize=7, loc="lower left")
     ax.axhline(0.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log")

@@ -1,4 +1,5 @@
 """The protocol: tune on one split, report on the other, compare with dense, time everything."""
+
 from __future__ import annotations
 
 import datetime
@@ -13,8 +14,7 @@ from torch import Tensor
 
 from geograph.bench.common import time_calls, tuning_split
 from geograph.bench.run.config import dataset_root, grid_points
-from geograph.bench.run.methods import (LABELS, METHODS, Context, Dense, Method, Ranker, chain_ranker,
-                                        chain_reference)
+from geograph.bench.run.methods import LABELS, METHODS, Context, Dense, Method, Ranker, chain_ranker, chain_reference
 from geograph.metrics import ANSWER_METRICS, paired_bootstrap, per_query
 from geograph.pipeline import dense_candidates, run_ids
 
@@ -78,8 +78,12 @@ def tune(ctx: Context, method: Method, cfg: dict, metrics: list[str], primary: s
 
 def _ms(t: dict, per: int) -> dict:
     """Seconds per call (``time_calls``) to ms per query: median, min, max, repeats."""
-    return {"median": t["median"] / per * 1e3, "min": t["min"] / per * 1e3, "max": t["max"] / per * 1e3,
-            "repeat": t["repeat"]}
+    return {
+        "median": t["median"] / per * 1e3,
+        "min": t["min"] / per * 1e3,
+        "max": t["max"] / per * 1e3,
+        "repeat": t["repeat"],
+    }
 
 
 def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, ref_queries: int, k: int) -> dict:
@@ -98,9 +102,18 @@ def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, re
     rep = dict(repeat=cfg["repeat"], min_time=cfg["min_time"], warmup=1)
     t_b = _ms(time_calls(lambda: ranker(qb, cb), **rep), b)
     t_1 = _ms(time_calls(lambda: [ranker(query[i : i + 1], cands[i : i + 1]) for i in range(single)], **rep), single)
-    out = {"batch": b, "single": single, "B1_ms": t_1["median"], "B1_ms_min": t_1["min"], "B1_ms_max": t_1["max"],
-           "B1_repeats": t_1["repeat"], "Bbatch_ms": t_b["median"], "Bbatch_ms_min": t_b["min"],
-           "Bbatch_ms_max": t_b["max"], "Bbatch_repeats": t_b["repeat"]}
+    out = {
+        "batch": b,
+        "single": single,
+        "B1_ms": t_1["median"],
+        "B1_ms_min": t_1["min"],
+        "B1_ms_max": t_1["max"],
+        "B1_repeats": t_1["repeat"],
+        "Bbatch_ms": t_b["median"],
+        "Bbatch_ms_min": t_b["min"],
+        "Bbatch_ms_max": t_b["max"],
+        "Bbatch_repeats": t_b["repeat"],
+    }
     if reference is not None and ref_queries > 0:
         n = min(ref_queries, query.shape[0])
         reference(query[0], cands[0])  # imports and first-call set-up stay out of the timing
@@ -110,13 +123,18 @@ def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, re
             got.clear()
             got.extend(reference(query[i], cands[i]) for i in range(n))
 
-        t_r = _ms(time_calls(one_pass, repeat=cfg["reference_repeat"], min_time=cfg["reference_min_time"],
-                             warmup=0), n)
+        t_r = _ms(time_calls(one_pass, repeat=cfg["reference_repeat"], min_time=cfg["reference_min_time"], warmup=0), n)
         idx, sc = ranker(query[:n], cands[:n])
         ours = [[i for i, ok in zip(r, f) if ok][:k] for r, f in zip(idx.tolist(), torch.isfinite(sc).tolist())]
         same = sum(list(map(int, ref[:k])) == o for ref, o in zip(got, ours))
-        out.update(reference_ms=t_r["median"], reference_ms_min=t_r["min"], reference_ms_max=t_r["max"],
-                   reference_repeats=t_r["repeat"], reference_queries=n, reference_top_k_identical=same / n)
+        out.update(
+            reference_ms=t_r["median"],
+            reference_ms_min=t_r["min"],
+            reference_ms_max=t_r["max"],
+            reference_repeats=t_r["repeat"],
+            reference_queries=n,
+            reference_top_k_identical=same / n,
+        )
         for tag in ("B1", "Bbatch"):
             out[f"speedup_{tag}"] = out["reference_ms"] / out[f"{tag}_ms"]
             out[f"speedup_{tag}_min"] = out["reference_ms_min"] / out[f"{tag}_ms_max"]
@@ -127,15 +145,30 @@ def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, re
 def environment() -> dict:
     """Where the run happened: date, commit, versions, CPU and thread counts."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(), "cpu_count": os.cpu_count(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "device": "cpu",
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(), "commit": commit}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "cpu_count": os.cpu_count(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "device": "cpu",
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "commit": commit,
+    }
 
 
 def run(cfg: dict, *, progress: bool = True, cache: Optional[str] = None) -> dict:
@@ -157,12 +190,25 @@ def run(cfg: dict, *, progress: bool = True, cache: Optional[str] = None) -> dic
             sp = tuning_split(name, root, encoder)
             metrics = applicable(list(cfg["metrics"]), sp.test)
             m = min(cfg["candidates"], sp.corpus.shape[0])
-            ctx = Context(name, sp, m, dense_candidates(sp.corpus, sp.tune_q, m).indices,
-                          dense_candidates(sp.corpus, sp.report_q, m).indices)
+            ctx = Context(
+                name,
+                sp,
+                m,
+                dense_candidates(sp.corpus, sp.tune_q, m).indices,
+                dense_candidates(sp.corpus, sp.report_q, m).indices,
+            )
             primary = entry["primary"]
-            out = {"root": str(root), "protocol": sp.protocol, "primary": primary, "candidates": m,
-                   "metrics": metrics, "queries_tuned": len(sp.tune.queries),
-                   "queries_reported": len(sp.report.queries), "corpus": int(sp.corpus.shape[0]), "methods": {}}
+            out = {
+                "root": str(root),
+                "protocol": sp.protocol,
+                "primary": primary,
+                "candidates": m,
+                "metrics": metrics,
+                "queries_tuned": len(sp.tune.queries),
+                "queries_reported": len(sp.report.queries),
+                "corpus": int(sp.corpus.shape[0]),
+                "methods": {},
+            }
             per_q, tuned = {}, {}
             for key, chain in rows:
                 label = " -> ".join(LABELS[s] for s in chain) if chain else LABELS[key]
@@ -178,7 +224,14 @@ def run(cfg: dict, *, progress: bool = True, cache: Optional[str] = None) -> dic
                     kind = "rerank"
                 elif key == "dense":
                     ranker, reference, params, tuning, ref_n, ref_name, kind = (
-                        Dense().ranker(ctx, {}, {}), None, {}, {}, 0, None, "retrieve")
+                        Dense().ranker(ctx, {}, {}),
+                        None,
+                        {},
+                        {},
+                        0,
+                        None,
+                        "retrieve",
+                    )
                 else:
                     method = METHODS[key]
                     bar.update(task, description=f"[{name}] {label}: tuning")
@@ -190,12 +243,18 @@ def run(cfg: dict, *, progress: bool = True, cache: Optional[str] = None) -> dic
                 bar.update(task, description=f"[{name}] {label}: report")
                 idx, sc = _batched(ranker, sp.report_q, ctx.report_cands)
                 per_q[label] = evaluate_run(sp.report, idx, sc, metrics)
-                row = {"method": key, "kind": kind, "params": params, "tuning": tuning,
-                       "metrics": {mm: float(v.mean()) for mm, v in per_q[label].items()},
-                       "mean_returned": float(torch.isfinite(sc).sum(1).double().mean())}
+                row = {
+                    "method": key,
+                    "kind": kind,
+                    "params": params,
+                    "tuning": tuning,
+                    "metrics": {mm: float(v.mean()) for mm, v in per_q[label].items()},
+                    "mean_returned": float(torch.isfinite(sc).sum(1).double().mean()),
+                }
                 if label != "dense":
-                    row["vs_dense"] = {mm: paired_bootstrap(per_q[label][mm], per_q["dense"][mm], **cfg["bootstrap"])
-                                       for mm in metrics}
+                    row["vs_dense"] = {
+                        mm: paired_bootstrap(per_q[label][mm], per_q["dense"][mm], **cfg["bootstrap"]) for mm in metrics
+                    }
                 bar.update(task, description=f"[{name}] {label}: speed")
                 row["speed"] = speed(ranker, reference, sp.report_q, ctx.report_cands, cfg["speed"], ref_n, k)
                 row["speed"]["reference"] = ref_name
