@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 EXTRAS := dev,text,bench,train,serve,faiss,notebooks,langchain,llamaindex,haystack,interop,ray
 STAMP := $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,18 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m geograph demo
 
 # pytest exits 5 when it collected no test: that is a failure, not a pass.
-test: $(STAMP)
+# ruff (lint and format), codespell and import-linter's layers; `make test` runs it first
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/codespell $$(git ls-files 2>/dev/null || find . -path ./.venv -prune -o -type f -print)
 	$(VENV)/bin/lint-imports
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

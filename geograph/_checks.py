@@ -12,7 +12,7 @@ before the call (``geograph serve`` does, in the request schema).
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ def check_tensor(x: Tensor, name: str, ndim: int, *, finite: bool = True) -> Non
         raise ValueError(f"{name} of shape {tuple(x.shape)} contains NaN or inf")
 
 
-def check_mask(mask: Optional[Tensor], shape: Sequence[int], name: str = "mask") -> Optional[Tensor]:
+def check_mask(mask: Tensor | None, shape: Sequence[int], name: str = "mask") -> Tensor | None:
     """Return ``mask`` as a bool tensor of ``shape``, or raise naming both shapes."""
     if mask is None:
         return None
@@ -46,7 +46,7 @@ def check_mask(mask: Optional[Tensor], shape: Sequence[int], name: str = "mask")
     return mask.bool()
 
 
-def check_finite_where(x: Tensor, mask: Optional[Tensor], name: str) -> None:
+def check_finite_where(x: Tensor, mask: Tensor | None, name: str) -> None:
     """Raise if ``x`` has NaN/inf in a row that ``mask`` (over the leading dims) marks real."""
     if tracing():
         return
@@ -91,7 +91,7 @@ def check_same_device(x: Tensor, name: str, device: torch.device, owner: str = "
         raise ValueError(f"{name} is on {x.device} but {owner} is on {device}: move one of them with .to() first")
 
 
-def check_candidates(query: Tensor, docs: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+def check_candidates(query: Tensor, docs: Tensor, mask: Tensor | None) -> Tensor | None:
     """Validate a padded candidate batch ``query (B, D)``, ``docs (B, N, D)``, ``mask (B, N)``:
     ranks, matching ``B`` and ``D``, one dtype, one device, finite query and finite real
     candidates. Returns ``mask`` as bool (``None`` stays ``None``)."""
@@ -119,7 +119,7 @@ def check_percentile(percentile: float) -> float:
     return float(percentile)
 
 
-def check_cert_tol(cert_tol: Optional[float]) -> Optional[float]:
+def check_cert_tol(cert_tol: float | None) -> float | None:
     """``None``, or ``cert_tol`` as a finite float ``>= 0``, or raise."""
     if cert_tol is None:
         return None

@@ -13,8 +13,9 @@ import contextlib
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional, Union
+from typing import Any, BinaryIO
 
 import torch
 
@@ -28,7 +29,7 @@ __all__ = [
     "one_line",
 ]
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
@@ -97,7 +98,7 @@ def read_json(path: PathLike) -> dict:
     return meta
 
 
-def check_file_size(path: PathLike, expected: Optional[int], meta_file: PathLike) -> None:
+def check_file_size(path: PathLike, expected: int | None, meta_file: PathLike) -> None:
     """``path`` exists and, when the metadata recorded its size, has exactly that many bytes."""
     path = Path(path)
     if not path.is_file():

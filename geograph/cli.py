@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from geograph.console import UsageError, make_parser, plain_text  # noqa: F401  (re-exported for callers of geograph.cli)
 
@@ -13,10 +13,12 @@ USAGE = """usage: geograph <command> [options]
 
 commands:
   demo         every method side by side on the shipped corpus (or --data DIR), then a quality table
-  bench        benchmarks against the slow references: geograph bench {run,gpu,maniscope,ricci,iso,g3,scale,serve} [options]
+  bench        benchmarks against the slow references:
+               geograph bench {run,gpu,maniscope,ricci,iso,g3,scale,serve} [options]
   build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG, or a G3Graph
   embed        embed a BEIR folder or JSONL file into the embedding cache (--ray: a Ray Data actor pool)
-  serve        HTTP rerank/retrieve server on LitServe: geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR [--config serve.yaml]
+  serve        HTTP rerank/retrieve server on LitServe:
+               geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR [--config serve.yaml]
 
 run 'geograph <command> --help' for the options of a command."""
 
@@ -56,7 +58,7 @@ def bench_usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
 class UsageError(Exception):
@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def make_parser(prog: str, description: Optional[str], **kwargs) -> argparse.ArgumentParser:
+def make_parser(prog: str, description: str | None, **kwargs) -> argparse.ArgumentParser:
     """An argument parser whose mistakes print one line and exit 2, and whose help is plain text
     (``kwargs``: more :class:`argparse.ArgumentParser` options, e.g. ``argument_default``)."""
     return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
@@ -86,7 +86,7 @@ def plain_text(text: str) -> str:
 
 
 def format_table(
-    rows: dict[str, dict[str, float]], columns: Sequence[str], formats: Optional[dict[str, str]] = None
+    rows: dict[str, dict[str, float]], columns: Sequence[str], formats: dict[str, str] | None = None
 ) -> str:
     """A plain-text table, one row per method: the name, then each column right-aligned in 12
     characters, or its name's length plus 2 if longer (``formats[column]``, default ``"12.3f"``).

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
-from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.ann import DEFAULT_RECALL_TARGET, resolve_index, self_topk
+from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.similarity import normalize, unit_rows
 from geograph.outputs import true_first
 
@@ -93,7 +93,7 @@ class CorpusGraph(nn.Module):
 
     # -- builders -----------------------------------------------------------------------
     @classmethod
-    def from_edge_index(cls, embeddings: Tensor, edge_index: Tensor) -> "CorpusGraph":
+    def from_edge_index(cls, embeddings: Tensor, edge_index: Tensor) -> CorpusGraph:
         """A graph from given node pairs ``(2, E)`` (either direction; moved to the embeddings' device)."""
         return cls(embeddings, edge_index, name="edge_index")
 
@@ -106,13 +106,13 @@ class CorpusGraph(nn.Module):
         chunk_size: int = 4096,
         faiss: bool = False,
         index: str = "exact",
-        nlist: Optional[int] = None,
-        nprobe: Optional[int] = None,
-        sample: Optional[int] = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        sample: int | None = None,
         seed: int = 0,
-        recall_target: Optional[float] = DEFAULT_RECALL_TARGET,
+        recall_target: float | None = DEFAULT_RECALL_TARGET,
         progress: bool = False,
-    ) -> "CorpusGraph":
+    ) -> CorpusGraph:
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 
         ``index="exact"`` (default) scans every pair with the tiled all-pairs routine
@@ -173,7 +173,7 @@ class CorpusGraph(nn.Module):
         return graph
 
     @classmethod
-    def from_groups(cls, embeddings: Tensor, groups: Iterable[Sequence[int]]) -> "CorpusGraph":
+    def from_groups(cls, embeddings: Tensor, groups: Iterable[Sequence[int]]) -> CorpusGraph:
         """Co-occurrence: passages listed in the same group are all linked (a clique per group).
 
         ``groups`` is any iterable of lists of passage indices (e.g. the passages of one
@@ -202,7 +202,7 @@ class CorpusGraph(nn.Module):
         *,
         min_title_len: int = 4,
         case_sensitive: bool = False,
-    ) -> "CorpusGraph":
+    ) -> CorpusGraph:
         """Hyperlink-like graph: passage ``u`` links to ``v`` when ``u``'s text mentions ``v``'s title.
 
         A zero-LLM stand-in for Wikipedia hyperlinks on multi-hop corpora. All titles are
@@ -244,7 +244,7 @@ class CorpusGraph(nn.Module):
         return cls(embeddings, ei.to(embeddings.device), name="mentions")
 
     # -- persistence --------------------------------------------------------------------
-    def save(self, directory: Union[str, Path]) -> Path:
+    def save(self, directory: str | Path) -> Path:
         """Write ``embeddings.pt``, ``edge_index.pt`` and ``graph.json`` into ``directory``.
 
         Each file is written under a temporary name and renamed into place; ``graph.json`` (which
@@ -274,11 +274,11 @@ class CorpusGraph(nn.Module):
     @classmethod
     def load(
         cls,
-        directory: Union[str, Path],
+        directory: str | Path,
         *,
-        device: Optional[Union[str, torch.device]] = None,
-        corpus_shape: Optional[tuple[int, int]] = None,
-    ) -> "CorpusGraph":
+        device: str | torch.device | None = None,
+        corpus_shape: tuple[int, int] | None = None,
+    ) -> CorpusGraph:
         """Read a graph written by :meth:`save`.
 
         Args:

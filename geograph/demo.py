@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -100,7 +100,7 @@ def validate(args: argparse.Namespace, dataset: Dataset) -> None:
 
 
 def _timed(
-    fn: Callable[[], tuple[Tensor, Tensor]], n_queries: int, warmup: Optional[Callable[[], object]] = None
+    fn: Callable[[], tuple[Tensor, Tensor]], n_queries: int, warmup: Callable[[], object] | None = None
 ) -> tuple[Tensor, Tensor, float]:
     if warmup is not None:  # one-time costs (JIT compilation, first allocations) are not per-query costs
         warmup()
@@ -127,8 +127,8 @@ def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor):
 
 def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, query: Tensor) -> dict[str, MethodRun]:
     """Every method over all queries (one batched call each, timed)."""
-    from geograph.retrievers import DenseRetriever, G3Retriever, ISORetriever
     from geograph.rerankers import Maniscope, RicciFiltration
+    from geograph.retrievers import DenseRetriever, G3Retriever, ISORetriever
 
     q, v, m = query.shape[0], corpus.shape[0], args.candidates
     runs: dict[str, MethodRun] = {}
@@ -303,7 +303,8 @@ def report(dataset: Dataset, runs: dict[str, MethodRun], split: str) -> str:
         out.append(format_table(table, cols, {"ms/query": "12.2f"}))
     out.append(
         "\nms/query: one batched call over all queries after one warm-up call, on this machine (not a benchmark:"
-        "\nsee `geograph bench run`); rerankers are timed without the dense stage. Recall@5/HitAll@5: judged passages in the top 5 (HitAll: all of them)."
+        "\nsee `geograph bench run`); rerankers are timed without the dense stage. "
+        "Recall@5/HitAll@5: judged passages in the top 5 (HitAll: all of them)."
     )
     out.append("\nWhere each method differs from dense (top-5 as a set; nDCG@10 per query):")
     base = per["dense"]["nDCG@10"]
@@ -339,7 +340,7 @@ def load(args: argparse.Namespace) -> Dataset:
         raise UsageError(f"--{'split' if e.argument == 'split' else 'data'}: {e}") from None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     t0 = time.perf_counter()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from geograph.console import UsageError, add_ray_options, check_ray_options, make_parser
 
@@ -34,7 +34,7 @@ def build_parser():
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from geograph.data import BEIRError, Encoder, load_corpus

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
 
 import geoopt
-import torch
+import torch  # noqa: F401 - the doctests run in this namespace
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int
@@ -76,7 +75,7 @@ class PoincareProjection(nn.Module):
     def config(self) -> dict:
         return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden": self.hidden, "c": self.c}
 
-    def save(self, path: Union[str, Path]) -> Path:
+    def save(self, path: str | Path) -> Path:
         """Write the configuration and weights to one file (``torch.save``), atomically.
 
         The file is written under a temporary name in the same directory and renamed into
@@ -92,8 +91,8 @@ class PoincareProjection(nn.Module):
 
     @classmethod
     def load(
-        cls, path: Union[str, Path], *, map_location: Optional[str] = "cpu", in_dim: Optional[int] = None
-    ) -> "PoincareProjection":
+        cls, path: str | Path, *, map_location: str | None = "cpu", in_dim: int | None = None
+    ) -> PoincareProjection:
         """Read a file written by :meth:`save` (or exported by the training CLI).
 
         Args:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -49,7 +49,7 @@ def normalize_answer(text: str) -> str:
 
 def answer_hits(
     run: Sequence[Sequence[str]],
-    passages: Union[Mapping[str, str], Callable[[str], str]],
+    passages: Mapping[str, str] | Callable[[str], str],
     answers: Sequence[Sequence[str]],
 ) -> Tensor:
     """``contains (B, K)`` bool: the passage at each rank contains the query's answer or an alias.
@@ -120,8 +120,8 @@ def per_query(
     qrels: Sequence[Mapping[str, float]],
     metrics: Iterable[str] = ("nDCG@10", "Recall@10"),
     *,
-    passages: Optional[Union[Mapping[str, str], Callable[[str], str]]] = None,
-    answers: Optional[Sequence[Sequence[str]]] = None,
+    passages: Mapping[str, str] | Callable[[str], str] | None = None,
+    answers: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Tensor]:
     """Each metric per query: ``{name: (Q,) float64}`` (the inputs of a paired test).
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -28,9 +27,9 @@ class RerankOutput:
     scores: Tensor
     order: Tensor
     keep: Tensor
-    geodesic: Optional[Tensor] = None
-    query_edge_length: Optional[Tensor] = None
-    query_edge_curvature: Optional[Tensor] = None
+    geodesic: Tensor | None = None
+    query_edge_length: Tensor | None = None
+    query_edge_curvature: Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ Shared by ``geograph demo`` and the benchmarks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -82,7 +82,7 @@ def rerank_all(
     return torch.cat(out_i), torch.cat(out_s)
 
 
-def run_ids(dataset: Dataset, indices: Tensor, scores: Optional[Tensor] = None) -> list[list[str]]:
+def run_ids(dataset: Dataset, indices: Tensor, scores: Tensor | None = None) -> list[list[str]]:
     """Corpus ids per query from ``indices (Q, K)``, dropping entries whose score is ``-inf``."""
     ids = dataset.doc_ids
     rows = indices.tolist()

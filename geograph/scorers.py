@@ -8,8 +8,8 @@ texts, and ``mask`` an optional ``(B, N)`` bool of the pairs to score (the other
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -40,11 +40,11 @@ class CrossEncoderScorer:
 
     def __init__(
         self,
-        model: Union[str, Path, object],
+        model: str | Path | object,
         *,
         batch_size: int = 32,
-        device: Optional[str] = None,
-        max_length: Optional[int] = None,
+        device: str | None = None,
+        max_length: int | None = None,
     ) -> None:
         if isinstance(model, (str, Path)):
             path = Path(model)
@@ -61,9 +61,7 @@ class CrossEncoderScorer:
         self.model = model
         self.batch_size = int(batch_size)
 
-    def __call__(
-        self, queries: Sequence[str], passages: Sequence[Sequence[str]], mask: Optional[Tensor] = None
-    ) -> Tensor:
+    def __call__(self, queries: Sequence[str], passages: Sequence[Sequence[str]], mask: Tensor | None = None) -> Tensor:
         b = len(queries)
         if len(passages) != b:
             raise ValueError(f"got {b} queries but {len(passages)} passage lists")
@@ -93,7 +91,7 @@ class CrossEncoderScorer:
         """
         passages = list(passages)
 
-        def score(query: Tensor, candidate_ids: Tensor, query_texts: Optional[Sequence[str]] = None) -> Tensor:
+        def score(query: Tensor, candidate_ids: Tensor, query_texts: Sequence[str] | None = None) -> Tensor:
             if query_texts is None:
                 raise ValueError("the cross-encoder seed scorer needs query_texts")
             rows = candidate_ids.tolist()

@@ -30,7 +30,9 @@ NOTEBOOKS = {
             "shipped demo corpus. Everything runs offline on a CPU in seconds."
         ),
         new_code_cell(SETUP),
-        new_code_cell("""from geograph import DenseRetriever, G3Retriever, ISORetriever, CorpusGraph, Maniscope, RicciFiltration
+        new_code_cell("""from geograph import (
+    CorpusGraph, DenseRetriever, G3Retriever, ISORetriever, Maniscope, RicciFiltration,
+)
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids
 
@@ -81,7 +83,8 @@ ax.axhline(1.0, color="k", lw=0.5)
 ax.set_xlabel("cosine to the query"); ax.set_ylabel("flowed query-edge length"); ax.legend()
 plt.show()
 print("kept per query:", out.keep.sum(1).tolist())
-print("curvature range of query edges:", float(out.query_edge_curvature.min()), float(out.query_edge_curvature.max()))"""),
+curv = out.query_edge_curvature
+print("curvature range of query edges:", float(curv.min()), float(curv.max()))"""),
     ],
     "iso_rag.ipynb": [
         new_markdown_cell(

@@ -6,8 +6,8 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import require
 
+from conftest import require
 from geograph import CorpusGraph
 from geograph.functional import ann
 from geograph.functional.allpairs import tiled_topk

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from geograph import CorpusGraph, G3Graph, PoincareProjection
-from geograph import _io
+from geograph import CorpusGraph, G3Graph, PoincareProjection, _io
 
 ROOT = Path(__file__).resolve().parents[1]
 

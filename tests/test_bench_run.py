@@ -69,8 +69,9 @@ def test_bm25_and_hit_answer_rows_recomputed_independently(smoke):
     """The BM25 row's metrics and the dense row's HitAns@5, recomputed from the texts with
     bm25s' own retrieve and a plain substring count, equal the table's."""
     import bm25s
-    from geograph.data import DEMO_PATH, Encoder, load_beir
+
     from geograph.bench.common import tuning_split
+    from geograph.data import DEMO_PATH, Encoder
     from geograph.metrics import evaluate
 
     results, _ = smoke
@@ -103,9 +104,8 @@ def test_bm25_and_hit_answer_rows_recomputed_independently(smoke):
 def test_tuned_values_are_the_best_on_the_tuning_split_only(smoke):
     """The chosen Maniscope k is the argmax of nDCG@10 over the grid on the tuning queries."""
     from geograph import Maniscope
-    from geograph.data import Encoder
     from geograph.bench.common import tuning_split
-    from geograph.data import DEMO_PATH
+    from geograph.data import DEMO_PATH, Encoder
     from geograph.pipeline import dense_candidates, run_ids
 
     results, _ = smoke

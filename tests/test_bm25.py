@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+
 from conftest import require
 
 bm25s = require("bm25s")

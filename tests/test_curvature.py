@@ -1,17 +1,17 @@
 import numpy as np
 import pytest
 import torch
-
-from geograph.functional import lazy_measures, ollivier_ricci
 from ricci_helpers import (
-    dense_adj,
     denominator_case,
+    dense_adj,
     edge_dict,
     edges_of,
     load_fixture,
     random_adjacency,
     real_adjacency,
 )
+
+from geograph.functional import lazy_measures, ollivier_ricci
 
 SEEDS = [0, 1, 2]
 

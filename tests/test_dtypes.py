@@ -52,7 +52,7 @@ def test_dense(device):
     x, q = data(2)
     for corpus_dt in (torch.float32, torch.float64):
         model = DenseRetriever(x.to(corpus_dt)).to(device)
-        out64, out32 = both(lambda dt: model(q.to(device, dt), 5))
+        out64, out32 = both(lambda dt, model=model: model(q.to(device, dt), 5))
         assert out64.scores.dtype == torch.float64 and out32.scores.dtype == torch.float32
         assert torch.equal(out64.indices, out32.indices)
         torch.testing.assert_close(out32.scores.double(), out64.scores, atol=ATOL32, rtol=0)

@@ -5,10 +5,10 @@ import re
 import numpy as np
 import pytest
 import torch
+from ricci_helpers import random_adjacency, real_adjacency
 
 from geograph.functional import _emd_numba as E
 from geograph.functional.transport import _MAX_PIVOTS, pot_emd
-from ricci_helpers import random_adjacency, real_adjacency
 
 
 @pytest.mark.parametrize("n", [2, 7, 21])

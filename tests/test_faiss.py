@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from conftest import require
 
+from conftest import require
 from geograph import CorpusGraph
 
 faiss = require("faiss")

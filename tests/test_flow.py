@@ -1,17 +1,17 @@
 import numpy as np
 import pytest
 import torch
-
-from geograph.functional import ollivier_ricci, ricci_flow
 from ricci_helpers import (
-    dense_adj,
     denominator_case,
+    dense_adj,
     edge_dict,
     edges_of,
     load_fixture,
     random_adjacency,
     real_adjacency,
 )
+
+from geograph.functional import ollivier_ricci, ricci_flow
 
 
 def fixture_batch():
@@ -184,8 +184,8 @@ def test_flow_dtype_follows_input_and_step_is_validated():
 
 def test_compiled_flow_equals_the_torch_loop():
     """The one-call numba flow vs the torch loop over steps with per-step compiled curvature."""
-    from geograph.functional.flow import _torch_flow
     from geograph.functional.curvature import validate_graph
+    from geograph.functional.flow import _torch_flow
 
     rng = np.random.default_rng(5)
     adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from geograph import G3Graph, G3Retriever
-from geograph.bench.reference import g3_dense_reference, g3_retrieve_reference as reference_retrieve
+from geograph.bench.reference import g3_dense_reference
+from geograph.bench.reference import g3_retrieve_reference as reference_retrieve
 from geograph.functional import gain_density, gain_transition
 
 SCIFACT = __import__("pathlib").Path(__file__).parent / "data" / "scifact_candidates.npz"

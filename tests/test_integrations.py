@@ -85,14 +85,13 @@ def test_langchain_retriever_chain_and_compressor(demo):
 
 def test_llamaindex_query_engine_over_nodes(demo, monkeypatch):
     require("llama_index.core")
+    from llama_index.core import Settings
     from llama_index.core.llms import MockLLM
     from llama_index.core.query_engine import RetrieverQueryEngine
     from llama_index.core.response_synthesizers import get_response_synthesizer
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
     from geograph.integrations.llamaindex import GeographPostprocessor, GeographRetriever
-
-    from llama_index.core import Settings
 
     monkeypatch.setattr(Settings, "_llm", MockLLM())  # the synthesizer resolves an LLM even for no_text
     g3, g3_calls = counted(G3Retriever(demo["emb"]))

@@ -10,7 +10,6 @@ from geograph.bench.reference import (
     iso_reference_phi,
     iso_reference_prepare,
 )
-from geograph.encoders import conformal_volume
 
 
 def clustered(rng, v, d, clusters=6):

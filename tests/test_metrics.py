@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from conftest import require
-
 from geograph.functional import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 from geograph.metrics import answer_hits, evaluate, normalize_answer, per_query, relevance_tensors
 
@@ -11,7 +10,7 @@ from geograph.metrics import answer_hits, evaluate, normalize_answer, per_query,
 def random_runs(seed, n_queries=60, n_docs=200, depth=30):
     rng = np.random.default_rng(seed)
     run, qrels = [], []
-    for q in range(n_queries):
+    for _ in range(n_queries):
         n_rel = int(rng.integers(1, 6))
         rel = rng.choice(n_docs, n_rel, replace=False)
         qrels.append({f"d{d}": int(rng.integers(1, 3)) for d in rel})

@@ -20,11 +20,10 @@ import time
 import pytest
 import torch
 
+from conftest import require
 from geograph.corpus import CorpusGraph
 from geograph.functional.allpairs import tile_executor
 from geograph.retrievers.g3 import G3Graph
-
-from conftest import require
 
 
 def corpus(n=1200, d=24, seed=0):

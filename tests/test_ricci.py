@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 import torch
+from ricci_helpers import load_fixture, scifact_graphs, seed_embeddings
 
 from geograph import CrossEncoderScorer, RerankOutput, RicciFiltration
 from geograph.functional.graphs import masked_percentile, query_graph
-from ricci_helpers import load_fixture, scifact_graphs, seed_embeddings
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

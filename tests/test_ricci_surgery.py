@@ -10,10 +10,10 @@ threshold itself is pinned by :func:`test_surgery_threshold_is_eta`, at step cou
 import numpy as np
 import pytest
 import torch
+from ricci_helpers import scifact_graphs, seed_embeddings
 
 from geograph import RicciFiltration
 from geograph.testing import TOLERANCES
-from ricci_helpers import scifact_graphs, seed_embeddings
 
 pytest.importorskip("ot")
 F64 = TOLERANCES[torch.float64]  # atol 1e-6: DESIGN's parity target with GraphRicciCurvature

@@ -6,8 +6,8 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import require
 
+from conftest import require
 from geograph import CorpusGraph, DenseRetriever
 from geograph.functional.allpairs import tiled_pairs, tiled_topk
 from geograph.functional.ann import self_topk
@@ -186,7 +186,10 @@ def test_sampled_density_error_and_exact_extremes():
 def test_gain_bound_is_the_max_weight_below_a_cosine():
     band = (0.1, 0.7)
     xs = np.linspace(-1, 1, 2001)
-    f = lambda x: np.where((x >= band[0]) & (x <= band[1]), x * np.sqrt(np.clip(1 - x * x, 0, None)), 0.0)
+
+    def f(x):
+        return np.where((x >= band[0]) & (x <= band[1]), x * np.sqrt(np.clip(1 - x * x, 0, None)), 0.0)
+
     for top in (-0.5, 0.05, 0.3, 0.69, 0.8, 1.0):
         brute = f(xs[xs <= top]).max(initial=0.0)
         assert float(gain_bound(torch.tensor(top, dtype=torch.float64), band)) == pytest.approx(brute, abs=2e-3)

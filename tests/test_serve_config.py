@@ -256,7 +256,7 @@ def test_worker_reads_results_with_one_host_transfer_per_batch(monkeypatch, tmp_
         assert all("order" in a for a in got_rer) and all("ids" in a for a in got_ret)
         monkeypatch.undo()
         model = Maniscope(early_stop=False)
-        for i, (req, got) in enumerate(zip(rer, got_rer)):
+        for i, got in enumerate(got_rer):
             out = model(qs[i : i + 1], emb[list(range(i, 3 * i + 4))][None])
             assert got["order"] == out.order[0].tolist() and got["batch_size"] == 6
             np.testing.assert_allclose(got["scores"], out.scores[0][out.order[0]].tolist(), atol=1e-6)

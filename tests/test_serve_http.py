@@ -357,7 +357,7 @@ def test_load_2000_requests_32_clients(maniscope, env, text_encoder):
     seconds = time.perf_counter() - t
     five = sum(s >= 500 for s, _, _ in got)
     wrong = 0
-    for (_, _, want), (s, body, _) in zip(calls, got):
+    for (_, _, want), (_, body, _) in zip(calls, got):
         try:
             same(body, want, "load")
         except (AssertionError, TypeError, KeyError):
@@ -604,7 +604,8 @@ def test_scale_out_property_and_sigterm_with_requests_in_flight(env, text_encode
                 same(body, want, "in flight")
         print(
             f"\nscale-out SIGTERM with requests in flight: tree gone in {seconds:.1f} s; "
-            f"{sum(s == 200 for s, _ in results)} of 64 answered, the rest {sorted({s for s, _ in results} - {200}, key=str)}"
+            f"{sum(s == 200 for s, _ in results)} of 64 answered, "
+            f"the rest {sorted({s for s, _ in results} - {200}, key=str)}"
         )
         assert seconds < 120, "the server did not stop after SIGTERM"  # a hang guard, not a timing check
     finally:

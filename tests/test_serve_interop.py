@@ -19,8 +19,9 @@ require("litserve")
 requests = require("requests")
 cohere = require("cohere")
 
-from geograph import RicciFiltration  # noqa: E402
 from test_serve_http import EXTRA_TEXTS, Server, env, text_encoder, unit  # noqa: E402,F401
+
+from geograph import RicciFiltration  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

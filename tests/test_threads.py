@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import require
 from geograph import (
     CorpusGraph,
     DenseRetriever,
@@ -21,8 +22,6 @@ from geograph import (
     PoincareProjection,
     RicciFiltration,
 )
-
-from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS, REPEATS = 8, 3

@@ -11,11 +11,12 @@ pytest.importorskip("lightning")
 import lightning as L  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from train.data import hard_negatives  # noqa: E402
+from train.module import ExportProjection  # noqa: E402
+
 from geograph import CorpusGraph, ISORetriever, PoincareProjection  # noqa: E402
 from train import GraphDataModule, PoincareModule, TripletDataset, TripletSampler, triplet_loader  # noqa: E402
 from train.__main__ import main as cli_main  # noqa: E402
-from train.data import hard_negatives  # noqa: E402
-from train.module import ExportProjection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "iso_poincare.yaml")
@@ -299,9 +300,8 @@ def test_shipped_config_trains_on_the_demo_corpus(tmp_path, monkeypatch, capsys,
 def test_ddp_two_processes_train_export_and_load(tmp_path, demo_cache):
     """The multi-process path of the README for real: gloo, two CPU processes, one epoch."""
     import os
-    import subprocess
-
     import socket
+    import subprocess
 
     with socket.socket() as sock:  # a port of our own: other test processes may run DDP beside us
         sock.bind(("127.0.0.1", 0))

@@ -90,7 +90,7 @@ def test_exception():
 
 # ---- exact solver (compiled transportation simplex) vs POT -----------------------------
 
-from geograph.functional.transport import emd_numpy, emd, transport_bounds  # noqa: E402
+from geograph.functional.transport import emd, emd_numpy, transport_bounds  # noqa: E402
 
 
 def exact_problems(seed, count=200, n=10, m=20):

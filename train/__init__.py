@@ -11,7 +11,7 @@ installed command is ``python -m geograph.train fit ...``. ``train.data``, ``tra
 import sys
 
 from geograph.train import *  # noqa: F401,F403
-from geograph.train import __all__, data, fit, module
+from geograph.train import __all__, data, fit, module  # noqa: F401
 
 for _name, _module in (("data", data), ("module", module), ("fit", fit)):
     sys.modules[f"{__name__}.{_name}"] = _module

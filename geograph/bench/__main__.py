@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 BENCHES = {
     "maniscope": "geograph.bench.maniscope",
@@ -17,7 +17,7 @@ BENCHES = {
 }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in BENCHES:
         from geograph.console import UsageError

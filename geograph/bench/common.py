@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 

@@ -17,14 +17,14 @@ import itertools
 import multiprocessing as mp
 import resource
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from geograph.bench.common import DEFAULT_DATA, tuning_split, write_json
-from geograph.data import Encoder
 from geograph.console import format_table, make_parser
+from geograph.data import Encoder
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids as _run
 
@@ -46,8 +46,8 @@ def _rss_mb() -> float:
 
 
 def _child(kind: str, n: int, max_degree: int, queue) -> None:
-    from geograph.retrievers import G3Graph
     from geograph.bench.reference import g3_dense_reference
+    from geograph.retrievers import G3Graph
 
     x = synthetic(n)
     base = _rss_mb()
@@ -76,8 +76,7 @@ def measure(kind: str, n: int, max_degree: int) -> dict:
 
 
 def quality(name: str, root: str, encoder: Encoder) -> dict:
-    from geograph.retrievers import G3Graph, G3Retriever
-    from geograph.retrievers import DenseRetriever
+    from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever
 
     sp = tuning_split(name, root, encoder)
     corpus, protocol = sp.corpus, sp.protocol
@@ -114,7 +113,7 @@ def quality(name: str, root: str, encoder: Encoder) -> dict:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench g3", __doc__)
     p.add_argument("--sizes", type=int, nargs="*", default=[10_000, 50_000, 200_000])
     p.add_argument("--max-degree", type=int, default=32)

@@ -2,7 +2,8 @@
 
 On synthetic clustered embeddings (no model, no data files needed), for each kernel of
 :mod:`geograph.functional` and each public module it runs the same inputs on the CPU and on
-``--device`` (modules are built on the CPU and moved with ``.to(device)``, as users do) and records the largest difference (ids: the share of identical top-k lists;
+``--device`` (modules are built on the CPU and moved with ``.to(device)``, as users do) and records the
+largest difference (ids: the share of identical top-k lists;
 Ricci-Filtration: the kept-set agreement of the device's solver with CPU's exact one), then
 times each module at B = ``--sizes`` (default 1, 64, 1024) with ``torch.cuda.synchronize``
 around every call. Writes one JSON file (``--out``) and prints a table.
@@ -16,8 +17,8 @@ from __future__ import annotations
 import copy
 import json
 import platform
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -43,8 +44,8 @@ def _diff(a, b) -> float:
 
 def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2000) -> dict[str, float]:
     """Max |device - cpu| of every functional kernel on the same inputs."""
-    from geograph.corpus import CorpusGraph
     import geograph.functional as F
+    from geograph.corpus import CorpusGraph
     from geograph.functional.graphs import query_graph
 
     torch.manual_seed(0)
@@ -95,8 +96,8 @@ def module_parity_and_timing(
 ) -> dict:
     """Each module on CPU vs ``dev`` (ids / kept sets) and ms/query on ``dev`` at each B."""
     from geograph.corpus import CorpusGraph
-    from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever, ISORetriever
     from geograph.rerankers import Maniscope, RicciFiltration
+    from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever, ISORetriever
 
     big = max(sizes)
     x = clustered(corpus, 384, seed=3)
@@ -137,13 +138,13 @@ def module_parity_and_timing(
                 row["ms_per_query"][str(b)] = None  # the CPU exact path: ~90 ms per graph, see bench ricci
                 continue
             qq, cc = q[:b].to(dev), cand[:b].to(dev)
-            t = time_calls(lambda: call(model, qq, cc), repeat=repeat, device=dev)
+            t = time_calls(lambda call=call, model=model, qq=qq, cc=cc: call(model, qq, cc), repeat=repeat, device=dev)
             row["ms_per_query"][str(b)] = t["median"] / b * 1e3
         out[name] = row
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench gpu", __doc__)
     p.add_argument("--device", default="cuda")
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 64, 1024])

@@ -14,15 +14,15 @@ spread in the JSON).
 from __future__ import annotations
 
 import itertools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from geograph.bench.common import DEFAULT_DATA, time_calls, tuning_split, write_json
+from geograph.console import format_table, make_parser
 from geograph.corpus import CorpusGraph
 from geograph.data import Encoder
-from geograph.console import format_table, make_parser
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.metrics import evaluate
 from geograph.pipeline import run_ids as _run
@@ -99,7 +99,7 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench iso", __doc__)
     p.add_argument("--data-root", default=str(DEFAULT_DATA), help="folder holding musique/ and scifact/")
     p.add_argument("--datasets", nargs="+", default=["musique", "scifact"])
@@ -151,7 +151,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\nISO-RAG on {name} ({protocol}; {len(report_set.queries)} queries reported):")
         print(format_table(table, METRICS))
         print(
-            f"{'variant':<34}{'pruned':>8}{'tuned (beta, m, L, tau)':>26}{'B=1 ms':>9}{'B=' + str(args.batch) + ' ms':>9}"
+            f"{'variant':<34}{'pruned':>8}{'tuned (beta, m, L, tau)':>26}{'B=1 ms':>9}"
+            f"{'B=' + str(args.batch) + ' ms':>9}"
             f"{'PPR ms':>9}{'nx ms':>9}{'PPR x':>8}{'|dpi|':>9}"
         )
         for label, r in rows.items():

@@ -11,7 +11,7 @@ checks that both give the same order, and reports nDCG@10 of dense vs Maniscope.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import Maniscope
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench maniscope", __doc__)
     p.add_argument("--data", help="BEIR folder (default: ../shared/data/scifact)")
     p.add_argument("--split", default="test")
@@ -67,7 +67,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ms = {name: t["median"] / b * 1e3 for name, t in (("reference", t_ref), ("B=1", t_one), (f"B={b}", t_bat))}
 
     # parity on every query of the split, float64
-    ref_orders, max_err, same = [], 0.0, 0
+    max_err, same = 0.0, 0
     out64 = []
     for start in range(0, query.shape[0], args.batch):
         rows = slice(start, start + args.batch)

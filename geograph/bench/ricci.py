@@ -25,7 +25,7 @@ Needs GraphRicciCurvature for (a): the ``ref`` extra, or `make`, which installs 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -182,7 +182,8 @@ def _print(name: str, res: dict, threads: dict) -> None:
         f"torch threads {threads['torch']}, numba threads {threads['numba']}):"
     )
     print(
-        f"{'path':<34}{'queries':>8}{'ms/query (min-max)':>26}{'vs (a) (min-max)':>22}{'kept agree (graphs)':>21}{'max |dw|':>10}"
+        f"{'path':<34}{'queries':>8}{'ms/query (min-max)':>26}{'vs (a) (min-max)':>22}"
+        f"{'kept agree (graphs)':>21}{'max |dw|':>10}"
     )
     for label, r in rows.items():
         spread = f"{r['median']:9.2f} ({r['min']:.2f}-{r['max']:.2f})"
@@ -210,7 +211,7 @@ def _print(name: str, res: dict, threads: dict) -> None:
         print(format_table(res["quality"], ("nDCG@10", "Recall@10")))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench ricci", __doc__)
     p.add_argument(
         "--data",

@@ -49,8 +49,8 @@ import multiprocessing as mp
 import resource
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -296,7 +296,7 @@ def g3_row_errors(npz, rows: np.ndarray, ref: list[dict]) -> tuple[float, float]
     return (found / total if total else 1.0), float(np.mean(l1))
 
 
-def raw_density(z: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+def raw_density(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     from geograph.functional.allpairs import tiled_pairs
 
     q = z if rows is None else z[rows]
@@ -339,7 +339,10 @@ def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe, k: int = 20
     q = queries[:batch]
     te = time_calls(lambda: exact(q, k), repeat=5)
     ti = time_calls(lambda: ivf(q, k), repeat=5)
-    ms = lambda t: {key: t[key] * 1000 / batch for key in ("median", "min", "max")}
+
+    def ms(t):
+        return {key: t[key] * 1000 / batch for key in ("median", "min", "max")}
+
     return {
         "recall@20": hits / (len(queries) * k),
         "nlist": ivf.nlist,
@@ -456,7 +459,10 @@ def csr_edge_recall(crow: torch.Tensor, col: torch.Tensor, crow2: torch.Tensor, 
         0.6666666666666666
     """
     n = crow.numel() - 1
-    key = lambda c, k: torch.repeat_interleave(torch.arange(n), c.diff()) * n + k
+
+    def key(c, k):
+        return torch.repeat_interleave(torch.arange(n), c.diff()) * n + k
+
     a, b = key(crow, col), key(crow2, col2)
     return float(torch.isin(a, b).sum()) / a.numel() if a.numel() else 1.0
 
@@ -494,14 +500,17 @@ def real_set(name: str, root: str, encoder, args) -> dict:
     out["rho_max_error"] = float((g_exact.density - g_ivf.density).abs().max())
     out["nprobe"] = info.get("nprobe")
     out["g3_edge_recall"] = csr_edge_recall(g_exact.crow, g_exact.col, g_ivf.crow, g_ivf.col)
-    same = lambda a, b: float((torch.sort(a, 1).values == torch.sort(b, 1).values).all(1).float().mean())
+
+    def same(a, b):
+        return float((torch.sort(a, 1).values == torch.sort(b, 1).values).all(1).float().mean())
+
     k = 10
     out["iso_same_topk"] = same(ISORetriever(exact_knn)(q, k=k).indices, ISORetriever(ivf_knn)(q, k=k).indices)
     out["g3_same_topk"] = same(G3Retriever(g_exact)(q, k=5).indices, G3Retriever(g_ivf)(q, k=5).indices)
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench scale", __doc__)
     p.add_argument("sizes", type=int, nargs="*", default=[200_000, 1_000_000], help="corpus sizes (default 200k 1M)")
     p.add_argument(
@@ -580,7 +589,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     args = p.parse_args(argv)
 
-    from geograph.data import Encoder, load_beir, load_corpus
+    from geograph.data import Encoder, load_corpus
 
     encoder = Encoder(cache=args.cache)
     root = Path(args.data_root)

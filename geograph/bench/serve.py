@@ -27,7 +27,6 @@ answer.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -37,8 +36,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from geograph.console import UsageError, make_parser
 
@@ -305,7 +304,7 @@ class Server:
 
 
 # -- the encoder limit ---------------------------------------------------------------------
-def encoder_limit(encoder: Optional[str], texts: list[str], repeat: int) -> dict:
+def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict:
     """Batched texts/s of the encoder in this process (batches of 64, distinct texts, warmed up,
     median of ``repeat`` passes), with one torch thread and with all usable CPUs: the better one."""
     import torch
@@ -343,7 +342,8 @@ def same_answer(got, want) -> bool:
     """Equal ids / order and dropped lists, scores within 1e-6.
 
     Example:
-        >>> same_answer({"ids": ["a"], "scores": [0.5], "dropped": []}, {"ids": ["a"], "scores": [0.5 + 1e-7], "dropped": []})
+        >>> a = {"ids": ["a"], "scores": [0.5], "dropped": []}
+        >>> same_answer(a, {"ids": ["a"], "scores": [0.5 + 1e-7], "dropped": []})
         True
     """
     if not isinstance(got, dict) or not isinstance(want, dict):
@@ -390,7 +390,7 @@ def soak(server: Server, work: Workload, n: int, pool: int, clients: int, timeou
 
 
 # -- the command ---------------------------------------------------------------------------
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         check_args(args)

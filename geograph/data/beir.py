@@ -6,7 +6,7 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 __all__ = ["Dataset", "load_beir", "check_beir", "BEIRError"]
 
@@ -43,11 +43,11 @@ class Dataset:
         """Judgements aligned with :attr:`query_ids`."""
         return [self.qrels[q] for q in self.query_ids]
 
-    def subset(self, n_queries: int) -> "Dataset":
+    def subset(self, n_queries: int) -> Dataset:
         """The same corpus with only the first ``n_queries`` queries."""
         return self.query_range(0, n_queries)
 
-    def query_range(self, start: int, stop: int) -> "Dataset":
+    def query_range(self, start: int, stop: int) -> Dataset:
         """The same corpus with only the queries ``[start, stop)`` (e.g. a tuning half)."""
         keep = self.query_ids[start:stop]
         return Dataset(
@@ -95,7 +95,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def check_beir(path: Union[str, Path], split: str = "test") -> Path:
+def check_beir(path: str | Path, split: str = "test") -> Path:
     """Check that ``path`` is a BEIR-format folder with ``qrels/<split>.tsv``, without reading it.
 
     Cheap (file system only), so a command can reject a wrong folder or split before any slow
@@ -138,7 +138,7 @@ def check_beir(path: Union[str, Path], split: str = "test") -> Path:
     return root
 
 
-def load_corpus(path: Union[str, Path]) -> Dataset:
+def load_corpus(path: str | Path) -> Dataset:
     """The passages of a BEIR-format folder (its ``corpus.jsonl``) or of one JSONL file of passages,
     without queries or judgements.
 
@@ -179,7 +179,7 @@ def load_corpus(path: Union[str, Path]) -> Dataset:
     )
 
 
-def load_beir(path: Union[str, Path], split: str = "test") -> Dataset:
+def load_beir(path: str | Path, split: str = "test") -> Dataset:
     """Load a BEIR-format folder.
 
     Only queries with at least one judgement in ``qrels/<split>.tsv`` are kept (as BEIR's

@@ -7,8 +7,8 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ __all__ = ["EmbeddingCache", "MemoryCache", "Encoder", "default_model_path", "DE
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-def cache_dir(directory: Optional[Union[str, Path]] = None) -> Path:
+def cache_dir(directory: str | Path | None = None) -> Path:
     """The cache root: ``directory``, else ``$GEOGRAPH_CACHE``, else ``~/.cache/geograph``."""
     if directory is not None:
         return Path(directory)
@@ -42,7 +42,7 @@ class EmbeddingCache:
         directory: cache root (see :func:`cache_dir`).
     """
 
-    def __init__(self, model_name: str, directory: Optional[Union[str, Path]] = None) -> None:
+    def __init__(self, model_name: str, directory: str | Path | None = None) -> None:
         slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
         self.path = cache_dir(directory) / slug
         self._index: dict[str, np.ndarray] = {}
@@ -59,7 +59,7 @@ class EmbeddingCache:
                     self._index[str(k)] = v
             self._loaded.add(shard.name)
 
-    def get(self, texts: Sequence[str]) -> tuple[list[Optional[np.ndarray]], list[int]]:
+    def get(self, texts: Sequence[str]) -> tuple[list[np.ndarray | None], list[int]]:
         """Cached vectors (or None) for ``texts`` and the positions that were missing."""
         self._refresh()
         found = [self._index.get(text_key(t)) for t in texts]
@@ -109,9 +109,9 @@ class MemoryCache:
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, texts: Sequence[str]) -> tuple[list[Optional[np.ndarray]], list[int]]:
+    def get(self, texts: Sequence[str]) -> tuple[list[np.ndarray | None], list[int]]:
         """Held vectors (or None) for ``texts`` and the positions that were missing."""
-        found: list[Optional[np.ndarray]] = []
+        found: list[np.ndarray | None] = []
         with self._lock:
             for t in texts:
                 key = text_key(t)
@@ -164,12 +164,12 @@ class Encoder:
 
     def __init__(
         self,
-        model: Optional[str] = None,
+        model: str | None = None,
         *,
-        model_name: Optional[str] = None,
-        cache: Union[str, Path, None, bool, EmbeddingCache, MemoryCache] = None,
+        model_name: str | None = None,
+        cache: str | Path | None | bool | EmbeddingCache | MemoryCache = None,
         batch_size: int = 64,
-        device: Optional[str] = None,
+        device: str | None = None,
         progress: bool = False,
     ) -> None:
         self.model_path = default_model_path() if model is None else str(model)

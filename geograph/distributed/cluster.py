@@ -12,8 +12,9 @@ import contextlib
 import os
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ def import_ray():
     return ray
 
 
-def _check_address(address: Optional[str]) -> Optional[str]:
+def _check_address(address: str | None) -> str | None:
     if address is None or address == LOCAL:
         return None
     if not isinstance(address, str) or not address.strip():
@@ -43,7 +44,7 @@ def _check_address(address: Optional[str]) -> Optional[str]:
 
 @contextlib.contextmanager
 def ray_session(
-    address: Optional[str] = None, *, num_cpus: Optional[int] = None, runtime_env: Optional[dict] = None
+    address: str | None = None, *, num_cpus: int | None = None, runtime_env: dict | None = None
 ) -> Iterator[dict]:
     """Ray for the ``with`` block: joined, started, or reused.
 
@@ -151,7 +152,7 @@ class RayExecutor:
             IVF join cuts its cells into 4 groups per slot.
     """
 
-    def __init__(self, *, num_cpus: float = 1, max_retries: int = 3, parallelism: Optional[int] = None) -> None:
+    def __init__(self, *, num_cpus: float = 1, max_retries: int = 3, parallelism: int | None = None) -> None:
         if not num_cpus > 0:
             raise ValueError(f"num_cpus must be positive, got {num_cpus!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:

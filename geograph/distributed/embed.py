@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
 
 import numpy as np
 
@@ -54,11 +53,11 @@ class _EncoderActor:
 
     def __init__(
         self,
-        model: Optional[str],
-        model_name: Optional[str],
-        cache: Optional[str],
+        model: str | None,
+        model_name: str | None,
+        cache: str | None,
         batch_size: int,
-        device: Optional[str],
+        device: str | None,
     ) -> None:
         self.encoder = Encoder(model, model_name=model_name, cache=False, batch_size=batch_size, device=device)
         self.cache = EmbeddingCache(self.encoder.model_name, cache)
@@ -70,12 +69,12 @@ class _EncoderActor:
 
 
 def embed_corpus(
-    source: Union[str, Path],
+    source: str | Path,
     *,
-    cache: Optional[Union[str, Path]] = None,
-    model: Optional[str] = None,
-    model_name: Optional[str] = None,
-    address: Optional[str] = None,
+    cache: str | Path | None = None,
+    model: str | None = None,
+    model_name: str | None = None,
+    address: str | None = None,
     concurrency: int = 2,
     num_cpus: float = 1,
     num_gpus: float = 0,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from torch import Tensor
 
@@ -29,11 +29,11 @@ __all__ = ["on_ray", "knn_graph", "g3_graph"]
 
 @contextlib.contextmanager
 def on_ray(
-    address: Optional[str] = None,
+    address: str | None = None,
     *,
-    num_cpus: Optional[int] = None,
+    num_cpus: int | None = None,
     max_retries: int = 3,
-    runtime_env: Optional[dict] = None,
+    runtime_env: dict | None = None,
 ) -> Iterator[RayExecutor]:
     """Inside the block, every corpus-graph build runs its tiles as Ray tasks.
 
@@ -71,8 +71,8 @@ def knn_graph(
     embeddings: Tensor,
     k: int,
     *,
-    address: Optional[str] = None,
-    num_cpus: Optional[int] = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
     max_retries: int = 3,
     **options,
 ) -> CorpusGraph:
@@ -88,8 +88,8 @@ def knn_graph(
 def g3_graph(
     embeddings: Tensor,
     *,
-    address: Optional[str] = None,
-    num_cpus: Optional[int] = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
     max_retries: int = 3,
     **options,
 ) -> G3Graph:

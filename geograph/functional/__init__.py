@@ -1,23 +1,21 @@
 """Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
 
+from geograph.functional._numba import cache_info as numba_cache_info
+from geograph.functional._numba import warmup
 from geograph.functional.curvature import lazy_measures, ollivier_ricci
 from geograph.functional.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
-from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
-from geograph.functional.pagerank import personalized_pagerank
+from geograph.functional.g3 import g3_diffuse, g3_retrieve, g3_top_up
 from geograph.functional.gain import gain_density, gain_transition
-from geograph.functional.graphs import knn_from_similarity, knn_graph, masked_percentile, query_graph
+from geograph.functional.graphs import csr_row_slots, knn_from_similarity, knn_graph, masked_percentile, query_graph
+from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
+from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
+from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
-from geograph.functional.similarity import cosine_similarity, normalize, unit_rows
-from geograph.functional.transport import SinkhornOutput, sinkhorn
-from geograph.functional._numba import cache_info as numba_cache_info, warmup
 from geograph.functional.ricci import ricci_filtration, ricci_surgery
-from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
-from geograph.functional.g3 import g3_diffuse, g3_retrieve, g3_top_up
-from geograph.functional.isoperimetric import conformal_volume
-from geograph.functional.similarity import minmax_normalize
-from geograph.functional.graphs import csr_row_slots
+from geograph.functional.similarity import cosine_similarity, minmax_normalize, normalize, unit_rows
+from geograph.functional.transport import SinkhornOutput, sinkhorn
 
 __all__ = [
     "cosine_similarity",

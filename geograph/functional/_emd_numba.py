@@ -126,7 +126,7 @@ choice is in :func:`geograph.functional._numba.cache_info`).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 from numba import prange
@@ -217,7 +217,7 @@ def flow_batch(
     delta: float,
     max_pivots: int,
     warm_start: bool = True,
-    nchunk: Optional[int] = None,
+    nchunk: int | None = None,
 ) -> FlowResult:
     """The whole normalized Ricci flow of a batch of graphs in one compiled call.
 
@@ -250,7 +250,7 @@ def curvature_batch(
     alpha: float,
     exp_power: float,
     max_pivots: int,
-    nchunk: Optional[int] = None,
+    nchunk: int | None = None,
 ) -> CurvatureResult:
     """Ollivier-Ricci curvature of the edges ``(E, 3)`` int64 ``(graph, x, y)`` (see :func:`_curvature_batch`)."""
     kappa, status, counts = _run_curvature(
@@ -260,7 +260,7 @@ def curvature_batch(
 
 
 def emd_batch(
-    a: np.ndarray, b: np.ndarray, cost: np.ndarray, *, max_pivots: int, nchunk: Optional[int] = None
+    a: np.ndarray, b: np.ndarray, cost: np.ndarray, *, max_pivots: int, nchunk: int | None = None
 ) -> EmdResult:
     """Exact OT cost of every problem ``(a (E, R), b (E, C), cost (E, R, C))`` (see :func:`_emd_batch`)."""
     out, status, counts = _run_emd(a, b, cost, max_pivots, num_chunks() if nchunk is None else nchunk)

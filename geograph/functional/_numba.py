@@ -35,7 +35,7 @@ import stat
 import tempfile
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 __all__ = ["cache_info", "jit", "locked", "warmup"]
 
@@ -55,7 +55,7 @@ def _writable(path: str) -> bool:
         return False
 
 
-def _private_tempdir() -> Optional[str]:
+def _private_tempdir() -> str | None:
     """``<tempdir>/geograph-numba-<uid>`` if it is ours and private, else a fresh private one."""
     try:
         base = tempfile.gettempdir()
@@ -82,8 +82,8 @@ def _private_tempdir() -> Optional[str]:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _choose() -> tuple[str, Optional[str]]:
+@functools.cache
+def _choose() -> tuple[str, str | None]:
     import numba
 
     package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")

@@ -39,7 +39,7 @@ class SimplexStats:
     dual_steps: int
 
     @classmethod
-    def from_counts(cls, counts: np.ndarray) -> "SimplexStats":
+    def from_counts(cls, counts: np.ndarray) -> SimplexStats:
         """From the kernels' ``(..., 4)`` int64 counts (per-chunk rows are summed)."""
         total = np.asarray(counts, dtype=np.int64).reshape(-1, N_STATS).sum(0)
         return cls(

@@ -13,9 +13,10 @@ ranking.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,7 +89,7 @@ def sort_topk(values: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
 SORT_ROWS = 1 << 16
 
 
-def sort_topk_(values: Tensor, ids: Tensor, *, empty: Optional[int] = None) -> tuple[Tensor, Tensor]:
+def sort_topk_(values: Tensor, ids: Tensor, *, empty: int | None = None) -> tuple[Tensor, Tensor]:
     """:func:`sort_topk` of ``(N, k)`` lists in place, :data:`SORT_ROWS` rows at a time: the
     temporaries are those of one chunk, not three more ``(N, k)`` arrays (1M x 160 lists: 3.8 GB
     less at the peak). ``empty``: the id written where a value is not finite.
@@ -106,7 +107,7 @@ def sort_topk_(values: Tensor, ids: Tensor, *, empty: Optional[int] = None) -> t
     return values, ids
 
 
-def progress_bar(progress: Union[bool, str], total: int, label: str, stage: Optional[str] = None):
+def progress_bar(progress: bool | str, total: int, label: str, stage: str | None = None):
     """A tqdm bar with ETA over ``total`` rows when ``progress`` is truthy (a string names it,
     else ``label``; ``stage`` is appended), else ``None``."""
     if not progress:
@@ -120,11 +121,11 @@ def progress_bar(progress: Union[bool, str], total: int, label: str, stage: Opti
 #: ``executor(fn, shared, items)`` yields ``(item, fn(shared, item))`` for every item, in any order
 TileExecutor = Callable[[Callable[[dict, Any], Any], dict, Sequence[Any]], Iterator[tuple[Any, Any]]]
 
-_EXECUTOR: ContextVar[Optional[TileExecutor]] = ContextVar("geograph_tile_executor", default=None)
+_EXECUTOR: ContextVar[TileExecutor | None] = ContextVar("geograph_tile_executor", default=None)
 
 
 @contextmanager
-def tile_executor(executor: Optional[TileExecutor]) -> Iterator[None]:
+def tile_executor(executor: TileExecutor | None) -> Iterator[None]:
     """Inside the block, the independent tiles of :func:`tiled_pairs` (its query-row tiles) and of
     the IVF join (:func:`~geograph.functional.ann.ivf_self_topk`, its cells) are handed to
     ``executor`` instead of being run one after another (``None``: run here).
@@ -141,7 +142,7 @@ def tile_executor(executor: Optional[TileExecutor]) -> Iterator[None]:
         _EXECUTOR.reset(token)
 
 
-def current_executor() -> Optional[TileExecutor]:
+def current_executor() -> TileExecutor | None:
     """The executor of the enclosing :func:`tile_executor` block (``None`` outside one or while tracing)."""
     return None if _checks.tracing() else _EXECUTOR.get()
 
@@ -169,11 +170,11 @@ def tiled_pairs(
     k: int = 0,
     *,
     block: int = DEFAULT_BLOCK,
-    exclude: Union[bool, Tensor, None] = None,
-    score: Optional[Score] = None,
-    row_sum: Optional[RowTerm] = None,
-    progress: Union[bool, str] = False,
-) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    exclude: bool | Tensor | None = None,
+    score: Score | None = None,
+    row_sum: RowTerm | None = None,
+    progress: bool | str = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     r"""All pairs of ``query`` rows and ``keys`` rows by tiles: a running top-``k`` and row sums.
 
     .. math:: s_{bu} = \langle q_b, x_u \rangle, \qquad
@@ -211,7 +212,7 @@ def tiled_pairs(
     if exclude is True:
         if n_q != v:
             raise ValueError(f"exclude=True needs query to be keys, got {n_q} query rows and {v} keys")
-        self_ids: Optional[Tensor] = torch.arange(n_q, device=query.device)
+        self_ids: Tensor | None = torch.arange(n_q, device=query.device)
     elif exclude is None or exclude is False:
         self_ids = None
     else:
@@ -223,12 +224,12 @@ def tiled_pairs(
     limit = v - (self_ids is not None)
     if not 0 <= k <= max(limit, 0):
         raise ValueError(
-            f"k must be in [0, {max(limit, 0)}] ({v} keys{' minus the excluded one' if self_ids is not None else ''}), got {k}"
+            f"k must be in [0, {max(limit, 0)}] "
+            f"({v} keys{' minus the excluded one' if self_ids is not None else ''}), got {k}"
         )
     out_v = query.new_empty(n_q, k)
     out_i = torch.empty(n_q, k, dtype=torch.long, device=query.device)
     sums = query.new_zeros(n_q) if row_sum is not None else None
-    starts = range(0, n_q, block)
     bar = progress_bar(progress, n_q, "all pairs")
     # one query tile (retrieval) or a traced call: stable top-k, no data-dependent branch (no host
     # read); a build over many query tiles: merge_topk (one host read a tile, about 3x faster)
@@ -237,7 +238,7 @@ def tiled_pairs(
         query=query, keys=keys, k=k, block=block, self_ids=self_ids, score=score, row_sum=row_sum, traced=traced
     )
 
-    def put(r0: int, tile: tuple[Tensor, Tensor, Optional[Tensor]]) -> None:
+    def put(r0: int, tile: tuple[Tensor, Tensor, Tensor | None]) -> None:
         best_v, best_i, tile_sums = tile
         rows = best_v.shape[0]
         if k:
@@ -258,7 +259,7 @@ def tiled_pairs(
     return out_v, out_i, sums
 
 
-def pairs_rows(shared: dict, r0: int) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+def pairs_rows(shared: dict, r0: int) -> tuple[Tensor, Tensor, Tensor | None]:
     """One query-row tile of :func:`tiled_pairs`: rows ``r0 : r0 + block`` against every key tile.
 
     ``shared`` holds :func:`tiled_pairs`' inputs (``query``, ``keys``, ``k``, ``block``,
@@ -306,7 +307,7 @@ def tiled_topk(
     *,
     block: int = DEFAULT_BLOCK,
     exclude_self: bool = False,
-    progress: Union[bool, str] = False,
+    progress: bool | str = False,
 ) -> tuple[Tensor, Tensor]:
     r"""Exact top-``k`` of the inner products ``query @ keys.T`` by tiles (:func:`tiled_pairs`).
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -98,7 +98,7 @@ QUERY_POINTS_PER_CELL = 256
 Transform = Callable[[Tensor], Tensor]
 
 
-def _rank(s: Tensor, transform: Optional[Transform], target: Optional[Tensor], cols: Tensor) -> Tensor:
+def _rank(s: Tensor, transform: Transform | None, target: Tensor | None, cols: Tensor) -> Tensor:
     """``transform(s) * target[cols]`` (each part optional); ``cols`` index the last dimension or match ``s``."""
     if transform is not None:
         s = transform(s)
@@ -123,18 +123,18 @@ def self_topk(
     k: int,
     *,
     index: str = "exact",
-    nlist: Optional[int] = None,
-    nprobe: Optional[int] = None,
-    sample: Optional[int] = None,
+    nlist: int | None = None,
+    nprobe: int | None = None,
+    sample: int | None = None,
     seed: int = 0,
     block: int = DEFAULT_BLOCK,
-    transform: Optional[Transform] = None,
-    target: Optional[Tensor] = None,
-    progress: Union[bool, str] = False,
-    timings: Optional[dict] = None,
-    recall_target: Optional[float] = None,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
+    progress: bool | str = False,
+    timings: dict | None = None,
+    recall_target: float | None = None,
     recall_rows: int = DEFAULT_RECALL_ROWS,
-    report: Optional[dict] = None,
+    report: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Top-``k`` most similar other rows of every row of ``z``: exact by tiles, or by the IVF join.
 
@@ -165,7 +165,7 @@ def self_topk(
     )
 
 
-def _score(transform: Optional[Transform], target: Optional[Tensor]):
+def _score(transform: Transform | None, target: Tensor | None):
     return None if transform is None and target is None else (lambda s, cols: _rank(s, transform, target, cols))
 
 
@@ -173,10 +173,10 @@ def _exact_self_topk(
     z: Tensor,
     k: int,
     block: int,
-    transform: Optional[Transform],
-    target: Optional[Tensor],
-    progress: Union[bool, str],
-    timings: Optional[dict],
+    transform: Transform | None,
+    target: Tensor | None,
+    progress: bool | str,
+    timings: dict | None,
 ) -> tuple[Tensor, Tensor]:
     clock = _Clock(timings)
     v, i, _ = tiled_pairs(z, z, k, block=block, exclude=True, score=_score(transform, target), progress=progress)
@@ -232,7 +232,7 @@ def _pow2(x: float) -> int:
     return max(1, 1 << int(round(math.log2(max(1.0, x)))))
 
 
-def check_ivf(n: int, nlist: int, nprobe: int, sample: Optional[int], per_cell: int = DEFAULT_POINTS_PER_CELL) -> int:
+def check_ivf(n: int, nlist: int, nprobe: int, sample: int | None, per_cell: int = DEFAULT_POINTS_PER_CELL) -> int:
     """Validate IVF options for ``n`` passages; returns the training sample size (default
     ``per_cell x nlist``, at most ``n``)."""
     nlist = check_positive_int(nlist, "nlist")
@@ -263,13 +263,13 @@ def _faiss():
     return faiss
 
 
-def _training_rows(n: int, nlist: int, sample: Optional[int], seed: int) -> Tensor:
+def _training_rows(n: int, nlist: int, sample: int | None, seed: int) -> Tensor:
     """The sorted rows an IVF quantizer is trained on: a uniform sample of ``sample`` (checked) of ``n``."""
     sample = check_ivf(n, nlist, 1, sample)
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:sample].sort().values
 
 
-def train_centroids(z: Tensor, nlist: int, *, sample: Optional[int] = None, seed: int = 0, niter: int = 20) -> Tensor:
+def train_centroids(z: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0, niter: int = 20) -> Tensor:
     """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
     n, d = z.shape
     x = z[_training_rows(n, nlist, sample, seed).to(z.device)].detach().float().cpu().contiguous().numpy()
@@ -288,7 +288,7 @@ def train_centroids(z: Tensor, nlist: int, *, sample: Optional[int] = None, seed
     return torch.from_numpy(km.centroids.copy()).to(device=z.device, dtype=z.dtype)
 
 
-def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: Optional[int] = None, seed: int = 0):
+def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0):
     """A faiss ``IndexIVFFlat`` (inner product, uncompressed vectors) over the unit rows, its
     quantizer trained on a uniform ``sample``; on the GPU when the rows are on CUDA and faiss
     has GPU support (``faiss-gpu``), else on the CPU (logged)."""
@@ -326,19 +326,19 @@ def ivf_self_topk(
     z: Tensor,
     k: int,
     *,
-    nlist: Optional[int] = None,
-    nprobe: Optional[int] = None,
-    sample: Optional[int] = None,
+    nlist: int | None = None,
+    nprobe: int | None = None,
+    sample: int | None = None,
     seed: int = 0,
     refine: bool = True,
     block: int = DEFAULT_BLOCK,
-    transform: Optional[Transform] = None,
-    target: Optional[Tensor] = None,
-    progress: Union[bool, str] = False,
-    timings: Optional[dict] = None,
-    recall_target: Optional[float] = None,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
+    progress: bool | str = False,
+    timings: dict | None = None,
+    recall_target: float | None = None,
     recall_rows: int = DEFAULT_RECALL_ROWS,
-    report: Optional[dict] = None,
+    report: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Approximate top-``k`` most similar other rows of ``z`` for every row (an IVF self-join).
 
@@ -372,7 +372,8 @@ def ivf_self_topk(
             ``nprobe`` is the smallest power-of-two multiple of the default whose predicted
             recall reaches the target (the refining round only adds to it). Above
             ``nlist / 4`` cells (probed from both sides, a large share of all pairs) the rows
-            are computed exactly instead: a simple bound, not a cost model. Either way ``recall_rows`` other sampled rows
+            are computed exactly instead: a simple bound, not a cost model. Either way ``recall_rows`` other sampled
+            rows
             measure the recall of the result. Why: IVF's recall depends on the data, not only
             on its size (at 50k rows of MiniLM-like topics ``nprobe`` 32 finds 0.9999 of the
             top-10; on a Gaussian with the same covariance 0.88, and 0.99 needs 128 of 512
@@ -493,8 +494,8 @@ def exact_rows(
     rows: Tensor,
     k: int,
     block: int = DEFAULT_BLOCK,
-    transform: Optional[Transform] = None,
-    target: Optional[Tensor] = None,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
 ) -> Tensor:
     """Exact top-``k`` ids of ``rows`` against every other row of ``z``, ranked as :func:`self_topk`
     ranks them (``-1`` where a pair is never ranked): the reference :func:`sample_recall` compares with."""
@@ -524,7 +525,7 @@ def _ranks(sim: Tensor) -> Tensor:
 
 def _choose_nprobe(
     z: Tensor, rows: Tensor, exact: Tensor, centroids: Tensor, assign: Tensor, start: int, target: float
-) -> tuple[Optional[int], float]:
+) -> tuple[int | None, float]:
     """The smallest ``start x 2^j`` cells (at most ``max(start, nlist // 4)``) whose join would meet
     at least ``target`` of the sampled rows' exact neighbours; ``None`` if none would.
 
@@ -558,12 +559,12 @@ def _measure(
     rows: Tensor,
     k: int,
     block: int,
-    transform: Optional[Transform],
-    target: Optional[Tensor],
+    transform: Transform | None,
+    target: Tensor | None,
     info: dict,
-    clock: "_Clock",
+    clock: _Clock,
     recall_target: float,
-    report: Optional[dict],
+    report: dict | None,
 ) -> None:
     """The recall of the built lists on ``rows`` (not those that chose ``nprobe``), logged and reported."""
     rows = rows.to(z.device)
@@ -656,7 +657,7 @@ def _merge_into(best_v: Tensor, best_i: Tensor, rows, values: Tensor, ids: Tenso
 class _Clock:
     """Seconds since the last call, recorded under a stage name (no-op without a dict)."""
 
-    def __init__(self, out: Optional[dict]) -> None:
+    def __init__(self, out: dict | None) -> None:
         self.out, self.time = out, time.perf_counter
         self.last = self.time()
 
@@ -682,9 +683,9 @@ def _own_probes(
     best_v: Tensor,
     best_i: Tensor,
     block: int,
-    transform: Optional[Transform],
-    target: Optional[Tensor],
-    progress: Union[bool, str] = False,
+    transform: Transform | None,
+    target: Tensor | None,
+    progress: bool | str = False,
 ) -> None:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
@@ -724,7 +725,7 @@ def _own_probes(
         bar.close()
 
 
-def _stage(progress: Union[bool, str], stage: str) -> str:
+def _stage(progress: bool | str, stage: str) -> str:
     """The label of one stage's bar: ``"<progress>: <stage>"``."""
     return f"{progress if isinstance(progress, str) else 'ivf join'}: {stage}"
 
@@ -736,12 +737,13 @@ def refine_neighbours(
     *,
     width: int = 8,
     block: int = DEFAULT_BLOCK,
-    transform: Optional[Transform] = None,
-    target: Optional[Tensor] = None,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
     inplace: bool = False,
-    progress: Union[bool, str] = False,
+    progress: bool | str = False,
 ) -> tuple[Tensor, Tensor]:
-    """One NN-descent round: each row's list meets its best ``width`` neighbours' best ``width`` neighbours, re-scored exactly.
+    """One NN-descent round: each row's list meets its best ``width`` neighbours' best ``width`` neighbours,
+    re-scored exactly.
 
     Args:
         z: ``(N, D)`` rows.
@@ -753,7 +755,8 @@ def refine_neighbours(
         progress: a progress bar over the rows.
 
     Returns:
-        the improved ``(values, indices)``, unordered within a row (:func:`~geograph.functional.allpairs.sort_topk` orders them).
+        the improved ``(values, indices)``, unordered within a row
+        (:func:`~geograph.functional.allpairs.sort_topk` orders them).
     """
     n, k = indices.shape
     w = min(width, k)

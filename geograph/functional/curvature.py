@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -42,7 +41,7 @@ class CurvatureState:
     neg: Tensor
 
 
-def validate_graph(lengths: Tensor, adj: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def validate_graph(lengths: Tensor, adj: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """Validate a padded weighted graph batch (shared by the curvature and the flow).
 
     Args:
@@ -77,7 +76,7 @@ def validate_graph(lengths: Tensor, adj: Tensor, mask: Optional[Tensor]) -> tupl
 
 
 def lazy_measures(
-    lengths: Tensor, adj: Tensor, mask: Optional[Tensor] = None, *, alpha: float = 0.5, exp_power: float = 2
+    lengths: Tensor, adj: Tensor, mask: Tensor | None = None, *, alpha: float = 0.5, exp_power: float = 2
 ) -> Tensor:
     r"""The lazy random-walk measure of every node, as in GraphRicciCurvature's ``OllivierRicci``.
 
@@ -125,18 +124,18 @@ def _measures(w: Tensor, adj: Tensor, node_mask: Tensor, alpha: float, exp_power
 def ollivier_ricci(
     lengths: Tensor,
     adj: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
     alpha: float = 0.5,
     exp_power: float = 2,
     solver: str = "auto",
     reg: float = 1e-2,
     max_iter: int = 1000,
-    reg_start: Optional[float] = None,
-    scaling_iter: Optional[int] = None,
-    tol: Optional[float] = None,
+    reg_start: float | None = None,
+    scaling_iter: int | None = None,
+    tol: float | None = None,
     relaxation: float = 1.7,
-    cert_tol: Optional[float] = 1e-3,
+    cert_tol: float | None = 1e-3,
 ) -> Tensor:
     r"""Ollivier-Ricci curvature of every edge, with the W1 of all edges in one batched solve.
 
@@ -193,7 +192,8 @@ def ollivier_ricci(
     References:
         Y. Ollivier, Ricci curvature of Markov chains on metric spaces, J. Funct. Anal. 2009;
         C.-C. Ni et al., Community detection on networks with Ricci flow, Sci. Rep. 2019
-        (GraphRicciCurvature); T. Qin, W.-M. Huang, Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to
+        (GraphRicciCurvature); T. Qin, W.-M. Huang, Ricci-Filtration: Boosting Retrieval-Augmented Generation
+        Reranker to
         Query-Answer Tasks by Discrete Ricci Flow, arXiv:2606.15482.
 
     Example:
@@ -258,22 +258,22 @@ class SolveInfo:
 def ollivier_ricci_solve(
     lengths: Tensor,
     adj: Tensor,
-    mask: Optional[Tensor],
+    mask: Tensor | None,
     *,
     alpha: float,
     exp_power: float,
     solver: str,
     reg: float,
     max_iter: int,
-    reg_start: Optional[float],
-    scaling_iter: Optional[int],
-    tol: Optional[float],
+    reg_start: float | None,
+    scaling_iter: int | None,
+    tol: float | None,
     relaxation: float,
-    state: Optional[CurvatureState],
-    cert_tol: Optional[float] = None,
+    state: CurvatureState | None,
+    cert_tol: float | None = None,
     validated: bool = False,
-    edges: Optional[Tensor] = None,
-) -> tuple[Tensor, Optional[CurvatureState], SolveInfo]:
+    edges: Tensor | None = None,
+) -> tuple[Tensor, CurvatureState | None, SolveInfo]:
     """Ollivier-Ricci curvature of every edge, with the solver's state and diagnostics.
 
     The engine behind :func:`ollivier_ricci` and :func:`~geograph.functional.ricci_flow`:
@@ -332,7 +332,7 @@ def _exact_kappa(
     edges: Tensor,
     alpha: float,
     exp_power: float,
-    max_pivots: Optional[int] = None,
+    max_pivots: int | None = None,
 ) -> Tensor:
     """Curvature of every edge by the compiled kernels: APSP, measures, KR compaction, simplex.
 
@@ -446,12 +446,12 @@ def _sinkhorn_kappa(
     exp_power: float,
     reg: float,
     max_iter: int,
-    reg_start: Optional[float],
-    scaling_iter: Optional[int],
-    tol: Optional[float],
+    reg_start: float | None,
+    scaling_iter: int | None,
+    tol: float | None,
     relaxation: float,
-    state: Optional[CurvatureState],
-    cert_tol: Optional[float],
+    state: CurvatureState | None,
+    cert_tol: float | None,
 ) -> tuple[Tensor, CurvatureState, SolveInfo]:
     """Curvature per edge from one batched Sinkhorn call over the KR-compacted supports.
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from geograph._checks import check_cert_tol, check_positive_int, tracing
-from geograph.functional.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
 from geograph.functional._simplex_stats import SimplexStats
+from geograph.functional.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
 
 __all__ = ["ricci_flow", "RicciFlowOutput", "exact_flow_stats", "SimplexStats"]
 
@@ -58,8 +57,8 @@ def check_step(step: float) -> float:
 
 def ricci_flow(
     adj: Tensor,
-    lengths: Optional[Tensor] = None,
-    mask: Optional[Tensor] = None,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
     *,
     iterations: int = 20,
     step: float = 1.0,
@@ -71,7 +70,7 @@ def ricci_flow(
     max_iter: int = 1000,
     warm_iter: int = 300,
     relaxation: float = 1.7,
-    cert_tol: Optional[float] = 1e-3,
+    cert_tol: float | None = 1e-3,
     early_stop: bool = True,
     check_every: int = 1,
 ) -> RicciFlowOutput:
@@ -191,8 +190,8 @@ def ricci_flow(
 
 def exact_flow_stats(
     adj: Tensor,
-    lengths: Optional[Tensor] = None,
-    mask: Optional[Tensor] = None,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
     *,
     iterations: int = 20,
     step: float = 1.0,
@@ -381,7 +380,7 @@ def _exact_flow(
     delta: float,
     alpha: float,
     exp_power: float,
-) -> Optional[RicciFlowOutput]:
+) -> RicciFlowOutput | None:
     """The whole flow in one compiled call (float64 inside); output in ``w``'s dtype and device."""
     dtype, device = w.dtype, w.device
     lengths, kappa, steps, converged, stuck, _ = _compiled_flow(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ def check_g3_options(candidates: int, seeds: int, num_nodes: int) -> tuple[int, 
 
 
 def g3_diffuse(
-    crow: Tensor, col: Tensor, val: Tensor, seeds: Tensor, row_width: int, dtype: Optional[torch.dtype] = None
+    crow: Tensor, col: Tensor, val: Tensor, seeds: Tensor, row_width: int, dtype: torch.dtype | None = None
 ) -> Tensor:
     """``y = p T`` for ``p`` uniform on ``seeds (B, s)``: a gather of the seeds' CSR rows of ``T``, ``(B, N)``.
 
@@ -107,9 +107,9 @@ def g3_retrieve(
     *,
     candidates: int = 10,
     seeds: int = 2,
-    row_width: Optional[int] = None,
-    seed_scorer: Optional[Callable[..., Tensor]] = None,
-    query_texts: Optional[Sequence[str]] = None,
+    row_width: int | None = None,
+    seed_scorer: Callable[..., Tensor] | None = None,
+    query_texts: Sequence[str] | None = None,
 ) -> RetrievalOutput:
     r"""G3RAG retrieval: the function :class:`~geograph.G3Retriever` calls (bitwise the same result).
 

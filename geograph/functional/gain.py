@@ -5,16 +5,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs, tiled_topk
+from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs
 from geograph.functional.graphs import csr_rowptr
 from geograph.functional.similarity import minmax_normalize, unit_rows
-from geograph.outputs import topk_stable
 
 __all__ = [
     "gain_density",
@@ -60,17 +58,17 @@ FULL_T_WARN_NODES = 10_000
 BLOCK_ELEMENTS = 1 << 26
 
 
-def _block_rows(block: Optional[int], n: int) -> int:
+def _block_rows(block: int | None, n: int) -> int:
     if block is None:
         return max(1, min(n, BLOCK_ELEMENTS // n))
     return check_positive_int(block, "block")
 
 
-def _block(block: Optional[int]) -> int:
+def _block(block: int | None) -> int:
     return DEFAULT_BLOCK if block is None else check_positive_int(block, "block")
 
 
-def check_band(band: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+def check_band(band: tuple[float, float] | None) -> tuple[float, float] | None:
     """``band`` as ``(lo, hi)`` floats with ``-1 <= lo < hi <= 1``, or ``None``."""
     if band is None:
         return None
@@ -87,9 +85,7 @@ def _positive_part(s: Tensor) -> Tensor:
     return s.clamp_min(0)
 
 
-def _raw_density_exact(
-    z: Tensor, block: int, rows: Optional[Tensor] = None, progress: Union[bool, str] = False
-) -> Tensor:
+def _raw_density_exact(z: Tensor, block: int, rows: Tensor | None = None, progress: bool | str = False) -> Tensor:
     """``sum_{k != j} max(0, S_jk)`` for every row (or ``rows``) by the tiled routine."""
     q = z if rows is None else z[rows]
     _, _, sums = tiled_pairs(
@@ -113,10 +109,10 @@ class DensityInfo:
 def gain_density(
     embeddings: Tensor,
     *,
-    block: Optional[int] = None,
-    sample: Optional[int] = None,
+    block: int | None = None,
+    sample: int | None = None,
     seed: int = 0,
-    progress: Union[bool, str] = False,
+    progress: bool | str = False,
     return_info: bool = False,
 ):
     r"""G3RAG's similarity density of every passage, min-max normalised.
@@ -216,7 +212,7 @@ def gain_density(
     return (rho, info) if return_info else rho
 
 
-def gain_bound(x: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
+def gain_bound(x: Tensor, band: tuple[float, float] | None) -> Tensor:
     r"""The largest weight a pair of cosine at most ``x`` can have: :math:`\max f` over ``[lo, min(x, hi)]``.
 
     ``f(x) = x sqrt(1 - x^2)`` increases up to ``1/sqrt(2)`` and the penalty is at most 1, so
@@ -234,7 +230,7 @@ def gain_bound(x: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
     return torch.where((top >= lo) & (top > 0), f, torch.zeros_like(f))
 
 
-def candidate_cap(band: Optional[tuple[float, float]]):
+def candidate_cap(band: tuple[float, float] | None):
     """The ranking of G3's cosine candidate lists: the cosine itself up to the band's ceiling ``hi``
     (pairs above it weigh 0 and are never ranked); ``None`` for ``band=None``."""
     if band is None:
@@ -243,13 +239,13 @@ def candidate_cap(band: Optional[tuple[float, float]]):
     return lambda s: s.masked_fill(s > hi, float("-inf"))
 
 
-def gain_rank(band: Optional[tuple[float, float]]):
+def gain_rank(band: tuple[float, float] | None):
     """The ranking of G3's weight candidate lists: ``f(x) = x sqrt(1 - x^2)`` inside the band, 0
     outside (times the target's penalty, applied by the caller)."""
     return lambda s: _weights(s, 1.0, band)  # in place: callers pass a fresh block of products
 
 
-def _weights(s: Tensor, penalty_cols: Tensor, band: Optional[tuple[float, float]]) -> Tensor:
+def _weights(s: Tensor, penalty_cols: Tensor, band: tuple[float, float] | None) -> Tensor:
     """``x sqrt(1 - x^2) e^{-beta rho_j}`` inside the band, 0 elsewhere (in place on ``s``)."""
     ok = (s > 0) & (s < 1) if band is None else (s >= band[0]) & (s <= band[1])
     w = s.masked_fill_(~ok, 0.0)
@@ -289,14 +285,14 @@ def gain_edges(
     z: Tensor,
     penalty: Tensor,
     *,
-    band: Optional[tuple[float, float]],
+    band: tuple[float, float] | None,
     max_degree: int,
-    candidates: Optional[tuple[Tensor, Tensor]] = None,
+    candidates: tuple[Tensor, Tensor] | None = None,
     ranking: str = "cosine",
-    block: Optional[int] = None,
+    block: int | None = None,
     redo: bool = True,
     consume: bool = False,
-    progress: Union[bool, str] = False,
+    progress: bool | str = False,
 ) -> GainEdges:
     r"""Each row's ``max_degree`` largest weights :math:`W_{ij} = f(S_{ij}) p_j`, exactly or from candidates.
 
@@ -339,7 +335,7 @@ def gain_edges(
     def score(s: Tensor, cols: Tensor) -> Tensor:
         return _weights(s, penalty[cols], band)
 
-    def exact(rows: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    def exact(rows: Tensor | None) -> tuple[Tensor, Tensor]:
         q = z if rows is None else z[rows]
         val, col, _ = tiled_pairs(
             q,
@@ -406,7 +402,7 @@ EDGE_ROWS = 1 << 14
 
 
 def _csr_edges(
-    kv: Tensor, ki: Tensor, *, certified: Tensor, redone: Tensor, out: Optional[tuple[Tensor, Tensor]] = None
+    kv: Tensor, ki: Tensor, *, certified: Tensor, redone: Tensor, out: tuple[Tensor, Tensor] | None = None
 ) -> GainEdges:
     """The positive entries of per-row lists ``(N, k)`` as edges in CSR order (row, then column).
 
@@ -449,14 +445,14 @@ def _compact(t: Tensor) -> Tensor:
 def gain_transition(
     embeddings: Tensor,
     *,
-    band: Optional[tuple[float, float]] = (0.1, 0.7),
+    band: tuple[float, float] | None = (0.1, 0.7),
     beta: float = 0.4,
-    max_degree: Optional[int] = None,
-    block: Optional[int] = None,
-    density: Optional[Tensor] = None,
-    candidates: Optional[tuple[Tensor, Tensor]] = None,
+    max_degree: int | None = None,
+    block: int | None = None,
+    density: Tensor | None = None,
+    candidates: tuple[Tensor, Tensor] | None = None,
     ranking: str = "cosine",
-    progress: Union[bool, str] = False,
+    progress: bool | str = False,
     return_edges: bool = False,
     consume: bool = False,
 ):

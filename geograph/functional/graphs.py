@@ -3,8 +3,6 @@ edge-list helpers (cleaning an ``edge_index``, CSR row pointers)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
@@ -14,7 +12,7 @@ from geograph.functional.similarity import cosine_similarity
 from geograph.outputs import topk_stable
 
 
-def knn_graph(x: Tensor, k: int, mask: Optional[Tensor] = None) -> Tensor:
+def knn_graph(x: Tensor, k: int, mask: Tensor | None = None) -> Tensor:
     r"""Symmetric k-nearest-neighbour adjacency by cosine similarity.
 
     Node ``i`` links to the ``k`` other real nodes of highest cosine similarity; the graph is
@@ -46,7 +44,7 @@ def knn_graph(x: Tensor, k: int, mask: Optional[Tensor] = None) -> Tensor:
     return knn_from_similarity(sim, k, mask)
 
 
-def knn_from_similarity(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> Tensor:
+def knn_from_similarity(sim: Tensor, k: int, mask: Tensor | None = None) -> Tensor:
     """:func:`knn_graph` from a precomputed similarity matrix ``sim (B, N, N)`` (higher = nearer).
 
     Args:
@@ -72,7 +70,7 @@ def knn_from_similarity(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> T
     return adj | adj.transpose(1, 2)
 
 
-def knn_lists(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def knn_lists(sim: Tensor, k: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Each node's directed k-NN links: ``(values, idx)``, both ``(B, N, min(k, N - 1))``.
 
     ``values`` are the similarities of the selected neighbours, ``-inf`` where a node has
@@ -86,7 +84,7 @@ def knn_lists(sim: Tensor, k: int, mask: Optional[Tensor] = None) -> tuple[Tenso
     return topk_stable(sim.masked_fill(invalid, float("-inf")), min(k, n - 1))
 
 
-def query_graph(query: Tensor, docs: Tensor, mask: Optional[Tensor] = None, *, percentile: float = 50.0):
+def query_graph(query: Tensor, docs: Tensor, mask: Tensor | None = None, *, percentile: float = 50.0):
     r"""The Ricci-Filtration graph of each query: node 0 = query, nodes 1..N = candidates.
 
     ``r_ij = 1 - cos(z_i, z_j)``; ``tau`` is the ``percentile``-th percentile of ``r_ij`` over
@@ -202,7 +200,7 @@ def csr_rowptr(rows: Tensor, num_nodes: int) -> Tensor:
     return rowptr
 
 
-def csr_row_slots(rowptr: Tensor, rows: Tensor, width: int, valid: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def csr_row_slots(rowptr: Tensor, rows: Tensor, width: int, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Padded positions of CSR rows: the entries of ``rows (...)`` as a ``(..., width)`` block.
 
     ``at[..., j]`` is the position (into the CSR ``col`` / ``val`` arrays) of the ``j``-th

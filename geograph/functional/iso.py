@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -35,8 +33,8 @@ def check_iso_options(
     lambda_g: float,
     lambda_d: float,
     max_iter: int,
-    beta: Optional[float] = None,
-    p: Optional[float] = None,
+    beta: float | None = None,
+    p: float | None = None,
 ) -> dict:
     """Validate ISO-RAG's hyperparameters; returns them normalised, or raises ``ValueError``.
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
@@ -40,7 +38,7 @@ def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
     return pairs
 
 
-def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, eps: Optional[float] = None) -> Tensor:
+def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, eps: float | None = None) -> Tensor:
     r"""Per-node ratio of shell volume to ball volume on an undirected graph.
 
     .. math:: \phi_u = \frac{V(\partial S_u)}{V(S_u) + \varepsilon}, \qquad

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -17,7 +15,7 @@ __all__ = ["maniscope_scores"]
 def maniscope_scores(
     query: Tensor,
     docs: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
     k: int = 5,
     alpha: float = 0.3,

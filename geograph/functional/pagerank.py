@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -22,16 +20,17 @@ __all__ = ["personalized_pagerank"]
 def personalized_pagerank(
     weights: Tensor,
     personalization: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
     alpha: float = 0.85,
     max_iter: int = 100,
-    tol: Optional[float] = None,
+    tol: float | None = None,
     check_every: int = 10,
 ) -> Tensor:
     r"""Personalized PageRank of every graph in a batch, as ``networkx.pagerank`` defines it.
 
-    With ``P_ij = w_ij / \sum_k w_ik`` (the row-normalised, i.e. row-stochastic, walk along edges ``i -> j``; ``P^T`` is column-stochastic) and
+    With ``P_ij = w_ij / \sum_k w_ik`` (the row-normalised, i.e. row-stochastic, walk along edges ``i -> j``;
+    ``P^T`` is column-stochastic) and
     ``r`` the personalization normalised to sum 1,
 
     .. math:: \pi \leftarrow \alpha \left(P^\top \pi + r \sum_{i\ \mathrm{dangling}} \pi_i\right)

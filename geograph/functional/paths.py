@@ -8,8 +8,6 @@ edge mask ``adj (B, N, N)``. Unreachable pairs, and every pair touching a padded
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -18,7 +16,7 @@ from geograph._checks import check_mask, check_tensor
 __all__ = ["shortest_paths", "single_source_shortest_paths"]
 
 
-def _edge_lengths(lengths: Tensor, adj: Optional[Tensor], mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+def _edge_lengths(lengths: Tensor, adj: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """Validate and return lengths with ``+inf`` on every non-edge, plus the bool mask."""
     check_tensor(lengths, "lengths", 3, finite=False)
     b, n, n2 = lengths.shape
@@ -38,7 +36,7 @@ def _edge_lengths(lengths: Tensor, adj: Optional[Tensor], mask: Optional[Tensor]
     return torch.where(adj, lengths, inf), mask
 
 
-def shortest_paths(lengths: Tensor, adj: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
+def shortest_paths(lengths: Tensor, adj: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
     r"""All-pairs shortest path distances by Floyd-Warshall over min-plus updates.
 
     .. math:: D^{(k)}_{ij} = \min\bigl(D^{(k-1)}_{ij},\; D^{(k-1)}_{ik} + D^{(k-1)}_{kj}\bigr)
@@ -66,7 +64,7 @@ def shortest_paths(lengths: Tensor, adj: Optional[Tensor] = None, mask: Optional
     return floyd_warshall_unchecked(dist, mask)
 
 
-def floyd_warshall_unchecked(dist: Tensor, mask: Optional[Tensor]) -> Tensor:
+def floyd_warshall_unchecked(dist: Tensor, mask: Tensor | None) -> Tensor:
     """Floyd-Warshall on ``dist`` (``+inf`` off the edges), no validation and no host read."""
     b, n, _ = dist.shape
     diag = torch.eye(n, dtype=torch.bool, device=dist.device).expand(b, n, n)
@@ -80,11 +78,11 @@ def floyd_warshall_unchecked(dist: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 def single_source_shortest_paths(
     lengths: Tensor,
-    adj: Optional[Tensor],
+    adj: Tensor | None,
     source: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
-    max_iter: Optional[int] = None,
+    max_iter: int | None = None,
     early_stop: bool = False,
     check_every: int = 4,
 ) -> Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -34,7 +34,7 @@ def check_ricci_options(
     eta: float,
     solver: str,
     reg: float,
-    cert_tol: Optional[float],
+    cert_tol: float | None,
 ) -> dict:
     """Validate Ricci-Filtration's hyperparameters; returns them normalised (floats), or raises ``ValueError``.
 
@@ -91,7 +91,7 @@ def ricci_surgery(query_edge_length: Tensor, mask: Tensor, eta: float) -> Tensor
 def ricci_filtration(
     query: Tensor,
     docs: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
     percentile: float = 50.0,
     alpha: float = 0.5,
@@ -102,10 +102,10 @@ def ricci_filtration(
     eta: float = 1.0,
     solver: str = "auto",
     reg: float = 0.01,
-    cert_tol: Optional[float] = 1e-3,
-    scorer: Optional[Callable[..., Tensor]] = None,
-    query_texts: Optional[Sequence[str]] = None,
-    doc_texts: Optional[Sequence[Sequence[str]]] = None,
+    cert_tol: float | None = 1e-3,
+    scorer: Callable[..., Tensor] | None = None,
+    query_texts: Sequence[str] | None = None,
+    doc_texts: Sequence[Sequence[str]] | None = None,
 ) -> RerankOutput:
     r"""Ricci-Filtration of a padded batch of candidates: the function :class:`~geograph.RicciFiltration` calls.
 

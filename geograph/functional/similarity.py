@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -35,9 +33,9 @@ def unit_rows(x: Tensor) -> Tensor:
 
 def cosine_similarity(
     x: Tensor,
-    y: Optional[Tensor] = None,
-    mask: Optional[Tensor] = None,
-    y_mask: Optional[Tensor] = None,
+    y: Tensor | None = None,
+    mask: Tensor | None = None,
+    y_mask: Tensor | None = None,
 ) -> Tensor:
     r"""Pairwise cosine similarity of two batches of vectors.
 
@@ -80,7 +78,7 @@ def cosine_similarity(
     return sim
 
 
-def _zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+def _zero_padding(x: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return x
     return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -88,11 +86,11 @@ def _zero_padding(x: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 def minmax_normalize(
     x: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
     dim: int = -1,
-    lo: Optional[Tensor] = None,
-    hi: Optional[Tensor] = None,
+    lo: Tensor | None = None,
+    hi: Tensor | None = None,
     clip: bool = False,
 ) -> Tensor:
     r"""Min-max scale ``x`` to ``[0, 1]``: ``(x - lo) / (hi - lo)``; 0 where ``hi == lo`` and at masked entries.

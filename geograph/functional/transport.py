@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -59,12 +58,12 @@ def sinkhorn(
     *,
     reg: float,
     max_iter: int = 1000,
-    reg_start: Optional[float] = None,
-    scaling_iter: Optional[int] = None,
-    tol: Optional[float] = None,
+    reg_start: float | None = None,
+    scaling_iter: int | None = None,
+    tol: float | None = None,
     check_every: int = 10,
-    f_init: Optional[Tensor] = None,
-    g_init: Optional[Tensor] = None,
+    f_init: Tensor | None = None,
+    g_init: Tensor | None = None,
     relaxation: float = 1.0,
 ) -> SinkhornOutput:
     r"""Entropic OT for a batch of problems by log-domain Sinkhorn iterations.
@@ -72,9 +71,11 @@ def sinkhorn(
     Solves :math:`\min_P \langle P, C\rangle - \varepsilon H(P)` s.t. :math:`P 1 = a`,
     :math:`P^T 1 = b` through the dual potentials
 
-    .. math:: f_i \leftarrow \varepsilon \log a_i - \varepsilon \operatorname{LSE}_j \frac{g_j - C_{ij}}{\varepsilon},
-              \quad g_j \leftarrow \varepsilon \log b_j - \varepsilon \operatorname{LSE}_i \frac{f_i - C_{ij}}{\varepsilon},
-              \quad P_{ij} = \exp\frac{f_i + g_j - C_{ij}}{\varepsilon}.
+    .. math::
+
+        f_i \leftarrow \varepsilon \log a_i - \varepsilon \operatorname{LSE}_j \frac{g_j - C_{ij}}{\varepsilon},
+        \quad g_j \leftarrow \varepsilon \log b_j - \varepsilon \operatorname{LSE}_i \frac{f_i - C_{ij}}{\varepsilon},
+        \quad P_{ij} = \exp\frac{f_i + g_j - C_{ij}}{\varepsilon}.
 
     Zero-mass entries of ``a`` or ``b`` are masked out in log space (their rows and columns
     of ``P`` are exactly 0), so padded problems never give NaN. Epsilon-scaling: the first
@@ -154,11 +155,11 @@ def sinkhorn_unchecked(
     reg: float,
     max_iter: int,
     reg_start: float,
-    scaling_iter: Optional[int],
-    tol: Optional[float],
+    scaling_iter: int | None,
+    tol: float | None,
     check_every: int,
-    f_init: Optional[Tensor],
-    g_init: Optional[Tensor],
+    f_init: Tensor | None,
+    g_init: Tensor | None,
     relaxation: float,
 ) -> SinkhornOutput:
     """:func:`sinkhorn` without validation: no host read at all unless ``tol`` is given."""

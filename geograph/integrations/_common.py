@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -39,7 +40,7 @@ def embed(encoder: Any, texts: Sequence[str], *, query: bool = False) -> Tensor:
     return torch.as_tensor(out)
 
 
-def module_device(module: nn.Module) -> Optional[torch.device]:
+def module_device(module: nn.Module) -> torch.device | None:
     """The device of a module's registered state (``None``: it holds none, inputs decide)."""
     for t in module.state_dict().values():
         return t.device
@@ -83,12 +84,12 @@ def retrieve(module: nn.Module, queries: Tensor, k: int) -> list[list[tuple[int,
     return [list(zip(idx[i].tolist(), (float(s) for s in scores[i]))) for i in range(idx.shape[0])]
 
 
-def cut(ranked: list, top_n: Optional[int]) -> list:
+def cut(ranked: list, top_n: int | None) -> list:
     """The first ``top_n`` entries (``None``: all)."""
     return ranked if top_n is None else ranked[:top_n]
 
 
-def check_top(value: Optional[int], name: str) -> Optional[int]:
+def check_top(value: int | None, name: str) -> int | None:
     """``value`` if ``None`` or a positive integer, else a ``ValueError`` naming ``name``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be a positive integer or None, got {value!r}")

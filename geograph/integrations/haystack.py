@@ -13,8 +13,9 @@ Example:
 """
 
 # no `from __future__ import annotations`: Haystack reads run()'s annotations as types
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, List, Optional, Sequence
+from typing import Any
 
 try:
     from haystack import Document, component
@@ -45,11 +46,11 @@ class GeographRanker:
         top_k: keep at most this many (``None``: all the method keeps).
     """
 
-    def __init__(self, module: Any, encoder: Any = None, top_k: Optional[int] = None) -> None:
+    def __init__(self, module: Any, encoder: Any = None, top_k: int | None = None) -> None:
         self.module, self.encoder, self.top_k = module, encoder, check_top(top_k, "top_k")
 
-    @component.output_types(documents=List[Document])
-    def run(self, query: str, documents: List[Document], top_k: Optional[int] = None):
+    @component.output_types(documents=list[Document])
+    def run(self, query: str, documents: list[Document], top_k: int | None = None):
         top_k = check_top(top_k, "top_k") if top_k is not None else self.top_k
         if not documents:
             return {"documents": []}
@@ -80,8 +81,8 @@ class GeographRetriever:
         self.module, self.encoder, self.top_k = module, encoder, check_top(top_k, "top_k")
         self.documents = list(documents)
 
-    @component.output_types(documents=List[Document])
-    def run(self, query: str, top_k: Optional[int] = None):
+    @component.output_types(documents=list[Document])
+    def run(self, query: str, top_k: int | None = None):
         k = check_top(top_k, "top_k") if top_k is not None else self.top_k
         [ranked] = retrieve(self.module, embed(_enc(self), [query], query=True).float(), k)
         return {"documents": [replace(self.documents[j], score=s) for j, s in ranked]}

@@ -16,7 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 try:
     from langchain_core.callbacks import CallbackManagerForRetrieverRun, Callbacks
@@ -29,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
-from geograph.integrations._common import check_top, cut, resolve_encoder, embed, rerank, retrieve
+from geograph.integrations._common import check_top, cut, embed, rerank, resolve_encoder, retrieve
 
 
 def _scored(doc: Document, score: float) -> Document:
@@ -51,7 +52,7 @@ class GeographCompressor(BaseDocumentCompressor):
 
     module: Any
     encoder: Any = None
-    top_n: Optional[int] = Field(None)
+    top_n: int | None = Field(None)
     _encoder: Any = PrivateAttr(None)
 
     @field_validator("top_n")
@@ -63,7 +64,7 @@ class GeographCompressor(BaseDocumentCompressor):
         return resolve_encoder(self)
 
     def compress_documents(
-        self, documents: Sequence[Document], query: str, callbacks: Optional[Callbacks] = None
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
         documents = list(documents)
         if not documents:
@@ -75,7 +76,7 @@ class GeographCompressor(BaseDocumentCompressor):
         return [_scored(documents[j], s) for j, s in cut(ranked, self.top_n)]
 
     async def acompress_documents(
-        self, documents: Sequence[Document], query: str, callbacks: Optional[Callbacks] = None
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
         return await run_in_executor(None, self.compress_documents, documents, query, callbacks)
 

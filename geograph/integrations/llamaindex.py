@@ -10,12 +10,14 @@ Returned nodes carry the method's score in ``NodeWithScore.score``.
 
 Example:
     >>> from geograph.integrations.llamaindex import GeographPostprocessor        # doctest: +SKIP
-    >>> engine = index.as_query_engine(node_postprocessors=[GeographPostprocessor(module=Maniscope())])  # doctest: +SKIP
+    >>> rerank = GeographPostprocessor(module=Maniscope())  # doctest: +SKIP
+    >>> engine = index.as_query_engine(node_postprocessors=[rerank])  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 try:
     from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
@@ -28,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 import torch
 
-from geograph.integrations._common import check_top, cut, resolve_encoder, embed, rerank, retrieve
+from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, resolve_encoder, retrieve
 
 
 class GeographPostprocessor(BaseNodePostprocessor):
@@ -45,7 +47,7 @@ class GeographPostprocessor(BaseNodePostprocessor):
 
     module: Any = Field(description="a geograph reranker")
     encoder: Any = Field(None, description="embeds texts without an embedding")
-    top_n: Optional[int] = Field(None, description="keep at most this many")
+    top_n: int | None = Field(None, description="keep at most this many")
     _encoder: Any = PrivateAttr(None)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -60,8 +62,8 @@ class GeographPostprocessor(BaseNodePostprocessor):
         return resolve_encoder(self)
 
     def _postprocess_nodes(
-        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
-    ) -> List[NodeWithScore]:
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
         if query_bundle is None:
             raise ValueError("query_bundle is required (the query to rerank for)")
         if not nodes:
@@ -70,7 +72,7 @@ class GeographPostprocessor(BaseNodePostprocessor):
             q = torch.as_tensor([query_bundle.embedding], dtype=torch.float32)
         else:
             q = embed(self._enc(), [query_bundle.query_str], query=True).float()
-        rows: list[Optional[torch.Tensor]] = [
+        rows: list[torch.Tensor | None] = [
             None if n.node.embedding is None else torch.as_tensor(n.node.embedding, dtype=q.dtype) for n in nodes
         ]
         missing = [i for i, r in enumerate(rows) if r is None]
@@ -98,7 +100,7 @@ class GeographRetriever(BaseRetriever):
         self.module, self.encoder, self.k = module, encoder, check_top(k, "k")
         self.nodes: list[BaseNode] = [TextNode(text=n) if isinstance(n, str) else n for n in nodes]
 
-    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if query_bundle.embedding is not None:
             q = torch.as_tensor([query_bundle.embedding], dtype=torch.float32)
         else:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor, nn
 
@@ -56,7 +54,7 @@ class Maniscope(nn.Module):
         self.alpha = check_unit_interval(alpha, "alpha")
         self.early_stop = bool(early_stop)
 
-    def forward(self, query: Tensor, docs: Tensor, mask: Optional[Tensor] = None) -> RerankOutput:
+    def forward(self, query: Tensor, docs: Tensor, mask: Tensor | None = None) -> RerankOutput:
         scores, geo = maniscope_scores(query, docs, mask, k=self.k, alpha=self.alpha, early_stop=self.early_stop)
         keep = torch.isfinite(scores)
         return RerankOutput(scores=scores, order=order_by_score(scores), keep=keep, geodesic=geo)

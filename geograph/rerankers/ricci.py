@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,8 @@ class RicciFiltration(nn.Module):
     Per query, the graph of :func:`~geograph.functional.graphs.query_graph` (query + candidates, edges between
     dissimilar pairs, every query edge forced, unit lengths) flows ``iterations`` steps of
     :func:`~geograph.functional.ricci_flow`; candidate ``j`` is kept iff its final query-edge
-    length ``w_0j <= eta`` (the surgery, :func:`~geograph.functional.ricci_surgery`). The kept candidates are then ordered by the
+    length ``w_0j <= eta`` (the surgery, :func:`~geograph.functional.ricci_surgery`). The kept candidates are then
+    ordered by the
     ``scorer`` (a :class:`~geograph.CrossEncoderScorer` or any callable of that signature) or,
     by default, by cosine to the query; dropped candidates and padding score ``-inf``.
 
@@ -71,7 +72,8 @@ class RicciFiltration(nn.Module):
 
     References:
         T. Qin, W.-M. Huang, Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to
-        Query-Answer Tasks by Discrete Ricci Flow, arXiv:2606.15482; C.-C. Ni et al., Community detection on networks with Ricci flow, Sci. Rep.
+        Query-Answer Tasks by Discrete Ricci Flow, arXiv:2606.15482; C.-C. Ni et al., Community detection on
+        networks with Ricci flow, Sci. Rep.
         2019.
 
     Example:
@@ -94,8 +96,8 @@ class RicciFiltration(nn.Module):
         eta: float = 1.0,
         solver: str = "auto",
         reg: float = 0.01,
-        cert_tol: Optional[float] = 1e-3,
-        scorer: Optional[Callable[..., Tensor]] = None,
+        cert_tol: float | None = 1e-3,
+        scorer: Callable[..., Tensor] | None = None,
     ) -> None:
         super().__init__()
         opts = check_ricci_options(
@@ -130,10 +132,10 @@ class RicciFiltration(nn.Module):
         self,
         query: Tensor,
         docs: Tensor,
-        mask: Optional[Tensor] = None,
+        mask: Tensor | None = None,
         *,
-        query_texts: Optional[Sequence[str]] = None,
-        doc_texts: Optional[Sequence[Sequence[str]]] = None,
+        query_texts: Sequence[str] | None = None,
+        doc_texts: Sequence[Sequence[str]] | None = None,
     ) -> RerankOutput:
         return ricci_filtration(
             query,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -57,8 +57,8 @@ class BM25Retriever:
         *,
         k1: float = 1.5,
         b: float = 0.75,
-        stopwords: Union[str, Sequence[str], None] = "en",
-        stemmer: Optional[Callable[[list[str]], list[str]]] = None,
+        stopwords: str | Sequence[str] | None = "en",
+        stemmer: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         try:
             import bm25s

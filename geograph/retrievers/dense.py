@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -87,9 +86,9 @@ class DenseRetriever(nn.Module):
         *,
         chunk_size: int = 4096,
         index: str = "exact",
-        nlist: Optional[int] = None,
-        nprobe: Union[int, str] = "auto",
-        sample: Optional[int] = None,
+        nlist: int | None = None,
+        nprobe: int | str = "auto",
+        sample: int | None = None,
         seed: int = 0,
         recall_target: float = DENSE_RECALL_TARGET,
         recall_k: int = DENSE_RECALL_K,
@@ -109,8 +108,8 @@ class DenseRetriever(nn.Module):
             raise ValueError(f"recall_target must be in (0, 1], got {recall_target}")
         self.recall_target, self.recall_k = float(recall_target), check_positive_int(recall_k, "recall_k")
         self._auto = nprobe == "auto"
-        self.nprobe: Optional[int] = None if self._auto else nprobe
-        self.calibration: Optional[dict] = None  # what nprobe="auto" chose and measured
+        self.nprobe: int | None = None if self._auto else nprobe
+        self.calibration: dict | None = None  # what nprobe="auto" chose and measured
         probe = 1 if self.nprobe is None else self.nprobe
         self.sample = check_ivf(n, self.nlist, probe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
         self.seed = seed

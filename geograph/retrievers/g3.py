@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -15,8 +15,8 @@ from geograph._checks import check_finite_float, check_positive_int, check_tenso
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
 from geograph.functional.ann import DEFAULT_RECALL_TARGET, default_join_nlist, resolve_index, self_topk
-from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
 from geograph.functional.g3 import _retrieve, check_g3_options
+from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
 from geograph.outputs import RetrievalOutput
 from geograph.retrievers.dense import DenseRetriever
 
@@ -70,7 +70,7 @@ class G3Graph(nn.Module):
     val: Tensor
 
     def __init__(
-        self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float, max_degree: Optional[int]
+        self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float, max_degree: int | None
     ) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
@@ -114,8 +114,8 @@ class G3Graph(nn.Module):
         *,
         band,
         beta: float,
-        max_degree: Optional[int],
-    ) -> "G3Graph":
+        max_degree: int | None,
+    ) -> G3Graph:
         """A graph holding ``T``'s CSR parts as given (no copy: :meth:`build`'s own fresh arrays; at
         1M passages x 128 edges a copy would be 1.5 GB more at the peak)."""
         graph = cls.__new__(cls)
@@ -133,7 +133,7 @@ class G3Graph(nn.Module):
         *,
         band,
         beta: float,
-        max_degree: Optional[int],
+        max_degree: int | None,
     ) -> None:
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("density", density)
@@ -155,21 +155,21 @@ class G3Graph(nn.Module):
         cls,
         embeddings: Tensor,
         *,
-        band: Optional[tuple[float, float]] = (0.1, 0.7),
+        band: tuple[float, float] | None = (0.1, 0.7),
         beta: float = 0.4,
-        max_degree: Optional[int] = DEFAULT_MAX_DEGREE,
-        block: Optional[int] = None,
+        max_degree: int | None = DEFAULT_MAX_DEGREE,
+        block: int | None = None,
         index: str = "exact",
-        candidates: Optional[int] = None,
-        nlist: Optional[int] = None,
-        nprobe: Optional[int] = None,
-        sample: Optional[int] = None,
-        density_sample: Optional[int] = None,
+        candidates: int | None = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        sample: int | None = None,
+        density_sample: int | None = None,
         ranking: str = "weight",
         seed: int = 0,
-        recall_target: Optional[float] = DEFAULT_RECALL_TARGET,
+        recall_target: float | None = DEFAULT_RECALL_TARGET,
         progress: bool = False,
-    ) -> "G3Graph":
+    ) -> G3Graph:
         """Build by tiles: memory ``O(block^2 + N x max_degree)`` (``band=None``: the authors' T).
 
         ``max_degree`` defaults to :data:`DEFAULT_MAX_DEGREE` (128) strongest edges a row: the
@@ -323,7 +323,7 @@ class G3Graph(nn.Module):
         """Out-degree of every passage in ``T``."""
         return self.crow[1:] - self.crow[:-1]
 
-    def save(self, directory: Union[str, Path]) -> Path:
+    def save(self, directory: str | Path) -> Path:
         """Write ``g3graph.pt`` and ``g3graph.json`` into ``directory`` (atomically, as :meth:`CorpusGraph.save`)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
@@ -355,11 +355,11 @@ class G3Graph(nn.Module):
     @classmethod
     def load(
         cls,
-        directory: Union[str, Path],
+        directory: str | Path,
         *,
-        device: Optional[Union[str, torch.device]] = None,
-        corpus_shape: Optional[tuple[int, int]] = None,
-    ) -> "G3Graph":
+        device: str | torch.device | None = None,
+        corpus_shape: tuple[int, int] | None = None,
+    ) -> G3Graph:
         """Read a graph written by :meth:`save`.
 
         Raises:
@@ -485,13 +485,13 @@ class G3Retriever(nn.Module):
 
     def __init__(
         self,
-        graph_or_embeddings: Union[G3Graph, Tensor],
+        graph_or_embeddings: G3Graph | Tensor,
         *,
         candidates: int = 10,
         seeds: int = 2,
         beta: float = 0.4,
-        band: Optional[tuple[float, float]] = (0.1, 0.7),
-        max_degree: Optional[int] = DEFAULT_MAX_DEGREE,
+        band: tuple[float, float] | None = (0.1, 0.7),
+        max_degree: int | None = DEFAULT_MAX_DEGREE,
     ) -> None:
         super().__init__()
         if isinstance(graph_or_embeddings, G3Graph):
@@ -509,8 +509,8 @@ class G3Retriever(nn.Module):
         self,
         query: Tensor,
         k: int = 5,
-        seed_scorer: Optional[SeedScorer] = None,
-        query_texts: Optional[Sequence[str]] = None,
+        seed_scorer: SeedScorer | None = None,
+        query_texts: Sequence[str] | None = None,
     ) -> RetrievalOutput:
         g = self.graph
         return _retrieve(

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor, nn
 
 from geograph.corpus import CorpusGraph
 from geograph.encoders import IdentityPoincare
-from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.functional.iso import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
+from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.outputs import LocalSubgraph, RetrievalOutput
 from geograph.retrievers.dense import DenseRetriever
 
@@ -99,7 +97,7 @@ class ISORetriever(nn.Module):
         self,
         graph: CorpusGraph,
         *,
-        projection: Optional[nn.Module] = None,
+        projection: nn.Module | None = None,
         m: int = 5,
         L: int = 50,
         hops: int = 1,

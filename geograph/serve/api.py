@@ -22,7 +22,7 @@ response needs is packed into one tensor first.
 """
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
 from geograph.serve.schema import RerankRequest, RetrieveRequest
@@ -216,7 +216,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         q = self._queries(reqs)
         sizes = [r.size() for r in reqs]
         b, n = len(reqs), max(sizes)
-        blocks: list[Optional[torch.Tensor]] = [None] * b
+        blocks: list[torch.Tensor | None] = [None] * b
         text_rows = [i for i, r in enumerate(reqs) if r.candidates is not None]
         if text_rows:
             texts = [

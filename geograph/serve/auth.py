@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 ALWAYS_OPEN = ("/health",)
 GROUPS = {"metrics": ("/metrics",), "docs": ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")}

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run ``geograph serve`` with ``argv``; the exit status."""
     try:
         from geograph.serve.config import ConfigError, load_config

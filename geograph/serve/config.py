@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from geograph.console import make_parser
 from geograph.serve.models import METHODS, check_params
-
 
 #: The environment variable read for the API key when neither the flag nor the file sets it.
 API_KEY_ENV = "GEOGRAPH_API_KEY"
@@ -35,12 +35,12 @@ class ServeConfig(BaseModel):
     method: Literal["maniscope", "ricci", "iso", "g3"]
     corpus: str = Field(description="BEIR-format folder (corpus.jsonl)")
     params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
-    graph: Optional[str] = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
-    projection: Optional[str] = Field(None, description="saved PoincareProjection file (iso)")
-    encoder: Optional[str] = Field(None, description="local sentence-transformers directory (default: MiniLM)")
+    graph: str | None = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
+    projection: str | None = Field(None, description="saved PoincareProjection file (iso)")
+    encoder: str | None = Field(None, description="local sentence-transformers directory (default: MiniLM)")
     query_prefix: str = ""
     passage_prefix: str = ""
-    cache: Optional[str] = Field(None, description="on-disk embedding cache root for the corpus")
+    cache: str | None = Field(None, description="on-disk embedding cache root for the corpus")
     text_cache_size: int = Field(4096, ge=0, description="in-memory LRU of request text embeddings, per worker")
     host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -58,13 +58,13 @@ class ServeConfig(BaseModel):
     max_payload_mb: float = Field(10.0, gt=0)
     request_timeout: float = Field(60.0, gt=0, description="seconds from a request's arrival to its answer; then 504")
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
-    devices: Union[int, Literal["auto"]] = "auto"
-    workers_per_device: Union[int, Literal["auto"]] = Field(
+    devices: int | Literal["auto"] = "auto"
+    workers_per_device: int | Literal["auto"] = Field(
         "auto",
         description="inference workers per device, one pool for every endpoint (auto: on the CPU one "
         "per usable CPU, at most 4; on GPUs 1)",
     )
-    threads: Union[int, Literal["auto"]] = Field(
+    threads: int | Literal["auto"] = Field(
         "auto",
         description="torch intra-op threads of each inference worker "
         "on the CPU (auto: the usable CPUs divided among the workers)",
@@ -72,7 +72,7 @@ class ServeConfig(BaseModel):
     api_servers: int = Field(1, ge=1)
     shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
-    api_key: Optional[SecretStr] = Field(
+    api_key: SecretStr | None = Field(
         None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)"
     )
     public: list[Literal["metrics", "docs"]] = Field(
@@ -81,14 +81,14 @@ class ServeConfig(BaseModel):
 
     @field_validator("threads", "workers_per_device")
     @classmethod
-    def _threads(cls, v: Union[int, str]) -> Union[int, str]:
+    def _threads(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
             raise ValueError(f"must be a positive integer or 'auto', got {v}")
         return v
 
     @field_validator("api_key")
     @classmethod
-    def _api_key(cls, v: Optional[SecretStr]) -> Optional[SecretStr]:
+    def _api_key(cls, v: SecretStr | None) -> SecretStr | None:
         if v is not None and not v.get_secret_value().strip():
             raise ValueError("must not be empty")
         return v
@@ -102,21 +102,21 @@ class ServeConfig(BaseModel):
 
     @field_validator("graph")
     @classmethod
-    def _graph(cls, v: Optional[str]) -> Optional[str]:
+    def _graph(cls, v: str | None) -> str | None:
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"{v} is not a directory")
         return v
 
     @field_validator("projection")
     @classmethod
-    def _projection(cls, v: Optional[str]) -> Optional[str]:
+    def _projection(cls, v: str | None) -> str | None:
         if v is not None and not Path(v).is_file():
             raise ValueError(f"{v} is not a file")
         return v
 
     @field_validator("encoder")
     @classmethod
-    def _encoder(cls, v: Optional[str]) -> Optional[str]:
+    def _encoder(cls, v: str | None) -> str | None:
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"{v} is not a local sentence-transformers directory")
         return v
@@ -194,7 +194,7 @@ def _line(e: ValidationError) -> str:
     return f"{loc}: {msg}"
 
 
-def load_config(argv: Optional[Sequence[str]] = None) -> ServeConfig:
+def load_config(argv: Sequence[str] | None = None) -> ServeConfig:
     """Parse flags, read ``--config``, merge (flags win) and validate.
 
     Raises:

@@ -24,8 +24,8 @@ traffic (70 texts/s on one thread, against 150-166 texts/s in buckets of 8-32 te
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 
 def read_corpus(corpus_dir: str | Path):
@@ -76,13 +76,13 @@ class TextEncoder:
 
     def __init__(
         self,
-        model: Optional[str] = None,
+        model: str | None = None,
         *,
         query_prefix: str = "",
         passage_prefix: str = "",
-        cache: Optional[str] = None,
+        cache: str | None = None,
         memory: int = 4096,
-        device: Optional[str] = None,
+        device: str | None = None,
         group: bool = True,
     ) -> None:
         from geograph.data.cache import Encoder, MemoryCache
@@ -110,7 +110,7 @@ class TextEncoder:
             self.request_encoder._model = self.corpus_encoder.model
         return self.request_encoder
 
-    def truncate(self, texts: Sequence[str], max_tokens: Optional[int]) -> list[str]:
+    def truncate(self, texts: Sequence[str], max_tokens: int | None) -> list[str]:
         """``texts`` each cut after its first ``max_tokens`` tokens (``None``: unchanged).
 
         The cut is made in the text, at the end of the last kept token (the tokenizer's
@@ -176,7 +176,7 @@ class TextEncoder:
         return torch.from_numpy(np.stack(found))
 
 
-def encode_padded(model, texts: Sequence[str], length: int, *, tokens: Optional[dict] = None):
+def encode_padded(model, texts: Sequence[str], length: int, *, tokens: dict | None = None):
     """``(len(texts), D)`` float32 unit vectors of a sentence-transformers ``model``, every text
     padded (or truncated) to ``length`` tokens: the model's own forward and pooling, then L2
     normalisation as ``encode(..., normalize_embeddings=True)`` does. ``tokens``: the texts

@@ -1,4 +1,5 @@
-"""The de facto rerank API on ``geograph serve``: ``POST /v2/rerank`` (Cohere v2) and ``POST /v1/rerank`` (Cohere v1, Jina).
+"""The de facto rerank API on ``geograph serve``: ``POST /v2/rerank`` (Cohere v2) and ``POST /v1/rerank``
+(Cohere v1, Jina).
 
 Both paths have one handler. It validates the request (:class:`InteropRequest`), turns it into
 the native :class:`~geograph.serve.schema.RerankRequest` and hands that to the native
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Optional, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
@@ -71,15 +72,15 @@ class InteropRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Optional[str] = Field(None, description="the served method's name, or omitted")
+    model: str | None = Field(None, description="the served method's name, or omitted")
     query: str = Field(min_length=1, max_length=10000)
-    documents: list[Union[str, dict[str, Any]]] = Field(min_length=1)
-    top_n: Optional[int] = Field(None, ge=0, description="null, 0 or above the count: all")
-    max_tokens_per_doc: Optional[int] = Field(None, ge=1)
-    rank_fields: Optional[list[str]] = Field(None, min_length=1, description="/v1: fields of object documents")
+    documents: list[str | dict[str, Any]] = Field(min_length=1)
+    top_n: int | None = Field(None, ge=0, description="null, 0 or above the count: all")
+    max_tokens_per_doc: int | None = Field(None, ge=1)
+    rank_fields: list[str] | None = Field(None, min_length=1, description="/v1: fields of object documents")
     return_documents: bool = False
-    query_embedding: Optional[list[float]] = Field(None, description="geograph: the query's embedding")
-    candidate_embeddings: Optional[list[list[float]]] = Field(None, description="geograph: one row per document")
+    query_embedding: list[float] | None = Field(None, description="geograph: the query's embedding")
+    candidate_embeddings: list[list[float]] | None = Field(None, description="geograph: one row per document")
 
     @model_validator(mode="after")
     def _validate(self, info: ValidationInfo):

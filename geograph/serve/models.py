@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 METHODS = ("maniscope", "ricci", "iso", "g3")
 RERANKERS = ("maniscope", "ricci")
@@ -53,7 +53,7 @@ def method_class(method: str) -> type:
     return cls
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def method_params(method: str) -> tuple[str, ...]:
     """The ``params`` keys ``method`` accepts, derived from its class's constructor signature.
 
@@ -74,7 +74,7 @@ def __getattr__(name: str):
 
 
 def check_params(
-    method: str, params: dict[str, Any], *, graph: Optional[str] = None, projection: Optional[str] = None
+    method: str, params: dict[str, Any], *, graph: str | None = None, projection: str | None = None
 ) -> None:
     """Raise ``ValueError`` on a parameter or artefact the method does not take.
 
@@ -101,7 +101,7 @@ def check_params(
 
 
 def build_model(
-    method: str, corpus, params: Optional[dict] = None, *, graph: Optional[str] = None, projection: Optional[str] = None
+    method: str, corpus, params: dict | None = None, *, graph: str | None = None, projection: str | None = None
 ):
     """The module for ``method`` over ``corpus (V, D)`` (on the corpus's device).
 
@@ -124,8 +124,8 @@ def build_model(
     v, d = corpus.shape
     if method == "iso":
         from geograph.corpus import CorpusGraph
-        from geograph.retrievers import ISORetriever
         from geograph.encoders import PoincareProjection
+        from geograph.retrievers import ISORetriever
 
         if graph is not None:
             g = _load(CorpusGraph.load, graph, "graph")
@@ -165,7 +165,7 @@ def _match(shape, v: int, d: int, path: str) -> None:
         raise ValueError(f"graph: {path} holds {shape[0]} x {shape[1]} embeddings, the corpus is {v} x {d}")
 
 
-def k_bounds(method: str, model, num_docs: int) -> tuple[int, Optional[int], str]:
+def k_bounds(method: str, model, num_docs: int) -> tuple[int, int | None, str]:
     """``(k_min, k_max, why)`` the module accepts on ``/retrieve`` (rerankers: bounded by the pool)."""
     if method == "iso":
         return 1, int(model.max_k), "the guaranteed ISO local set size min(max(L, m), max_nodes, V)"

@@ -22,7 +22,7 @@ Checks, per field:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,7 +39,7 @@ def set_limits(**limits: Any) -> None:
     LIMITS.update(limits)
 
 
-def check_vector(v: Optional[list], name: str) -> None:
+def check_vector(v: list | None, name: str) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``v`` is ``None`` or ``D`` finite values, not all 0.
 
     Example:
@@ -62,8 +62,8 @@ def check_vector(v: Optional[list], name: str) -> None:
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: Optional[str] = Field(None, min_length=1, max_length=10000, description="query text")
-    query_embedding: Optional[list[float]] = Field(None, description="query embedding (D floats)")
+    query: str | None = Field(None, min_length=1, max_length=10000, description="query text")
+    query_embedding: list[float] | None = Field(None, description="query embedding (D floats)")
 
     def _check_query(self) -> None:
         if (self.query is None) == (self.query_embedding is None):
@@ -76,7 +76,7 @@ class RetrieveRequest(_Request):
     rerankers ``"candidates"`` (the size of the request's dense pool)."""
 
     k: int = Field(10, ge=1, description="number of passages returned (Ricci-Filtration: at most k)")
-    candidates: Optional[int] = Field(None, ge=1, description="dense pool reranked (maniscope, ricci)")
+    candidates: int | None = Field(None, ge=1, description="dense pool reranked (maniscope, ricci)")
 
     @model_validator(mode="after")
     def _validate(self):
@@ -111,11 +111,11 @@ class RerankRequest(_Request):
     """``POST /rerank``: a query, exactly one of ``candidates`` (texts), ``candidate_embeddings``
     (``N x D``) or ``candidate_ids`` (corpus ids), and optionally ``top_n``."""
 
-    candidates: Optional[list[str]] = Field(None, min_length=1)
-    candidate_embeddings: Optional[list[list[float]]] = Field(None, min_length=1)
-    candidate_ids: Optional[list[str]] = Field(None, min_length=1)
-    top_n: Optional[int] = Field(None, ge=1, description="return at most this many (best first)")
-    max_tokens_per_doc: Optional[int] = Field(None, ge=1, description="cut candidate texts to this many tokens")
+    candidates: list[str] | None = Field(None, min_length=1)
+    candidate_embeddings: list[list[float]] | None = Field(None, min_length=1)
+    candidate_ids: list[str] | None = Field(None, min_length=1)
+    top_n: int | None = Field(None, ge=1, description="return at most this many (best first)")
+    max_tokens_per_doc: int | None = Field(None, ge=1, description="cut candidate texts to this many tokens")
 
     @model_validator(mode="after")
     def _validate(self):

@@ -31,11 +31,9 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
 
 from geograph.serve.config import ServeConfig
 from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
-
 
 log = logging.getLogger("geograph.serve")
 
@@ -50,14 +48,14 @@ class StartupError(RuntimeError):
 def build_server(cfg: ServeConfig):
     """A configured :class:`litserve.LitServer` for ``cfg`` (call :func:`run` to serve it)."""
     try:
-        import litserve as ls
+        import litserve as ls  # noqa: F401 - the extra's presence
         from fastapi.exceptions import RequestValidationError
     except ImportError:  # pragma: no cover - exercised only without the extra
         raise StartupError("geograph serve needs the serve extra: pip install 'geograph[serve]'") from None
     from geograph.serve.api import GeoAPI
     from geograph.serve.auth import APIKeyMiddleware, exposure_warning
-    from geograph.serve.interop import MessageErrorMiddleware, add_routes
     from geograph.serve.corpus import TextEncoder, read_corpus
+    from geograph.serve.interop import MessageErrorMiddleware, add_routes
     from geograph.serve.metrics import JSONOnlyMiddleware, PrometheusLogger, RequestMetricsMiddleware, add_metrics_route
     from geograph.serve.schema import set_limits
 
@@ -310,7 +308,8 @@ def watch_workers(server, interval: float = 0.5) -> None:
     one line names the worker and its signal or status, then SIGTERM to this process runs the
     normal stop (the API servers stop accepting connections, so a new health check gets no
     answer or a refused connection, and drain: requests the remaining workers can answer are
-    answered, the others get 503 after ``shutdown_timeout``; then the port closes). Workers that stop while the server stops are not reported.
+    answered, the others get 503 after ``shutdown_timeout``; then the port closes). Workers that stop while the
+    server stops are not reported.
     LitServe's own monitor would report those, and shuts down from its thread while the main
     thread still waits on the manager.
     """
@@ -496,9 +495,9 @@ def _default_signals() -> None:  # in forked API servers: uvicorn installs its o
 
 def stop_children(timeout: float) -> list[int]:
     """SIGTERM every live descendant of this process, SIGKILL what remains after ``timeout`` s; their pids."""
-    import psutil
-
     from multiprocessing import resource_tracker
+
+    import psutil
 
     me = psutil.Process()
     try:
@@ -529,7 +528,7 @@ def stop_children(timeout: float) -> list[int]:
 def run(cfg: ServeConfig) -> int:
     """Serve ``cfg`` until SIGTERM/SIGINT; 0 after a clean stop, 1 after a stop because an inference
     worker died (raises :class:`StartupError`)."""
-    own_dir: Optional[str] = None
+    own_dir: str | None = None
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # before prometheus_client is imported anywhere
         own_dir = tempfile.mkdtemp(prefix="geograph-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dir

@@ -9,8 +9,8 @@ of the source tree forwards here and is not installed). See
 """
 
 from geograph.train.data import GraphDataModule, TripletDataset, TripletSampler, build_graph, triplet_loader
-from geograph.train.module import ExportProjection, PoincareModule, radial_target
 from geograph.train.fit import train_projection
+from geograph.train.module import ExportProjection, PoincareModule, radial_target
 
 __all__ = [
     "PoincareModule",

@@ -10,8 +10,8 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
 
 import lightning as L
 import numpy as np
@@ -77,7 +77,7 @@ class TripletDataset(Dataset):
     _TRIES = 8
 
     def __init__(
-        self, graph: CorpusGraph, *, hard: Optional[Tensor] = None, hard_ratio: float = 0.5, seed: int = 0
+        self, graph: CorpusGraph, *, hard: Tensor | None = None, hard_ratio: float = 0.5, seed: int = 0
     ) -> None:
         if graph.num_edges == 0:
             raise ValueError("the graph has no edges: no positive pairs to train on")
@@ -111,7 +111,7 @@ class TripletDataset(Dataset):
             r = _mix(base + np.uint64(stream))
         return (r >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1)
 
-    def __getitems__(self, items: Sequence[Union[int, tuple[int, int]]]) -> list[Tensor]:
+    def __getitems__(self, items: Sequence[int | tuple[int, int]]) -> list[Tensor]:
         """The triplets of ``items``, drawn together: a list of ``(3,)`` rows (views of one array)."""
         pairs = [(int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (self.epoch, int(x)) for x in items]
         epoch = np.array([e for e, _ in pairs], dtype=np.int64)
@@ -138,7 +138,7 @@ class TripletDataset(Dataset):
             w = np.where(use, self.hard[u, slot], w)
         return list(torch.from_numpy(np.stack([u, v, w], axis=1)).unbind(0))
 
-    def __getitem__(self, item: Union[int, tuple[int, int]]) -> Tensor:
+    def __getitem__(self, item: int | tuple[int, int]) -> Tensor:
         return self.__getitems__([item])[0]
 
 
@@ -157,9 +157,9 @@ class TripletSampler(DistributedSampler):
         *,
         shuffle: bool = True,
         seed: int = 0,
-        num_replicas: Optional[int] = None,
-        rank: Optional[int] = None,
-        fixed_epoch: Optional[int] = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        fixed_epoch: int | None = None,
     ) -> None:
         distributed = dist.is_available() and dist.is_initialized()
         if num_replicas is None:
@@ -178,13 +178,13 @@ class TripletSampler(DistributedSampler):
 
 def triplet_loader(
     dataset: TripletDataset,
-    indices: Optional[Sequence[int]] = None,
+    indices: Sequence[int] | None = None,
     *,
     batch_size: int,
     shuffle: bool = True,
     seed: int = 0,
     num_workers: int = 0,
-    fixed_epoch: Optional[int] = None,
+    fixed_epoch: int | None = None,
 ) -> DataLoader:
     """A DataLoader over ``dataset`` (all items, or ``indices``) that re-draws negatives every epoch."""
     items = range(len(dataset)) if indices is None else indices
@@ -205,10 +205,10 @@ def _resolve_corpus(corpus: str) -> Path:
 def build_graph(
     corpus: str,
     *,
-    knn: Optional[int] = None,
+    knn: int | None = None,
     mentions: bool = False,
     split: str = "test",
-    cache: Optional[str] = None,
+    cache: str | None = None,
     verbose: bool = True,
 ) -> CorpusGraph:
     """The :class:`CorpusGraph` of a BEIR folder by a recipe, cached on disk.
@@ -294,13 +294,13 @@ class GraphDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        graph_dir: Optional[str] = None,
+        graph_dir: str | None = None,
         *,
-        corpus: Optional[str] = None,
-        knn: Optional[int] = None,
+        corpus: str | None = None,
+        knn: int | None = None,
         mentions: bool = False,
         split: str = "test",
-        cache: Optional[str] = None,
+        cache: str | None = None,
         batch_size: int = 512,
         hard_negatives: int = 8,
         hard_ratio: float = 0.5,
@@ -334,7 +334,7 @@ class GraphDataModule(L.LightningDataModule):
                 raise DataConfigError(f"{name}: {e}") from None
         self.dim = int(self.graph.embeddings.shape[1])
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
         hard = hard_negatives(self.graph, hp.hard_negatives) if hp.hard_negatives > 0 else None
         self.full = TripletDataset(self.graph, hard=hard, hard_ratio=hp.hard_ratio, seed=hp.seed)

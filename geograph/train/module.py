@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import lightning as L
 import torch
@@ -73,7 +72,7 @@ class PoincareModule(L.LightningModule):
         self.degree = graph.degree().to(self.device)
         self.max_degree = int(self.degree.max()) if self.degree.numel() else 0  # once, not per step
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and self.embeddings.numel() == 0:
             self.attach(dm.graph)
@@ -125,9 +124,9 @@ class ExportProjection(L.Callback):
     callback (or before any checkpoint) the final weights are written.
     """
 
-    def __init__(self, path: Optional[str] = None) -> None:
+    def __init__(self, path: str | None = None) -> None:
         self.path = path
-        self.exported: Optional[Path] = None
+        self.exported: Path | None = None
 
     @staticmethod
     def free_name(path: Path) -> Path:

@@ -41,8 +41,8 @@ from geograph.bench.run.methods import (
     Context,
     Method,
     Ranker,
-    chain_reference,
     chain_ranker,
+    chain_reference,
     reranker,
     ricci_filtration_reference,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from geograph.bench.run.config import DEFAULT_CONFIG, load_config
 from geograph.bench.run.protocol import run
@@ -10,7 +10,7 @@ from geograph.bench.run.tables import print_table, write
 from geograph.console import make_parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from geograph.bench import run as package
 
     p = make_parser("geograph bench run", package.__doc__)

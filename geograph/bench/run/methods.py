@@ -8,8 +8,9 @@ to the corpus indices it returns, best first. References are computed from the r
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,12 +50,12 @@ class Method:
     """A row of the table: a grid, a ranker per grid point and, where one exists, a reference."""
 
     kind = "rerank"
-    reference_name: Optional[str] = None
+    reference_name: str | None = None
 
     def ranker(self, ctx: Context, params: dict, cfg: dict) -> Ranker:
         raise NotImplementedError
 
-    def reference(self, ctx: Context, params: dict, cfg: dict) -> Optional[Callable[[Tensor, Tensor], Any]]:
+    def reference(self, ctx: Context, params: dict, cfg: dict) -> Callable[[Tensor, Tensor], Any] | None:
         """The slow reference for one query: ``(query (D,), candidate indices (M,))`` to the
         corpus indices it returns, best first (a 1-D int64 array)."""
         return None

@@ -12,7 +12,6 @@ def figure(results: dict, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.lines import Line2D
 
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)

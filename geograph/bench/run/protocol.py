@@ -7,7 +7,6 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -26,7 +25,7 @@ def _batched(ranker: Ranker, query: Tensor, cands: Tensor, batch: int = 64) -> t
     return torch.cat([pad(o[0], 0) for o in outs]), torch.cat([pad(o[1].double(), float("-inf")) for o in outs])
 
 
-def answers_of(dataset) -> Optional[list[list[str]]]:
+def answers_of(dataset) -> list[list[str]] | None:
     """Each query's answer strings (``answer`` and ``answer_aliases`` of queries.jsonl), or None
     when the data set carries no answers."""
     fields = getattr(dataset, "query_fields", None) or {}
@@ -171,7 +170,7 @@ def environment() -> dict:
     }
 
 
-def run(cfg: dict, *, progress: bool = True, cache: Optional[str] = None) -> dict:
+def run(cfg: dict, *, progress: bool = True, cache: str | None = None) -> dict:
     """Run the benchmark of ``cfg`` (see :func:`~geograph.bench.run.config.load_config`); returns the results dict."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
