@@ -1,11 +1,11 @@
 """geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry."""
 
 from geograph import functional
-from geograph.corpus import CorpusGraph
-from geograph.encoders import PoincareProjection
+from geograph.graphs import CorpusGraph, G3Graph
 from geograph.outputs import RerankOutput, RetrievalOutput
+from geograph.projection import PoincareProjection
 from geograph.rerankers import Maniscope, RicciFiltration
-from geograph.retrievers import BM25Retriever, DenseRetriever, G3Graph, G3Retriever, ISORetriever
+from geograph.retrievers import BM25Retriever, DenseRetriever, G3Retriever, ISORetriever
 from geograph.scorers import CrossEncoderScorer
 
 __version__ = "0.1.0"

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "demo":
-        from geograph.demo import main as demo_main
+        from geograph.commands.demo import main as demo_main
 
         return demo_main(rest)
     if command == "bench":
@@ -83,11 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _plain_help():  # the benchmarks' help comes from their module docstrings
             return bench_main(rest)
     if command == "build-graph":
-        from geograph.build_graph import main as build_main
+        from geograph.commands.build_graph import main as build_main
 
         return build_main(rest)
     if command == "embed":
-        from geograph.embed import main as embed_main
+        from geograph.commands.embed import main as embed_main
 
         return embed_main(rest)
     if command == "serve":

@@ -33,7 +33,7 @@ NOTEBOOKS = {
         new_code_cell("""from geograph import (
     CorpusGraph, DenseRetriever, G3Retriever, ISORetriever, Maniscope, RicciFiltration,
 )
-from geograph.metrics import evaluate
+from geograph.evaluation import evaluate
 from geograph.pipeline import run_ids
 
 dense = DenseRetriever(corpus)(query, k=20)

@@ -12,7 +12,7 @@ from geograph import CorpusGraph
 from geograph.functional import ann
 from geograph.functional.allpairs import tiled_topk
 from geograph.functional.ann import ivf_self_topk, sample_recall, train_centroids
-from geograph.retrievers.g3 import G3Graph
+from geograph.graphs.g3_graph import G3Graph
 
 require("faiss")
 

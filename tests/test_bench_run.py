@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from geograph.bench import run as bench_run
-from geograph.metrics import evaluate, paired_bootstrap
+from geograph.evaluation import evaluate, paired_bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "bench" / "smoke.yaml"
@@ -72,7 +72,7 @@ def test_bm25_and_hit_answer_rows_recomputed_independently(smoke):
 
     from geograph.bench.common import tuning_split
     from geograph.data import DEMO_PATH, Encoder
-    from geograph.metrics import evaluate
+    from geograph.evaluation import evaluate
 
     results, _ = smoke
     row = results["datasets"]["demo"]["methods"]["BM25"]

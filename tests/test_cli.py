@@ -195,7 +195,7 @@ def test_every_mistake_is_one_line_naming_the_argument(tmp_path, capsys, no_embe
 
 @pytest.mark.skipif(not has_package("sentence_transformers"), reason="text extra not installed")
 def test_build_graph_g3_with_ivf_saves_a_loadable_g3graph(tmp_path, capsys):
-    from geograph.retrievers import G3Graph
+    from geograph.graphs import G3Graph
 
     out = tmp_path / "g3"
     argv = [

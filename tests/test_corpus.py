@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, PoincareProjection
-from geograph.encoders import IdentityPoincare, conformal_volume
+from geograph.projection import IdentityPoincare, conformal_volume
 
 
 def unit(rng, v, d):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from geograph.cli import main
+from geograph.commands.demo import pick_queries
 from geograph.data import load_demo
-from geograph.demo import pick_queries
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("bm25s")

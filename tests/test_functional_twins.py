@@ -9,7 +9,7 @@ import torch
 
 from geograph import CorpusGraph, G3Retriever, ISORetriever, Maniscope, RicciFiltration
 from geograph import functional as F
-from geograph.encoders import PoincareProjection
+from geograph.projection import PoincareProjection
 
 
 def assert_same(a, b):
@@ -151,10 +151,10 @@ def test_csr_row_slots_pads_rows():
 
 
 def test_conformal_volume_has_one_home():
-    from geograph import encoders
+    from geograph import projection
     from geograph.functional import isoperimetric
 
-    assert encoders.conformal_volume is isoperimetric.conformal_volume is F.conformal_volume
+    assert projection.conformal_volume is isoperimetric.conformal_volume is F.conformal_volume
 
 
 def test_solver_resolution_has_one_home():

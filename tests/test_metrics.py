@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from conftest import require
+from geograph.evaluation import answer_hits, evaluate, normalize_answer, per_query, relevance_tensors
 from geograph.functional import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
-from geograph.metrics import answer_hits, evaluate, normalize_answer, per_query, relevance_tensors
 
 
 def random_runs(seed, n_queries=60, n_docs=200, depth=30):

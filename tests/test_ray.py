@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from conftest import require
-from geograph.corpus import CorpusGraph
 from geograph.functional.allpairs import tile_executor
-from geograph.retrievers.g3 import G3Graph
+from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.graphs.g3_graph import G3Graph
 
 
 def corpus(n=1200, d=24, seed=0):
@@ -107,8 +107,8 @@ def test_executor_is_scoped_to_the_block():
 @pytest.mark.integration
 def test_import_does_not_load_ray():
     code = (
-        "import sys, geograph, geograph.cli, geograph.build_graph, geograph.embed, geograph.distributed, "
-        "geograph.bench.scale\n"
+        "import sys, geograph, geograph.cli, geograph.commands.build_graph, geograph.commands.embed, "
+        "geograph.distributed, geograph.bench.scale\n"
         "from geograph.cli import main\n"
         "import contextlib, io\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"

@@ -12,7 +12,7 @@ from geograph import CorpusGraph, DenseRetriever
 from geograph.functional.allpairs import tiled_pairs, tiled_topk
 from geograph.functional.ann import self_topk
 from geograph.functional.gain import candidate_cap, gain_bound, gain_density, gain_edges, gain_transition
-from geograph.retrievers.g3 import G3Graph
+from geograph.graphs.g3_graph import G3Graph
 
 faiss = require("faiss")
 
@@ -389,7 +389,7 @@ def test_g3_build_holds_compact_buffers_that_are_not_views():
     """The IVF build's edges are compacted inside the consumed lists and held without a copy: the
     buffers must still own exactly their elements (a saved graph carries no list tail) and be
     no view of another tensor (dynamo traces them)."""
-    from geograph.retrievers.g3 import G3Graph
+    from geograph.graphs.g3_graph import G3Graph
 
     z = torch.from_numpy(clustered(900, seed=4)).float()
     g = G3Graph.build(z, max_degree=8, index="ivf", nlist=8, nprobe=2, ranking="weight")

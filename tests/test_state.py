@@ -21,7 +21,7 @@ from geograph import (
     PoincareProjection,
     RicciFiltration,
 )
-from geograph.encoders import IdentityPoincare
+from geograph.projection import IdentityPoincare
 
 V, D, B = 80, 8, 6
 

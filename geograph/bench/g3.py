@@ -25,7 +25,7 @@ import torch
 from geograph.bench.common import DEFAULT_DATA, tuning_split, write_json
 from geograph.console import format_table, make_parser
 from geograph.data import Encoder
-from geograph.metrics import evaluate
+from geograph.evaluation import evaluate
 from geograph.pipeline import run_ids as _run
 
 METRICS = ("Recall@5", "HitAll@5")
@@ -47,7 +47,7 @@ def _rss_mb() -> float:
 
 def _child(kind: str, n: int, max_degree: int, queue) -> None:
     from geograph.bench.reference import g3_dense_reference
-    from geograph.retrievers import G3Graph
+    from geograph.graphs import G3Graph
 
     x = synthetic(n)
     base = _rss_mb()
@@ -76,7 +76,8 @@ def measure(kind: str, n: int, max_degree: int) -> dict:
 
 
 def quality(name: str, root: str, encoder: Encoder) -> dict:
-    from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever
+    from geograph.graphs import G3Graph
+    from geograph.retrievers import DenseRetriever, G3Retriever
 
     sp = tuning_split(name, root, encoder)
     corpus, protocol = sp.corpus, sp.protocol

@@ -45,8 +45,8 @@ def _diff(a, b) -> float:
 def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2000) -> dict[str, float]:
     """Max |device - cpu| of every functional kernel on the same inputs."""
     import geograph.functional as F
-    from geograph.corpus import CorpusGraph
     from geograph.functional.graphs import query_graph
+    from geograph.graphs.corpus_graph import CorpusGraph
 
     torch.manual_seed(0)
     docs = clustered(b * n, 64).view(b, n, 64).double()
@@ -95,9 +95,10 @@ def module_parity_and_timing(
     dev: torch.device, sizes: Sequence[int], *, corpus: int, repeat: int, parity_queries: int = 16
 ) -> dict:
     """Each module on CPU vs ``dev`` (ids / kept sets) and ms/query on ``dev`` at each B."""
-    from geograph.corpus import CorpusGraph
+    from geograph.graphs import G3Graph
+    from geograph.graphs.corpus_graph import CorpusGraph
     from geograph.rerankers import Maniscope, RicciFiltration
-    from geograph.retrievers import DenseRetriever, G3Graph, G3Retriever, ISORetriever
+    from geograph.retrievers import DenseRetriever, G3Retriever, ISORetriever
 
     big = max(sizes)
     x = clustered(corpus, 384, seed=3)

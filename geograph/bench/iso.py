@@ -21,10 +21,10 @@ import torch
 
 from geograph.bench.common import DEFAULT_DATA, time_calls, tuning_split, write_json
 from geograph.console import format_table, make_parser
-from geograph.corpus import CorpusGraph
 from geograph.data import Encoder
+from geograph.evaluation import evaluate
 from geograph.functional.pagerank import personalized_pagerank
-from geograph.metrics import evaluate
+from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.pipeline import run_ids as _run
 from geograph.retrievers import DenseRetriever, ISORetriever
 

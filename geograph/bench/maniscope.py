@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from geograph.bench.common import dense_candidate_set, time_calls, write_json
 from geograph.bench.reference import maniscope_reference
 from geograph.console import format_table, make_parser
-from geograph.metrics import evaluate
+from geograph.evaluation import evaluate
 from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import Maniscope
 

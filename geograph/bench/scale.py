@@ -177,8 +177,8 @@ def _child(task: dict, queue) -> None:
 
 def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
     """Connect (or start a local Ray) and warm its workers with a small build, both timed apart from the build."""
-    from geograph.corpus import CorpusGraph
     from geograph.distributed import on_ray
+    from geograph.graphs.corpus_graph import CorpusGraph
 
     t0 = time.perf_counter()
     executor = stack.enter_context(on_ray(address))
@@ -198,14 +198,14 @@ def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
 def _build(task: dict, x: torch.Tensor, out: dict) -> None:
     """One build of ``task["kind"]``; its graph arrays saved to ``task["out"]``."""
     if task["kind"] == "knn":
-        from geograph.corpus import CorpusGraph
+        from geograph.graphs.corpus_graph import CorpusGraph
 
         g = CorpusGraph.from_knn(x, KNN_K, index=task["index"], nprobe=task["nprobe"], progress=task["progress"])
         np.save(task["out"], g.edge_index.numpy())
         out["stages"] = g.build_info.get("seconds", {})
         out["build_info"] = g.build_info
     else:
-        from geograph.retrievers.g3 import G3Graph
+        from geograph.graphs.g3_graph import G3Graph
 
         g = G3Graph.build(
             x,
@@ -468,10 +468,10 @@ def csr_edge_recall(crow: torch.Tensor, col: torch.Tensor, crow2: torch.Tensor, 
 
 
 def real_set(name: str, root: str, encoder, args) -> dict:
-    from geograph.corpus import CorpusGraph
     from geograph.data import load_beir
+    from geograph.graphs.corpus_graph import CorpusGraph
+    from geograph.graphs.g3_graph import G3Graph
     from geograph.retrievers import G3Retriever, ISORetriever
-    from geograph.retrievers.g3 import G3Graph
 
     ds = load_beir(root, "test")
     x = encoder.encode(ds.passages())

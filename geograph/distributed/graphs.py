@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 from torch import Tensor
 
-from geograph.corpus import CorpusGraph
 from geograph.distributed.cluster import RayExecutor, ray_session
 from geograph.functional.allpairs import tile_executor
-from geograph.retrievers.g3 import G3Graph
+from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.graphs.g3_graph import G3Graph
 
 __all__ = ["on_ray", "knn_graph", "g3_graph"]
 

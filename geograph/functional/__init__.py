@@ -10,9 +10,16 @@ from geograph.functional.graphs import csr_row_slots, knn_from_similarity, knn_g
 from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
 from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.functional.maniscope import maniscope_scores
-from geograph.functional.metrics import hit_all_at_k, hit_answer_at_k, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.paths import shortest_paths, single_source_shortest_paths
+from geograph.functional.ranking_metrics import (
+    hit_all_at_k,
+    hit_answer_at_k,
+    mrr_at_k,
+    ndcg_at_k,
+    precision_at_k,
+    recall_at_k,
+)
 from geograph.functional.ricci import ricci_filtration, ricci_surgery
 from geograph.functional.similarity import cosine_similarity, minmax_normalize, normalize, unit_rows
 from geograph.functional.transport import SinkhornOutput, sinkhorn

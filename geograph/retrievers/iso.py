@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from geograph.corpus import CorpusGraph
-from geograph.encoders import IdentityPoincare
 from geograph.functional.iso import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
 from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
+from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.outputs import LocalSubgraph, RetrievalOutput
+from geograph.projection import IdentityPoincare
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
@@ -22,7 +22,7 @@ class ISORetriever(nn.Module):
     Poincare ball, volumes ``v(u) = lambda(z_u) ** p`` (:func:`~geograph.functional.conformal_volume`),
     ``phi`` by :func:`~geograph.functional.isoperimetric_ratio`, and the edges kept by
     :func:`~geograph.functional.compatible_edges` with ``beta``. Without a ``projection`` the
-    default signal is :class:`~geograph.encoders.IdentityPoincare` (``exp_0`` of the raw
+    default signal is :class:`~geograph.projection.IdentityPoincare` (``exp_0`` of the raw
     embedding: for unit-norm embeddings every node gets the same volume, so ``phi`` is purely
     combinatorial).
 

@@ -123,8 +123,8 @@ def build_model(
         return RicciFiltration(**params)
     v, d = corpus.shape
     if method == "iso":
-        from geograph.corpus import CorpusGraph
-        from geograph.encoders import PoincareProjection
+        from geograph.graphs.corpus_graph import CorpusGraph
+        from geograph.projection import PoincareProjection
         from geograph.retrievers import ISORetriever
 
         if graph is not None:
@@ -141,7 +141,8 @@ def build_model(
             raise ValueError(f"projection: {projection} takes {proj.in_dim}-dimensional inputs, the corpus has {d}")
         model = ISORetriever(g, projection=proj, **params)
         return model.to(corpus.device)
-    from geograph.retrievers import G3Graph, G3Retriever
+    from geograph.graphs import G3Graph
+    from geograph.retrievers import G3Retriever
 
     if graph is not None:
         g = _load(G3Graph.load, graph, "graph")

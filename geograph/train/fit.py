@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from geograph.corpus import CorpusGraph
-from geograph.encoders import PoincareProjection
+from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.projection import PoincareProjection
 
 
 def train_projection(graph: CorpusGraph, *, epochs: int, seed: int = 0) -> PoincareProjection:

@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from geograph.encoders import PoincareProjection
+from geograph.projection import PoincareProjection
 
 
 def radial_target(degree: Tensor, max_degree: int, r_min: float = 0.1, r_max: float = 0.9) -> Tensor:

@@ -179,7 +179,7 @@ class ISOMethod(Method):
     trained = False
 
     def _graph(self, ctx, cfg):
-        from geograph.corpus import CorpusGraph
+        from geograph.graphs.corpus_graph import CorpusGraph
 
         key = ("knn", cfg.get("knn", 10))
         if key not in ctx.cache:
@@ -256,7 +256,7 @@ class G3Method(Method):
     reference_name = "dense numpy T"
 
     def _graph(self, ctx, params, cfg):
-        from geograph.retrievers import G3Graph
+        from geograph.graphs import G3Graph
 
         band = params.get("band", (0.1, 0.7))
         band = tuple(band) if band is not None else None

@@ -14,7 +14,7 @@ from torch import Tensor
 from geograph.bench.common import time_calls, tuning_split
 from geograph.bench.run.config import dataset_root, grid_points
 from geograph.bench.run.methods import LABELS, METHODS, Context, Dense, Method, Ranker, chain_ranker, chain_reference
-from geograph.metrics import ANSWER_METRICS, paired_bootstrap, per_query
+from geograph.evaluation import ANSWER_METRICS, paired_bootstrap, per_query
 from geograph.pipeline import dense_candidates, run_ids
 
 

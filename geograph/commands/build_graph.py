@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mentions:  # the links depend on the texts only: check them before embedding
             import torch
 
-            from geograph.corpus import CorpusGraph
+            from geograph.graphs.corpus_graph import CorpusGraph
 
             if CorpusGraph.from_mentions(torch.zeros(n, 1), dataset.titles, dataset.texts).num_edges == 0:
                 raise UsageError(f"--mentions: no passage of {args.data} mentions another passage's title; use --knn K")
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import logging
 
-    from geograph.corpus import CorpusGraph
+    from geograph.graphs.corpus_graph import CorpusGraph
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     with contextlib.ExitStack() as stack:
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.knn is not None:
                 graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
             elif args.g3:
-                from geograph.retrievers.g3 import G3Graph
+                from geograph.graphs.g3_graph import G3Graph
 
                 graph = G3Graph.build(
                     emb,

@@ -9,11 +9,11 @@ Every metric takes
 
 An item counts as relevant when its gain is > 0, as in trec_eval. nDCG uses linear gains
 and the ``log2(rank + 1)`` discount (trec_eval's ``ndcg_cut``, which BEIR reports). A query
-with no relevant item scores 0 on every metric. :func:`geograph.metrics.relevance_tensors`
+with no relevant item scores 0 on every metric. :func:`geograph.evaluation.relevance_tensors`
 builds both tensors from a run and qrels.
 
 :func:`hit_answer_at_k` instead takes ``contains (B, K)`` bool: whether the passage at each
-rank contains an answer string (:func:`geograph.metrics.answer_hits` builds it from texts).
+rank contains an answer string (:func:`geograph.evaluation.answer_hits` builds it from texts).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from geograph.console import UsageError, format_table, make_parser
 from geograph.data import BEIRError, Dataset, Encoder, load_beir, load_demo
-from geograph.metrics import per_query
+from geograph.evaluation import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
 
 METRICS = ("nDCG@10", "Recall@5", "HitAll@5", "MRR@10")
@@ -114,7 +114,7 @@ def _pair(out) -> tuple[Tensor, Tensor]:
 
 
 def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor):
-    from geograph.corpus import CorpusGraph
+    from geograph.graphs.corpus_graph import CorpusGraph
 
     if args.graph in ("auto", "mentions"):
         graph = CorpusGraph.from_mentions(corpus, dataset.titles, dataset.texts)

@@ -1,0 +1,1 @@
+"""The command modules behind ``geograph demo``, ``geograph build-graph`` and ``geograph embed``."""

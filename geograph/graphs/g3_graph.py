@@ -1,0 +1,439 @@
+"""G3RAG's zero-token geometric-gain graph over a corpus: :class:`G3Graph` (build, save, load)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from geograph._checks import check_finite_float, check_positive_int, check_tensor
+from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
+from geograph.functional.allpairs import DEFAULT_BLOCK
+from geograph.functional.ann import DEFAULT_RECALL_TARGET, default_join_nlist, resolve_index, self_topk
+from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
+
+__all__ = ["G3Graph"]
+
+_FORMAT = 1
+_META, _DATA = "g3graph.json", "g3graph.pt"
+
+
+#: ``max_degree`` of :meth:`G3Graph.build` and :class:`G3Retriever` unless given
+DEFAULT_MAX_DEGREE = 128
+
+#: cosine candidates per row of the IVF build with ``ranking="cosine"`` unless given
+#: (``ranking="weight"``: ``max_degree`` plus a quarter)
+DEFAULT_CANDIDATES = 512
+
+#: columns sampled for the density of the IVF build unless given
+DEFAULT_DENSITY_SAMPLE = 8192
+
+log = logging.getLogger("geograph.g3")
+
+
+class G3Graph(nn.Module):
+    """Passage embeddings and G3RAG's sparse transition matrix ``T`` (see :func:`~geograph.functional.gain_transition`).
+
+    Embeddings are L2-normalised when the graph is built (stored as given). A
+    :class:`torch.nn.Module`: ``T`` is held as three CSR buffers (``crow``, ``col``, ``val``)
+    next to ``embeddings`` and ``density``, so ``.to(device)``, ``.to(dtype)`` (floating
+    buffers only; the index buffers stay long) and ``state_dict()`` carry the whole graph;
+    :attr:`transition` rebuilds the sparse view from them on each access.
+
+    Attributes:
+        embeddings: ``(N, D)``.
+        transition: sparse CSR ``(N, N)``, rows sum to 1 (0 for a passage with no edge).
+        density: ``(N,)`` normalised density ``rho``.
+        band, beta, max_degree: the build parameters.
+        row_width: the largest out-degree of ``T`` (read once at construction): the padded
+            width of a seed's row in :class:`G3Retriever`.
+
+    Example:
+        >>> x = torch.nn.functional.normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+        >>> g = G3Graph.build(x, max_degree=4)
+        >>> g.transition.shape, bool((g.degree() <= 4).all())
+        (torch.Size([50, 50]), True)
+    """
+
+    embeddings: Tensor
+    density: Tensor
+    crow: Tensor
+    col: Tensor
+    val: Tensor
+
+    def __init__(
+        self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float, max_degree: int | None
+    ) -> None:
+        super().__init__()
+        check_tensor(embeddings, "embeddings", 2)
+        n = embeddings.shape[0]
+        if (
+            not isinstance(transition, Tensor)
+            or transition.layout != torch.sparse_csr
+            or tuple(transition.shape) != (n, n)
+        ):
+            raise ValueError(
+                f"transition must be a sparse CSR ({n}, {n}) tensor, got {getattr(transition, 'shape', transition)}"
+            )
+        if not isinstance(density, Tensor) or tuple(density.shape) != (n,):
+            raise ValueError(f"density must have shape ({n},), got {tuple(getattr(density, 'shape', ()))}")
+        for name, t in (("transition", transition), ("density", density)):
+            if t.device != embeddings.device:
+                raise ValueError(
+                    f"{name} is on {t.device} but embeddings is on {embeddings.device}: "
+                    "move one of them with .to() first"
+                )
+        # copies, not views into the sparse tensor (dynamo cannot trace a view of a sparse base)
+        self._hold(
+            embeddings,
+            density,
+            transition.crow_indices().to(torch.long, copy=True),
+            transition.col_indices().to(torch.long, copy=True),
+            transition.values().clone(),
+            band=band,
+            beta=beta,
+            max_degree=max_degree,
+        )
+
+    @classmethod
+    def _from_parts(
+        cls,
+        embeddings: Tensor,
+        density: Tensor,
+        crow: Tensor,
+        col: Tensor,
+        val: Tensor,
+        *,
+        band,
+        beta: float,
+        max_degree: int | None,
+    ) -> G3Graph:
+        """A graph holding ``T``'s CSR parts as given (no copy: :meth:`build`'s own fresh arrays; at
+        1M passages x 128 edges a copy would be 1.5 GB more at the peak)."""
+        graph = cls.__new__(cls)
+        nn.Module.__init__(graph)
+        graph._hold(embeddings, density, crow, col, val, band=band, beta=beta, max_degree=max_degree)
+        return graph
+
+    def _hold(
+        self,
+        embeddings: Tensor,
+        density: Tensor,
+        crow: Tensor,
+        col: Tensor,
+        val: Tensor,
+        *,
+        band,
+        beta: float,
+        max_degree: int | None,
+    ) -> None:
+        self.register_buffer("embeddings", embeddings)
+        self.register_buffer("density", density)
+        self.register_buffer("crow", crow)
+        self.register_buffer("col", col)
+        self.register_buffer("val", val)
+        self.band = check_band(band)
+        self.beta = check_finite_float(beta, "beta")
+        self.max_degree = max_degree
+        self.build_info: dict = {}
+        self._update_width()
+        self.register_load_state_dict_post_hook(_update_width_after_load)  # (a function: the module pickles)
+
+    def _update_width(self) -> None:
+        self.row_width = int(self.degree().max()) if self.num_nodes else 0
+
+    @classmethod
+    def build(
+        cls,
+        embeddings: Tensor,
+        *,
+        band: tuple[float, float] | None = (0.1, 0.7),
+        beta: float = 0.4,
+        max_degree: int | None = DEFAULT_MAX_DEGREE,
+        block: int | None = None,
+        index: str = "exact",
+        candidates: int | None = None,
+        nlist: int | None = None,
+        nprobe: int | None = None,
+        sample: int | None = None,
+        density_sample: int | None = None,
+        ranking: str = "weight",
+        seed: int = 0,
+        recall_target: float | None = DEFAULT_RECALL_TARGET,
+        progress: bool = False,
+    ) -> G3Graph:
+        """Build by tiles: memory ``O(block^2 + N x max_degree)`` (``band=None``: the authors' T).
+
+        ``max_degree`` defaults to :data:`DEFAULT_MAX_DEGREE` (128) strongest edges a row: the
+        band alone keeps over half of all pairs of real embeddings (61% on 1,824 MuSiQue
+        passages), so an unbounded T is ``O(N^2)``. A row with more band edges than that
+        loses its weakest ones and is renormalised over the rest (see
+        :func:`~geograph.functional.gain_transition`); ``max_degree=None`` is the authors'
+        full T (parity, small corpora; it warns above 10,000 passages). Measured with MiniLM
+        embeddings, band (0.1, 0.7), 10 candidates, 2 cosine seeds, Recall@5: MuSiQue queries
+        50-99 (1,890 passages, full-T mean degree 324): 0.523 (128) vs 0.537 (None) at beta 0.4,
+        0.507 vs 0.537 at beta 0.7; SciFact test (300 queries, 5,183 passages, full-T mean
+        degree 2,930): 0.680 for both (64 gives 0.517 / 0.510 and 0.680).
+
+        Corpora of millions: ``index="exact"`` ranks every pair's weight (time ``O(N^2 D)``);
+        ``index="ivf"`` takes each row's top-``candidates`` list from the IVF join
+        (:func:`~geograph.functional.ann.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``;
+        with ``nprobe`` left out it is chosen on sampled rows so that the lists hold
+        ``recall_target`` of each row's exact top-``candidates``, or the lists are computed
+        exactly, and the recall is measured on other sampled rows; ``None`` skips both)
+        and keeps its ``max_degree`` largest weights. ``ranking="weight"`` (default) ranks the
+        join's pairs by their weight ``W_ij`` itself (``f(x)`` in the band times the target's
+        penalty; each computed block serves both directions), so the lists are the rows'
+        answers up to the join's misses; ``ranking="cosine"`` ranks by cosine (below the band's
+        ceiling) and proves rows by the certificate of :func:`~geograph.functional.gain_edges`
+        (an outside pair weighs at most ``f(x_K')``), recomputing the rows it cannot prove
+        against every passage: exact, but the share it proves falls as N grows (measured by
+        ``geograph bench scale 20000 50000 --ranking cosine`` on the MiniLM-like generator,
+        K'=512: 58% of rows at 20k, 27% at 50k), so its re-done rows
+        dominate at scale. ``index="auto"`` is exact up to
+        :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages (logged). ``candidates``
+        defaults to :data:`DEFAULT_CANDIDATES`; with ``index="exact"`` and ``candidates`` given,
+        the lists come from the exact tiled scan. ``density_sample`` columns estimate the
+        density (:func:`~geograph.functional.gain_density`; default: exact for the exact
+        build, :data:`DEFAULT_DENSITY_SAMPLE` for IVF; 0 = exact). :attr:`build_info` records what was
+        done (certified and redone rows, density error).
+
+        ``block``: tile side (default 4096; for ``max_degree=None`` rows per block, default
+        ``2^26 // N``). float16 / bfloat16 embeddings are built in float32 and stored in their
+        own dtype.
+        """
+        band = check_band(band)
+        n = embeddings.shape[0]
+        index = resolve_index(index, n, "G3Graph.build")
+        if max_degree is not None:
+            max_degree = check_positive_int(max_degree, "max_degree")
+        if ranking not in ("weight", "cosine"):
+            raise ValueError(f"ranking must be 'weight' or 'cosine', got {ranking!r}")
+        if index == "ivf" and candidates is None:
+            candidates = DEFAULT_CANDIDATES if ranking == "cosine" else (max_degree or 0) + (max_degree or 0) // 4
+        if index == "ivf" and density_sample is None:
+            density_sample = DEFAULT_DENSITY_SAMPLE
+        if density_sample == 0:  # exact, whatever the index
+            density_sample = None
+        if candidates is not None:
+            candidates = check_positive_int(candidates, "candidates")
+            if max_degree is None:
+                raise ValueError("candidates need max_degree: the full T (max_degree=None) uses every pair")
+            if candidates < max_degree and candidates < n - 1:
+                raise ValueError(
+                    f"candidates={candidates} must be at least max_degree={max_degree} "
+                    "(each row keeps max_degree of its candidates)"
+                )
+            candidates = min(candidates, n - 1)
+        z = _unit(embeddings)
+        info: dict = {"index": index, "passages": n}
+        t0 = time.perf_counter()
+        rho, dinfo = gain_density(
+            z,
+            block=block,
+            sample=density_sample,
+            seed=seed,
+            progress="G3 density" if progress else False,
+            return_info=True,
+        )
+        info.update(density_seconds=time.perf_counter() - t0, density=asdict(dinfo))
+        cand = None
+        if candidates is not None and max_degree is not None and max_degree < n:
+            t0 = time.perf_counter()
+            tile = DEFAULT_BLOCK if block is None else block
+            if ranking == "cosine":
+                rank = dict(transform=candidate_cap(band))
+            else:
+                rank = dict(transform=gain_rank(band), target=torch.exp(-check_finite_float(beta, "beta") * rho.to(z)))
+            report: dict = {}
+            cand = self_topk(
+                z,
+                candidates,
+                index=index,
+                nlist=nlist,
+                nprobe=nprobe,
+                sample=sample,
+                seed=seed,
+                block=tile,
+                progress="G3 candidates" if progress else False,
+                recall_target=recall_target,
+                report=report,
+                **rank,
+            )
+            info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
+            if index == "ivf":
+                info.update(nlist=nlist or default_join_nlist(n), **report)
+        t0 = time.perf_counter()
+        t, edges = gain_transition(
+            z,
+            band=band,
+            beta=beta,
+            max_degree=max_degree,
+            block=block,
+            density=rho,
+            candidates=cand,
+            ranking=ranking,
+            progress="G3 edges" if progress else False,
+            return_edges=True,
+            consume=True,
+        )
+        info["edge_seconds"] = time.perf_counter() - t0
+        if edges is not None:
+            info.update(certified=int(edges.certified.sum()), redone=int(edges.redone.sum()))
+        del z, cand, edges
+        # T's parts are fresh arrays of this build (not views of another tensor): held without a copy
+        crow, col, val = t.crow_indices(), t.col_indices(), t.values()
+        del t
+        graph = cls._from_parts(
+            embeddings,
+            rho.to(embeddings.dtype),
+            _plain(crow),
+            _plain(col),
+            _plain(val).to(embeddings.dtype),
+            band=band,
+            beta=beta,
+            max_degree=max_degree,
+        )
+        graph.build_info = info
+        log.info("G3Graph.build: %s", info)
+        return graph
+
+    @property
+    def transition(self) -> Tensor:
+        """``T`` as a sparse CSR ``(N, N)`` tensor, a view of the ``crow``/``col``/``val`` buffers."""
+        return csr(self.crow, self.col, self.val, self.num_nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.crow.shape[0]) - 1  # (a shape: no read of the embeddings in a traced forward)
+
+    @property
+    def device(self) -> torch.device:
+        return self.crow.device
+
+    def degree(self) -> Tensor:
+        """Out-degree of every passage in ``T``."""
+        return self.crow[1:] - self.crow[:-1]
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``g3graph.pt`` and ``g3graph.json`` into ``directory`` (atomically, as :meth:`CorpusGraph.save`)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / _META).unlink(missing_ok=True)  # not loadable until the new g3graph.json is in place
+        size = atomic_torch_save(
+            {
+                "embeddings": self.embeddings.cpu(),
+                "density": self.density.cpu(),
+                "crow": self.crow.cpu(),
+                "col": self.col.cpu(),
+                "val": self.val.cpu(),
+            },
+            path / _DATA,
+        )
+        meta = {
+            "format": _FORMAT,
+            "band": self.band,
+            "beta": self.beta,
+            "max_degree": self.max_degree,
+            "num_nodes": self.num_nodes,
+            "nnz": int(self.val.numel()),
+            "dim": int(self.embeddings.shape[1]),
+            "files": {_DATA: size},
+            "build": self.build_info,
+        }
+        atomic_write_json(meta, path / _META)
+        return path
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        *,
+        device: str | torch.device | None = None,
+        corpus_shape: tuple[int, int] | None = None,
+    ) -> G3Graph:
+        """Read a graph written by :meth:`save`.
+
+        Raises:
+            ValueError: one line naming the file: no ``g3graph.json``, another format version, a
+                truncated or unreadable file, tensors whose sizes do not match ``g3graph.json``
+                or each other, or a graph whose ``(N, D)`` is not ``corpus_shape`` (when given).
+        """
+        path = Path(directory)
+        meta_file, data = path / _META, path / _DATA
+        if not meta_file.is_file():
+            raise ValueError(f"{path} is not a saved G3Graph (no {_META})")
+        meta = read_json(meta_file)
+        if meta.get("format") != _FORMAT:
+            raise ValueError(
+                f"{meta_file}: G3Graph format {meta.get('format')!r}, this geograph reads format {_FORMAT}"
+            )
+        try:
+            n, nnz = int(meta["num_nodes"]), int(meta["nnz"])
+            band = tuple(meta["band"]) if meta["band"] is not None else None
+            beta, max_degree = meta["beta"], meta["max_degree"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{meta_file}: missing or bad fields ({one_line(exc)})") from None
+        check_file_size(data, (meta.get("files") or {}).get(_DATA), meta_file)
+        blob = read_torch(data, device)
+        want = {"embeddings": None, "density": (n,), "crow": (n + 1,), "col": (nnz,), "val": (nnz,)}
+        if (
+            not isinstance(blob, dict)
+            or set(blob) != set(want)
+            or not all(isinstance(t, Tensor) for t in blob.values())
+        ):
+            raise ValueError(f"{data}: expected the tensors {sorted(want)}, got {_keys(blob)}")
+        emb = blob["embeddings"]
+        d = meta.get("dim")  # (recorded since the atomic save)
+        if d is None:
+            d = emb.shape[1] if emb.dim() == 2 else -1
+        want["embeddings"] = (n, d)
+        for key, shape in want.items():
+            if tuple(blob[key].shape) != shape:
+                raise ValueError(f"{data}: {key} has shape {tuple(blob[key].shape)}, {_META} says {shape}")
+        crow, col = blob["crow"], blob["col"]
+        if (
+            int(crow[0]) != 0
+            or int(crow[-1]) != nnz
+            or bool((crow[1:] < crow[:-1]).any())
+            or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))
+        ):
+            raise ValueError(f"{data}: the CSR arrays (crow, col) are not a valid {n} x {n} matrix with {nnz} entries")
+        if corpus_shape is not None and tuple(emb.shape) != tuple(corpus_shape):
+            raise ValueError(
+                f"{data}: a graph of {n} passages x {emb.shape[1]} dimensions, the corpus is "
+                f"{corpus_shape[0]} x {corpus_shape[1]}"
+            )
+        t = csr(crow, col, blob["val"], n)
+        try:
+            graph = cls(emb, t, blob["density"], band=band, beta=beta, max_degree=max_degree)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {one_line(exc)}") from None
+        graph.build_info = meta.get("build", {})
+        return graph
+
+    def extra_repr(self) -> str:
+        return (
+            f"nodes={self.num_nodes}, nnz={int(self.val.numel())}, band={self.band}, "
+            f"beta={self.beta}, max_degree={self.max_degree}"
+        )
+
+
+def _update_width_after_load(module: G3Graph, incompatible_keys) -> None:
+    module._update_width()
+
+
+def _keys(blob) -> str:
+    return f"keys {sorted(map(str, blob))}" if isinstance(blob, dict) else f"a {type(blob).__name__}"
+
+
+def _plain(t: Tensor) -> Tensor:
+    """A tensor on ``t``'s memory that is not a view (no ``_base``): a sparse tensor's parts held
+    as buffers without a copy (dynamo cannot trace a view of a sparse base)."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape, t.stride()
+    )
