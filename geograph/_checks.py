@@ -12,6 +12,7 @@ before the call (``geograph serve`` does, in the request schema).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -65,6 +66,13 @@ def check_positive_int(value: int, name: str) -> int:
     return value
 
 
+def check_bool(value: bool, name: str) -> bool:
+    """``value`` if it is a bool, else raise naming ``name`` (``1`` or ``"yes"`` are not flags)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def check_unit_interval(value: float, name: str) -> float:
     value = check_finite_float(value, name)
     if not 0.0 <= value <= 1.0:
@@ -73,13 +81,10 @@ def check_unit_interval(value: float, name: str) -> float:
 
 
 def check_finite_float(value: float, name: str) -> float:
-    """``value`` as a finite float, or raise naming ``name`` (NaN and inf hyperparameters)."""
-    if isinstance(value, bool):
+    """``value`` as a finite float, or raise naming ``name`` (NaN, inf, bools and strings)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+    out = float(value)
     if out != out or out in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_positive_int, check_unit_interval
+from geograph._checks import check_bool, check_positive_int, check_unit_interval
 from geograph.functional.maniscope import maniscope_scores
 from geograph.outputs import RerankOutput, order_by_score
 
@@ -52,7 +52,7 @@ class Maniscope(nn.Module):
         super().__init__()
         self.k = check_positive_int(k, "k")
         self.alpha = check_unit_interval(alpha, "alpha")
-        self.early_stop = bool(early_stop)
+        self.early_stop = check_bool(early_stop, "early_stop")
 
     def forward(self, query: Tensor, docs: Tensor, mask: Tensor | None = None) -> RerankOutput:
         scores, geo = maniscope_scores(query, docs, mask, k=self.k, alpha=self.alpha, early_stop=self.early_stop)

@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from geograph._checks import check_positive_int, check_same_device, check_tensor, tracing
+from geograph._checks import check_finite_float, check_positive_int, check_same_device, check_tensor, tracing
 from geograph.functional.allpairs import sort_topk, tiled_topk
 from geograph.functional.ann import (
     DEFAULT_RECALL_ROWS,
@@ -101,10 +101,14 @@ class DenseRetriever(nn.Module):
         self.chunk_size = check_positive_int(chunk_size, "chunk_size")
         n = embeddings.shape[0]
         self.index = resolve_index(index, n, "DenseRetriever")
-        self.nlist = default_nlist(n) if nlist is None else nlist
-        if nprobe != "auto" and (isinstance(nprobe, str) or not isinstance(nprobe, int)):
+        self.nlist = default_nlist(n) if nlist is None else check_positive_int(nlist, "nlist")
+        if sample is not None:
+            check_positive_int(sample, "sample")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if nprobe != "auto" and (isinstance(nprobe, (str, bool)) or not isinstance(nprobe, int) or nprobe < 1):
             raise ValueError(f"nprobe must be a positive integer or 'auto', got {nprobe!r}")
-        if not 0.0 < float(recall_target) <= 1.0:
+        if not 0.0 < check_finite_float(recall_target, "recall_target") <= 1.0:
             raise ValueError(f"recall_target must be in (0, 1], got {recall_target}")
         self.recall_target, self.recall_k = float(recall_target), check_positive_int(recall_k, "recall_k")
         self._auto = nprobe == "auto"

@@ -1,0 +1,186 @@
+"""The method registry agrees with the modules it declares: parameters, defaults, bounds, builds, score ranges."""
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from geograph import registry
+from geograph.registry import METHODS, Param
+
+CORPUS = torch.nn.functional.normalize(torch.randn(40, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+
+#: parameters that a probe value needs a companion for (relations the module checks between them)
+COMPANIONS = {
+    ("iso", "max_nodes"): {"m": 1},
+    ("iso", "m"): {"max_nodes": 1000},
+    ("g3", "seeds"): {"candidates": 40},
+    ("g3", "candidates"): {"seeds": 1},
+}
+#: values the module accepts at a bound that a corpus of 40 passages cannot take
+CORPUS_LIMITS = {("g3", "candidates"): 40, ("dense", "recall_k"): 20}
+
+
+def build(spec, params):
+    """The module's own constructor (through the entry's build, without the registry's check)."""
+    corpus = CORPUS if spec.kind == "retriever" else None
+    return spec.build(corpus, params, None, None)
+
+
+def probes(p: Param):
+    """(rejected values, accepted values) at and around the declared bounds."""
+    if p.type is bool:
+        return [1, "yes"], [True, False]
+    if p.type is str:
+        return ["bogus", 3], list(p.choices)
+    if p.type is tuple:
+        return [(0.5, 0.2), (0.1,), "x", (-1.5, 0.5)], [(0.1, 0.7), (-1.0, 1.0)]
+    bad, good = [float("nan"), float("inf"), "1", True], []
+    step = 1 if p.type is int else 1e-6
+    if p.type is int:
+        bad.append(1.5)
+    for bound, open_, sign in ((p.low, p.low_open, -1), (p.high, p.high_open, 1)):
+        if bound is None:
+            continue
+        bad.append(bound if open_ else bound + sign * step)
+        good.append(bound - sign * step if open_ else bound)
+    if p.low is None and p.high is None:
+        good += [-2.5, 0.0, 3.0] if p.type is float else [0, 7]
+    if p.type is int:
+        good = [int(g) for g in good]
+    if p.choices and p.type is not str:
+        bad.append("bogus")
+        good += list(p.choices)
+    if p.optional:
+        good.append(None)
+    return bad, good
+
+
+def test_every_keyword_argument_is_declared():
+    for spec in METHODS.values():
+        sig = inspect.signature(spec.module.__init__)
+        kwonly = {n for n, q in sig.parameters.items() if q.kind is q.KEYWORD_ONLY}
+        declared = {p.name for p in spec.params} | {p.name for p in spec.build_params if p.name in kwonly}
+        assert declared | set(spec.not_params) == kwonly, spec.name
+        assert not declared & set(spec.not_params), spec.name
+        for p in spec.build_params:  # a build parameter outside the signature carries its own default
+            assert (p.name in kwonly) == (p.default is inspect.Parameter.empty), (spec.name, p.name)
+
+
+def test_defaults_are_accepted_and_read_from_the_signature():
+    for spec in METHODS.values():
+        sig = inspect.signature(spec.module.__init__).parameters
+        for name, value in spec.defaults().items():
+            assert spec.param(name).accepts(value), (spec.name, name, value)
+            if name in sig:
+                assert value == sig[name].default
+        spec.check_params(spec.defaults())
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_declared_bounds_are_the_modules_own(name):
+    """Every value the registry rejects, the module's constructor rejects too, and the values the
+    registry accepts at its bounds build a module: the two checks cannot drift apart."""
+    spec = METHODS[name]
+    drift = []
+    for p in spec.params + spec.build_params:
+        bad, good = probes(p)
+        companion = COMPANIONS.get((name, p.name), {})
+        for value in bad:
+            assert not p.accepts(value), (name, p.name, value)
+            with pytest.raises(ValueError, match=p.name):
+                spec.check_params({p.name: value})
+            if p.name not in inspect.signature(spec.module.__init__).parameters:
+                continue  # a build parameter of the entry (iso's knn): the registry's check is its only one
+            try:
+                build(spec, {**companion, p.name: value})
+                drift.append(f"the module accepts {p.name}={value!r}, the registry does not")
+            except (ValueError, TypeError):
+                pass
+        for value in good:
+            if isinstance(value, float) and not math.isfinite(value):
+                continue
+            value = min(value, CORPUS_LIMITS.get((name, p.name), value)) if isinstance(value, int) else value
+            assert p.accepts(value), (name, p.name, value)
+            try:
+                build(spec, {**companion, p.name: value})
+            except (ValueError, TypeError) as e:
+                drift.append(f"the module rejects {p.name}={value!r}, the registry accepts it: {e}")
+    assert not drift, "\n".join(drift)
+
+
+def test_create_checks_before_building():
+    with pytest.raises(ValueError, match="unknown key 'beta' for method maniscope"):
+        registry.get("maniscope").create(params={"beta": 0.4})
+    with pytest.raises(ValueError, match="alpha must be a float in \\[0, 1\\], got 2"):
+        registry.get("maniscope").create(params={"alpha": 2})
+    with pytest.raises(ValueError, match="give corpus"):
+        registry.get("iso").create()
+    with pytest.raises(ValueError, match="graph applies to iso, g3, not maniscope"):
+        registry.get("maniscope").create(graph=object())
+    with pytest.raises(ValueError, match="method must be one of maniscope, ricci, iso, g3, dense, got 'foo'"):
+        registry.get("foo")
+
+
+def test_build_parameters_are_fixed_by_a_saved_graph():
+    graph = registry.get("g3").create(CORPUS).graph
+    with pytest.raises(ValueError, match="beta is fixed by the saved graph"):
+        registry.get("g3").create(CORPUS, {"beta": 0.7}, graph=graph)
+    model = registry.get("g3").create(CORPUS, {"seeds": 3}, graph=graph)
+    assert model.graph is graph and model.seeds == 3
+
+
+def test_created_modules_answer_like_direct_construction():
+    from geograph import CorpusGraph, G3Retriever, ISORetriever, Maniscope, RicciFiltration
+
+    q = CORPUS[:3]
+    docs = CORPUS[torch.arange(12).reshape(3, 4)]
+    for name, direct in (("maniscope", Maniscope(k=2)), ("ricci", RicciFiltration(percentile=40.0))):
+        got = registry.get(name).create(params={"k": 2} if name == "maniscope" else {"percentile": 40.0})
+        a, b = got(q, docs), direct(q, docs)
+        assert torch.equal(a.scores, b.scores) and torch.equal(a.order, b.order)
+    iso = registry.get("iso").create(CORPUS, {"knn": 4, "m": 2})
+    ref = ISORetriever(CorpusGraph.from_knn(CORPUS, 4), m=2)
+    assert torch.equal(iso(q, 5).indices, ref(q, 5).indices)
+    g3 = registry.get("g3").create(CORPUS, {"band": [0.0, 0.9], "max_degree": 6})
+    ref = G3Retriever(CORPUS, band=(0.0, 0.9), max_degree=6)
+    assert torch.equal(g3(q, 5).indices, ref(q, 5).indices)
+
+
+def test_relevance_maps_the_score_range_onto_the_unit_interval():
+    spec = registry.get("maniscope")
+    model = spec.create(params={"alpha": 0.25})
+    scores = torch.tensor([-0.25, 0.375, 1.0, 1.0 + 1e-7, -float("inf")])
+    got = spec.relevance(scores, model)
+    want = [0.0, 0.5, 1.0, 1.0, 0.0]  # (s + alpha) / (1 + alpha), clamped
+    assert got.tolist() == pytest.approx(want, abs=1e-7)
+    ricci = registry.get("ricci")
+    assert ricci.relevance(torch.tensor([-1.0, 0.0, 0.5]), ricci.create()).tolist() == [0.0, 0.5, 0.75]
+    with pytest.raises(ValueError, match="no score range"):
+        registry.get("iso").relevance(scores, None)
+
+
+def test_score_ranges_bound_the_modules_scores():
+    """Scores of random candidate sets lie inside the declared range (the relevance needs no clamp but rounding)."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.nn.functional.normalize(torch.randn(16, 6, generator=g), dim=1)
+    docs = torch.nn.functional.normalize(torch.randn(16, 12, 6, generator=g), dim=2)
+    for name in registry.RERANKERS:
+        spec = registry.get(name)
+        model = spec.create()
+        lo, hi = spec.score_range(model)
+        s = model(q, docs).scores
+        s = s[torch.isfinite(s)]
+        assert s.numel() and float(s.min()) >= lo - 1e-6 and float(s.max()) <= hi + 1e-6, name
+
+
+def test_names_and_kinds():
+    assert registry.RERANKERS == ("maniscope", "ricci")
+    assert registry.RETRIEVERS == ("iso", "g3", "dense")
+    assert registry.names(baseline=False) == ("maniscope", "ricci", "iso", "g3")
+    assert registry.names(with_graph=True) == ("iso", "g3")
+    for spec in METHODS.values():
+        assert (spec.score_range is None) == (spec.kind == "retriever")
+        assert (spec.k_range is None) == (spec.kind == "reranker")
+        assert (spec.functional is None) == spec.baseline == (spec.paper is None)
