@@ -156,3 +156,13 @@ def test_dense_bad_calibration_options_name_them(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         DenseRetriever(gaussian(2000, 8), index="ivf", nlist=16, **kwargs)
+
+
+def test_train_centroids_default_sample_is_the_documented_one():
+    """``sample=None`` trains on ``64 x nlist`` rows (at most N), as the docstring says (it used to raise)."""
+    z = gaussian(3000, 8, seed=2)
+    got = train_centroids(z, 8)
+    want = train_centroids(z, 8, sample=min(3000, policy.DEFAULT_POINTS_PER_CELL * 8))
+    assert torch.equal(got, want) and got.shape == (8, 8)
+    np.testing.assert_allclose(got.norm(dim=1).numpy(), 1.0, atol=1e-5)  # spherical k-means: unit centroids
+    assert not torch.equal(got, train_centroids(z, 8, sample=400))  # the sample matters: the check can fail

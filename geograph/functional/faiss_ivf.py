@@ -8,6 +8,8 @@ cells with faiss's k-means on the same kind of sample, :func:`training_rows`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -16,7 +18,7 @@ from geograph.functional.knn_policy import check_ivf, log
 __all__ = ["import_faiss", "training_rows", "build_ivf_index"]
 
 
-def import_faiss():
+def import_faiss() -> Any:
     """The ``faiss`` module, or an ``ImportError`` that says how to install it."""
     try:
         import faiss
@@ -37,7 +39,7 @@ def training_rows(n: int, nlist: int, sample: int | None, seed: int) -> Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:sample].sort().values
 
 
-def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0):
+def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0) -> Any:
     """A faiss ``IndexIVFFlat`` (inner product, uncompressed vectors) over the unit rows, its
     quantizer trained on a uniform ``sample``; on the GPU when the rows are on CUDA and faiss
     has GPU support (``faiss-gpu``), else on the CPU (logged)."""

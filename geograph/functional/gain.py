@@ -115,7 +115,7 @@ class DensityInfo:
     max_stderr: float
     exact_rows: int
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float | int]:
         """Every field but the density: ``{"sample", "mean_stderr", "max_stderr", "exact_rows"}``."""
         return {
             "sample": self.sample,

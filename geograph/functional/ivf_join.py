@@ -26,6 +26,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,7 +63,9 @@ __all__ = ["train_centroids", "ivf_self_topk", "join_cells"]
 def train_centroids(z: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0, niter: int = 20) -> Tensor:
     """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
     n, d = z.shape
-    x = z[training_rows(n, nlist, sample, seed).to(z.device)].detach().float().cpu().contiguous().numpy()
+    rows = training_rows(n, nlist, sample, seed)
+    sample = len(rows)
+    x = z[rows.to(z.device)].detach().float().cpu().contiguous().numpy()
     faiss = import_faiss()
     km = faiss.Kmeans(
         d,
@@ -158,12 +161,13 @@ def ivf_self_topk(
         gen = torch.Generator().manual_seed(seed + 1)
         picks = torch.randperm(n, generator=gen)[: 2 * recall_rows]
         choose_rows, check_rows = picks[: len(picks) // 2].sort().values, picks[len(picks) // 2 :].sort().values
+        probe: int | None = nprobe
         if opts.nprobe is None:
             choose_rows = choose_rows.to(z.device)
             ref = exact_rows(z, choose_rows, k, block, transform, target)
-            nprobe, predicted = choose_nprobe(z, choose_rows, ref, centroids, assign, nprobe, float(recall_target))
+            probe, predicted = choose_nprobe(z, choose_rows, ref, centroids, assign, nprobe, float(recall_target))
         clock("recall")
-        if nprobe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
+        if probe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
             log.info(
                 "ivf join: recall %.3f needs more than nlist/4 = %d cells: exact tiled scan of %d rows",
                 recall_target,
@@ -181,14 +185,15 @@ def ivf_self_topk(
                 clock,
                 check_rows,
                 k,
-                opts,
                 block,
                 transform,
                 target,
+                recall_target=recall_target,
                 nprobe=None,
                 exact=True,
                 predicted=predicted,
             )
+        nprobe = probe
     order = torch.sort(assign, stable=True).indices
     counts = torch.bincount(assign, minlength=nlist)
     ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
@@ -244,10 +249,10 @@ def ivf_self_topk(
             clock,
             check_rows,
             k,
-            opts,
             block,
             transform,
             target,
+            recall_target=recall_target,
             nprobe=nprobe,
             exact=False,
             predicted=predicted,
@@ -262,11 +267,11 @@ def _measured(
     clock: StageClock,
     rows: Tensor,
     k: int,
-    opts: IVFOptions,
     block: int,
     transform: Transform | None,
     target: Tensor | None,
     *,
+    recall_target: float,
     nprobe: int | None,
     exact: bool,
     predicted: float | None,
@@ -279,7 +284,7 @@ def _measured(
         k,
         exact=exact,
         nprobe=nprobe,
-        recall_target=opts.recall_target,
+        recall_target=recall_target,
         block=block,
         transform=transform,
         target=target,
@@ -291,7 +296,7 @@ def _measured(
         predicted_recall=predicted,
         recall=recall,
         recall_rows=len(rows),
-        recall_target=opts.recall_target,
+        recall_target=recall_target,
     )
     return SelfTopk(vals, out_i, clock.seconds, report)
 
@@ -314,7 +319,7 @@ def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
     return [hi[ptr[c] : ptr[c + 1]] for c in range(nlist)]
 
 
-def _join_cell(shared: dict, a: int, sink: Callable[[object, Tensor, Tensor], None]) -> None:
+def _join_cell(shared: dict[str, Any], a: int, sink: Callable[[slice | Tensor, Tensor, Tensor], None]) -> None:
     """Cell ``a`` joined with every cell it meets: the candidates of its rows, and of the met cells'
     rows against its rows (each pair once), passed to ``sink(rows, values, ids)`` (sorted positions)."""
     z, order, ptr, pairs, k = shared["z"], shared["order"], shared["ptr"], shared["pairs"], shared["k"]
@@ -348,7 +353,7 @@ def _join_cell(shared: dict, a: int, sink: Callable[[object, Tensor, Tensor], No
             sink(cols[other], tv, ti)
 
 
-def join_cells(shared: dict, cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
     """A group of cells of the IVF join as one independent tile (:func:`~geograph.functional.allpairs.map_tiles`):
     returns the sorted positions it touched and their merged lists ``(rows, values (R, k), ids (R, k))``.
     Memory: one ``(N, k)`` list buffer for the group."""
@@ -357,7 +362,7 @@ def join_cells(shared: dict, cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
     best_i = torch.full((z.shape[0], k), -1, dtype=torch.long, device=z.device)
     touched = torch.zeros(z.shape[0], dtype=torch.bool, device=z.device)
 
-    def sink(rows, tv: Tensor, ti: Tensor) -> None:
+    def sink(rows: slice | Tensor, tv: Tensor, ti: Tensor) -> None:
         _merge_into(best_v, best_i, rows, tv, ti)
         touched[rows] = True
 
@@ -376,7 +381,7 @@ def _cell_groups(ptr: list[int], pairs: list[Tensor], groups: int) -> list[list[
     return [list(range(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
-def _merge_into(best_v: Tensor, best_i: Tensor, rows, values: Tensor, ids: Tensor) -> None:
+def _merge_into(best_v: Tensor, best_i: Tensor, rows: slice | Tensor, values: Tensor, ids: Tensor) -> None:
     """Merge candidates ``(R, c)`` into the running lists of ``rows`` (a slice or unique row ids), in place."""
     best_v[rows], best_i[rows] = merge_topk(
         torch.cat([best_v[rows], values], 1), torch.cat([best_i[rows], ids], 1), best_v.shape[1]

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -235,11 +236,11 @@ class IVFReport:
     recall_rows: int | None = None
     recall_target: float | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The keys a build records (``build_info``): ``nprobe`` and ``exact``, then
         ``predicted_recall`` when it was predicted and ``recall``, ``recall_rows``,
         ``recall_target`` when the recall was measured."""
-        out: dict = {"nprobe": self.nprobe, "exact": self.exact}
+        out: dict[str, Any] = {"nprobe": self.nprobe, "exact": self.exact}
         if self.predicted_recall is not None:
             out["predicted_recall"] = self.predicted_recall
         if self.recall is not None:
