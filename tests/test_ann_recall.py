@@ -11,7 +11,8 @@ from conftest import require
 from geograph import CorpusGraph
 from geograph.functional import knn_policy as policy
 from geograph.functional.allpairs import tiled_topk
-from geograph.functional.ivf_join import ivf_self_topk, train_centroids
+from geograph.functional.faiss_ivf import train_centroids
+from geograph.functional.ivf_join import ivf_self_topk
 from geograph.functional.ivf_recall import choose_nprobe, sample_recall
 from geograph.functional.knn_policy import IVFOptions
 from geograph.retrievers.g3 import G3Graph

@@ -1,9 +1,10 @@
-"""faiss at geograph's boundary: its import, the IVF training sample, and the query index of dense retrieval.
+"""faiss at geograph's boundary: its import, the IVF training sample, k-means cells, and the query index.
 
 Queries that are not corpus passages (:class:`geograph.DenseRetriever` with ``index="ivf"``)
 search a faiss ``IndexIVFFlat`` (:func:`build_ivf_index`); the corpus's own all-pairs lists use
-the IVF self-join instead (:func:`~geograph.functional.ivf_join.ivf_self_topk`, which trains its
-cells with faiss's k-means on the same kind of sample, :func:`training_rows`).
+the IVF self-join instead (:func:`~geograph.functional.ivf_join.ivf_self_topk`), whose cells are
+faiss's spherical k-means (:func:`train_centroids`); both train on a uniform sample
+(:func:`training_rows`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from geograph.functional.knn_policy import check_ivf, log
 
-__all__ = ["import_faiss", "training_rows", "build_ivf_index"]
+__all__ = ["import_faiss", "training_rows", "train_centroids", "build_ivf_index"]
 
 
 def import_faiss() -> Any:
@@ -58,3 +59,24 @@ def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: int | None = None
         else:
             log.info("IVF index on the CPU: this faiss has no GPU support (install faiss-gpu)")
     return index
+
+
+def train_centroids(z: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0, niter: int = 20) -> Tensor:
+    """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
+    n, d = z.shape
+    rows = training_rows(n, nlist, sample, seed)
+    sample = len(rows)
+    x = z[rows.to(z.device)].detach().float().cpu().contiguous().numpy()
+    faiss = import_faiss()
+    km = faiss.Kmeans(
+        d,
+        nlist,
+        niter=niter,
+        seed=seed,
+        spherical=True,
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=max(256, -(-sample // nlist)),
+    )
+    km.train(x)
+    return torch.from_numpy(km.centroids.copy()).to(device=z.device, dtype=z.dtype)

@@ -1,11 +1,11 @@
 r"""Approximate all-pairs top-k for corpora of millions: an IVF cell join, re-scored exactly.
 
 The corpus is split into ``nlist`` cells by spherical k-means trained on a uniform sample
-(faiss's ``Kmeans``, :func:`train_centroids`); each cell is joined with the ``nprobe`` cells
-whose centroids are nearest to its own, and the join is made symmetric (cell ``a`` meets cell
-``b`` when either probes the other, once), so every pair that is computed updates both
-passages' lists. A join of two cells is one matrix product of uncompressed vectors: the scores
-are exact, only pairs between cells that never meet are missed. One round of
+(faiss's ``Kmeans``, :func:`~geograph.functional.faiss_ivf.train_centroids`); each cell is joined
+with the ``nprobe`` cells whose centroids are nearest to its own, and the join is made symmetric
+(cell ``a`` meets cell ``b`` when either probes the other, once), so every pair that is computed
+updates both passages' lists. A join of two cells is one matrix product of uncompressed
+vectors: the scores are exact, only pairs between cells that never meet are missed. One round of
 neighbours-of-neighbours (:func:`~geograph.functional.nn_descent.refine_neighbours`) then
 recovers most of those misses. This is the candidate source of ``index="ivf"`` in
 :meth:`geograph.CorpusGraph.from_knn` and :meth:`geograph.G3Graph.build`
@@ -41,8 +41,8 @@ from geograph.functional.allpairs import (
     sort_topk_,
     tiled_topk,
 )
-from geograph.functional.faiss_ivf import import_faiss, training_rows
-from geograph.functional.ivf_recall import choose_nprobe, measured_recall
+from geograph.functional.faiss_ivf import train_centroids
+from geograph.functional.ivf_recall import choose_nprobe, measure_recall
 from geograph.functional.knn_exact import exact_rows, exact_self_topk, rank_pairs
 from geograph.functional.knn_policy import (
     IVFOptions,
@@ -57,28 +57,7 @@ from geograph.functional.knn_policy import (
 )
 from geograph.functional.nn_descent import refine_neighbours
 
-__all__ = ["train_centroids", "ivf_self_topk", "join_cells"]
-
-
-def train_centroids(z: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0, niter: int = 20) -> Tensor:
-    """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
-    n, d = z.shape
-    rows = training_rows(n, nlist, sample, seed)
-    sample = len(rows)
-    x = z[rows.to(z.device)].detach().float().cpu().contiguous().numpy()
-    faiss = import_faiss()
-    km = faiss.Kmeans(
-        d,
-        nlist,
-        niter=niter,
-        seed=seed,
-        spherical=True,
-        verbose=False,
-        min_points_per_centroid=1,
-        max_points_per_centroid=max(256, -(-sample // nlist)),
-    )
-    km.train(x)
-    return torch.from_numpy(km.centroids.copy()).to(device=z.device, dtype=z.dtype)
+__all__ = ["ivf_self_topk", "join_cells"]
 
 
 def ivf_self_topk(
@@ -157,6 +136,25 @@ def ivf_self_topk(
     assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
     clock("assign")
     predicted = None
+
+    def measured(values: Tensor, indices: Tensor, probes: int | None, goal: float, *, exact: bool) -> SelfTopk:
+        # the lists with the report of a recall target: their recall measured on other sampled rows
+        report = measure_recall(
+            z,
+            indices,
+            check_rows,
+            k,
+            nprobe=probes,
+            exact=exact,
+            predicted=predicted,
+            recall_target=goal,
+            block=block,
+            transform=transform,
+            target=target,
+        )
+        clock("recall")
+        return SelfTopk(values, indices, clock.seconds, report)
+
     if recall_target is not None:
         gen = torch.Generator().manual_seed(seed + 1)
         picks = torch.randperm(n, generator=gen)[: 2 * recall_rows]
@@ -178,21 +176,7 @@ def ivf_self_topk(
             scan = exact_self_topk(z, k, block=block, transform=transform, target=target, progress=progress)
             clock.seconds["exact"] = clock.seconds.get("exact", 0.0) + scan.seconds["exact"]
             clock.reset()  # the scan timed itself ("exact")
-            return _measured(
-                z,
-                scan.values,
-                scan.indices,
-                clock,
-                check_rows,
-                k,
-                block,
-                transform,
-                target,
-                recall_target=recall_target,
-                nprobe=None,
-                exact=True,
-                predicted=predicted,
-            )
+            return measured(scan.values, scan.indices, None, recall_target, exact=True)
         nprobe = probe
     order = torch.sort(assign, stable=True).indices
     counts = torch.bincount(assign, minlength=nlist)
@@ -242,63 +226,8 @@ def ivf_self_topk(
         clock("refine")
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
     if recall_target is not None:
-        return _measured(
-            z,
-            vals,
-            out_i,
-            clock,
-            check_rows,
-            k,
-            block,
-            transform,
-            target,
-            recall_target=recall_target,
-            nprobe=nprobe,
-            exact=False,
-            predicted=predicted,
-        )
+        return measured(vals, out_i, nprobe, recall_target, exact=False)
     return SelfTopk(vals, out_i, clock.seconds, IVFReport(nprobe=nprobe, exact=False))
-
-
-def _measured(
-    z: Tensor,
-    vals: Tensor,
-    out_i: Tensor,
-    clock: StageClock,
-    rows: Tensor,
-    k: int,
-    block: int,
-    transform: Transform | None,
-    target: Tensor | None,
-    *,
-    recall_target: float,
-    nprobe: int | None,
-    exact: bool,
-    predicted: float | None,
-) -> SelfTopk:
-    """The lists with their recall measured on ``rows`` (:func:`~geograph.functional.ivf_recall.measured_recall`)."""
-    recall = measured_recall(
-        z,
-        out_i,
-        rows,
-        k,
-        exact=exact,
-        nprobe=nprobe,
-        recall_target=recall_target,
-        block=block,
-        transform=transform,
-        target=target,
-    )
-    clock("recall")
-    report = IVFReport(
-        nprobe=nprobe,
-        exact=exact,
-        predicted_recall=predicted,
-        recall=recall,
-        recall_rows=len(rows),
-        recall_target=recall_target,
-    )
-    return SelfTopk(vals, out_i, clock.seconds, report)
 
 
 def _stage(progress: bool | str, stage: str) -> str:

@@ -4,7 +4,7 @@ Both compare with the exact lists of sampled rows
 (:func:`~geograph.functional.knn_exact.exact_rows`). Before the join, the cells of those exact
 neighbours say which of them a join with ``nprobe`` cells would meet, so :func:`choose_nprobe`
 picks the least ``nprobe`` whose predicted recall reaches a target; after it,
-:func:`measured_recall` counts what the built lists found on other sampled rows
+:func:`measure_recall` counts what the built lists found on other sampled rows
 (:func:`sample_recall`). :class:`geograph.DenseRetriever` calibrates its query index's
 ``nprobe`` with the same two functions.
 """
@@ -16,9 +16,9 @@ from torch import Tensor
 
 from geograph.functional.allpairs import DEFAULT_BLOCK
 from geograph.functional.knn_exact import exact_rows
-from geograph.functional.knn_policy import Transform, log
+from geograph.functional.knn_policy import IVFReport, Transform, log
 
-__all__ = ["sample_recall", "choose_nprobe", "measured_recall"]
+__all__ = ["sample_recall", "choose_nprobe", "measure_recall"]
 
 
 def sample_recall(indices: Tensor, rows: Tensor, exact: Tensor) -> float:
@@ -88,27 +88,30 @@ def choose_nprobe(
     return None, predicted
 
 
-def measured_recall(
+def measure_recall(
     z: Tensor,
     indices: Tensor,
     rows: Tensor,
     k: int,
     *,
-    exact: bool,
     nprobe: int | None,
+    exact: bool,
+    predicted: float | None,
     recall_target: float,
     block: int = DEFAULT_BLOCK,
     transform: Transform | None = None,
     target: Tensor | None = None,
-) -> float:
-    """The recall of the built lists ``indices`` ``(N, k)`` on the sampled ``rows`` (not those that
-    chose ``nprobe``), logged (a warning below ``recall_target``); 1.0 when the lists are
-    ``exact`` (not measured).
+) -> IVFReport:
+    """The report of a join asked for ``recall_target``: the recall of its lists ``indices`` ``(N, k)``
+    measured on the sampled ``rows`` (not those that chose ``nprobe``) against
+    :func:`~geograph.functional.knn_exact.exact_rows`, logged (a warning below the target); 1.0
+    when the lists are ``exact`` (the fall-back: not measured). ``nprobe`` and ``predicted`` are
+    what the join chose and predicted.
 
     Example:
         >>> z = torch.eye(3)
-        >>> measured_recall(z, torch.tensor([[1], [0], [0]]), torch.tensor([2]), 1, exact=False, nprobe=1,
-        ...                 recall_target=0.5)
+        >>> measure_recall(z, torch.tensor([[1], [0], [0]]), torch.tensor([2]), 1, nprobe=1, exact=False,
+        ...                predicted=None, recall_target=0.5).recall
         1.0
     """
     rows = rows.to(z.device)
@@ -123,4 +126,11 @@ def measured_recall(
         )
     else:
         log.info("ivf join: recall %.4f on %d sampled rows (nprobe=%s)", recall, len(rows), nprobe)
-    return recall
+    return IVFReport(
+        nprobe=nprobe,
+        exact=exact,
+        predicted_recall=predicted,
+        recall=recall,
+        recall_rows=len(rows),
+        recall_target=recall_target,
+    )
