@@ -7,18 +7,19 @@ import pytest
 import torch
 from ricci_helpers import random_adjacency, real_adjacency
 
-from geograph.functional import _emd_numba as E
+from geograph.functional import _ricci_numba as R
+from geograph.functional import _simplex_numba as S
 from geograph.functional.transport import _MAX_PIVOTS, pot_emd
 
 
 @pytest.mark.parametrize("n", [2, 7, 21])
 def test_workspace_matches_the_documented_layout(n):
     """Every field of the table at the top of the module, with the documented shape and dtype."""
-    doc = E.__doc__
+    doc = S.__doc__
     table = doc[doc.index("Workspace layout") : doc.index("Solver statistics")]
     rows = re.findall(r"^(\w+)\s+(\([^)]*\))\s+(f8|i8)\s", table, re.M)
-    assert [r[0] for r in rows] == list(E.Workspace._fields)
-    ws = E._workspace(n)
+    assert [r[0] for r in rows] == list(S.Workspace._fields)
+    ws = S._workspace(n)
     for name, shape, dtype in rows:
         want = eval(shape.replace("2 n", "2 * n"), {"n": n, "n2": (n // 2) * ((n + 1) // 2)})
         got = getattr(ws, name)
@@ -37,14 +38,14 @@ def test_emd_batch_stats_and_chunking():
     a /= a.sum(1, keepdims=True)
     b /= b.sum(1, keepdims=True)
     cost = rng.random((60, 5, 6))
-    out = E.emd_batch(a, b, cost, max_pivots=_MAX_PIVOTS)
+    out = S.emd_batch(a, b, cost, max_pivots=_MAX_PIVOTS)
     np.testing.assert_allclose(out.cost, [pot_emd(a[e], b[e], cost[e]) for e in range(60)], atol=1e-12, rtol=0)
     assert not out.status.any()
     assert out.stats.problems == 60 and out.stats.pivots > 0 and out.stats.warm_started == out.stats.dual_steps == 0
-    one = E.emd_batch(a, b, cost, max_pivots=_MAX_PIVOTS, nchunk=1)
+    one = S.emd_batch(a, b, cost, max_pivots=_MAX_PIVOTS, nchunk=1)
     assert np.array_equal(one.cost, out.cost) and one.stats == out.stats
     per_problem = [
-        E.emd_batch(a[e : e + 1], b[e : e + 1], cost[e : e + 1], max_pivots=_MAX_PIVOTS).stats.pivots for e in range(60)
+        S.emd_batch(a[e : e + 1], b[e : e + 1], cost[e : e + 1], max_pivots=_MAX_PIVOTS).stats.pivots for e in range(60)
     ]
     assert sum(per_problem) == out.stats.pivots
 
@@ -57,8 +58,8 @@ def test_curvature_batch_stats_and_the_forced_bland_path():
     w = rng.uniform(0.5, 1.5, adj.shape)
     w = np.where(adj, (w + w.transpose(0, 2, 1)) / 2, 0.0)
     edges = np.argwhere(np.triu(adj, 1)).astype(np.int64)
-    dantzig = E.curvature_batch(w, adj, mask, edges, alpha=0.5, exp_power=2.0, max_pivots=_MAX_PIVOTS)
-    bland = E.curvature_batch(w, adj, mask, edges, alpha=0.5, exp_power=2.0, max_pivots=0)
+    dantzig = R.curvature_batch(w, adj, mask, edges, alpha=0.5, exp_power=2.0, max_pivots=_MAX_PIVOTS)
+    bland = R.curvature_batch(w, adj, mask, edges, alpha=0.5, exp_power=2.0, max_pivots=0)
     np.testing.assert_allclose(bland.curvature, dantzig.curvature, atol=1e-12, rtol=0)
     assert not dantzig.status.any() and not bland.status.any()
     assert 0 < dantzig.stats.problems <= len(edges) and dantzig.stats.problems == bland.stats.problems

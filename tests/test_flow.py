@@ -214,6 +214,42 @@ def test_compiled_flow_equals_the_torch_loop():
     assert torch.equal(fast.iterations, loop.iterations)
 
 
+@pytest.mark.parametrize("step", [1.0, 0.35])
+def test_torch_and_compiled_flow_steps_are_the_same_update(step):
+    """The flow's update is written twice (the torch loop's ``flow._flow_step`` on dense batches, the
+    compiled ``_ricci_numba._flow_step`` on one graph's edge list): both equal numpy's
+    ``w - step * kappa * w`` rescaled to mean edge length 1, on the same random graphs and curvatures."""
+    from geograph.functional._ricci_numba import _flow_step as compiled_step
+    from geograph.functional.flow import _flow_step as torch_step
+
+    rng = np.random.default_rng(21)
+    adj = torch.cat([real_adjacency(2), random_adjacency(rng, 4, 21)])
+    adj[-1, 12:, :] = adj[-1, :, 12:] = False  # a padded graph: its last nodes have no edge
+    a = adj.numpy()
+    w = rng.uniform(0.2, 3.0, a.shape)
+    w = np.where(a, (w + w.transpose(0, 2, 1)) / 2, 0.0)
+    kappa = rng.uniform(-1.0, 1.0, a.shape)
+    kappa = np.where(a, (kappa + kappa.transpose(0, 2, 1)) / 2, 0.0)
+    # numpy, from the raw arrays
+    ref = np.where(a, w - step * kappa * w, 0.0)
+    ref *= (np.triu(a, 1).sum((1, 2)) / np.triu(ref, 1).sum((1, 2)))[:, None, None]
+    wt, kt = torch.from_numpy(w), torch.from_numpy(kappa)
+    n_edges = torch.triu(adj, 1).sum((1, 2)).to(torch.float64)
+    got_torch = torch_step(wt, kt, adj, n_edges, step, torch.zeros((), dtype=torch.float64)).numpy()
+    got_numba = np.empty_like(w)
+    for g in range(len(a)):
+        ex, ey = np.nonzero(np.triu(a[g], 1))
+        wg = w[g].copy()
+        compiled_step(wg, kappa[g, ex, ey].copy(), 0, len(ex), ex.astype(np.int64), ey.astype(np.int64), step)
+        got_numba[g] = wg
+    assert not np.allclose(ref, w)  # the step moved the lengths: the comparison is not vacuous
+    # the sums run in different orders (torch: both triangles, numba: the edge list): a few ulps apart
+    np.testing.assert_allclose(got_torch, ref, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(got_numba, ref, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(got_numba, got_torch, rtol=1e-14, atol=0)
+    assert np.array_equal(got_numba == 0, ~a) and np.array_equal(got_torch == 0, ~a)
+
+
 @pytest.mark.parametrize("steps", [1, 4])
 def test_certified_sinkhorn_curvature_within_its_bound(steps):
     """The curvature returned at the last step is within the reported bound of the exact one."""
@@ -231,7 +267,7 @@ def test_warm_started_simplex_equals_cold_solves():
     """Each edge's simplex starts from its previous optimal basis (completed where the supports
     changed, repaired by dual steps where the new masses make it infeasible): the flow equals
     the one with every problem solved cold, and the warm path is the one taken."""
-    from geograph.functional._emd_numba import flow_batch
+    from geograph.functional._ricci_numba import flow_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     rng = np.random.default_rng(11)
@@ -260,7 +296,7 @@ def test_exact_flow_stats_are_the_flows_and_thread_independent():
     """The public statistics count the same flow as ricci_flow runs, and do not depend on how the
     problems are split over numba's threads (each problem's pivots depend only on its own edge)."""
     from geograph.functional import SimplexStats, exact_flow_stats
-    from geograph.functional._emd_numba import flow_batch
+    from geograph.functional._ricci_numba import flow_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     rng = np.random.default_rng(3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -179,9 +180,47 @@ def test_jit_without_a_cache_compiles_in_memory(monkeypatch):
     assert twice(21) == 42 and isinstance(twice._cache, NullCache)
 
 
+def test_cached_kernels_are_keyed_on_every_kernel_source(tmp_path, monkeypatch):
+    """A cached kernel is found again only while every kernel source is unchanged: the Ricci drivers
+    compile in the simplex of another file, and numba alone keys a kernel on its own file."""
+    from numba.core.caching import FunctionCache
+
+    monkeypatch.setattr(_numba, "_choose", lambda: ("NUMBA_CACHE_DIR", str(tmp_path)))
+
+    @_numba.jit(nogil=True)
+    def twice(x):
+        return 2 * x
+
+    assert twice(21) == 42 and list(tmp_path.rglob("*.nbi"))  # compiled and saved
+    sig, ctx = twice.signatures[0], twice.targetctx
+    key = twice._cache._index_key(sig, ctx.codegen())
+    # numba's own key (signature, target, bytecode and closure hashes), then the digest
+    assert key == (*FunctionCache(twice.py_func)._index_key(sig, ctx.codegen()), _numba.sources_digest())
+    assert key[0] == sig and len(key) == 4
+    assert twice._cache.load_overload(sig, ctx) is not None  # the saved entry loads
+    monkeypatch.setattr(_numba, "sources_digest", lambda: "another simplex")
+    assert twice._cache.load_overload(sig, ctx) is None  # an edit to any kernel source misses it
+
+
+def test_kernel_sources_list_every_module_a_kernel_reads():
+    """Every module that compiles kernels, and every private module of the package one of them imports."""
+    folder = ROOT / "geograph" / "functional"
+    listed = set(_numba.KERNEL_SOURCES)
+    uses_jit = re.compile(r"^from geograph\.functional\._numba import .*\bjit\b", re.M)
+    kernels = [f for f in folder.glob("*.py") if uses_jit.search(f.read_text())]
+    assert {f.name for f in kernels} >= {"_simplex_numba.py", "_ricci_numba.py"}
+    for f in kernels:
+        assert f.name in listed, f.name
+        for name in re.findall(r"from geograph\.functional\.(_\w+) import", f.read_text()):
+            assert f"{name}.py" in listed, (f.name, name)
+    digest = _numba.sources_digest()
+    assert len(digest) == 64 and all((folder / name).is_file() for name in listed)
+
+
 def test_warmup_compiles_what_the_modules_call():
     """After warmup(), Ricci-Filtration (exact, and Sinkhorn's exact re-solves) compiles nothing new."""
-    from geograph.functional._emd_numba import curvature_batch, emd_batch, flow_batch
+    from geograph.functional._ricci_numba import curvature_batch, flow_batch
+    from geograph.functional._simplex_numba import emd_batch
 
     info = warmup()
     assert info["source"] == cache_info()["source"] and info["threading_layer"] in {"tbb", "omp", "workqueue"}
@@ -209,7 +248,8 @@ def test_parallel_entry_points_release_the_gil():
     """
     import numpy as np
 
-    from geograph.functional._emd_numba import curvature_batch, emd_batch, flow_batch
+    from geograph.functional._ricci_numba import curvature_batch, flow_batch
+    from geograph.functional._simplex_numba import emd_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     for f in (flow_batch, curvature_batch, emd_batch):

@@ -10,8 +10,15 @@ import torch
 from conftest import require
 from geograph import CorpusGraph, DenseRetriever
 from geograph.functional.allpairs import tiled_pairs, tiled_topk
-from geograph.functional.ann import self_topk
-from geograph.functional.gain import candidate_cap, gain_bound, gain_density, gain_edges, gain_transition
+from geograph.functional.gain import (
+    candidate_cap,
+    gain_bound,
+    gain_density,
+    gain_density_info,
+    gain_edges,
+    gain_transition,
+)
+from geograph.functional.knn_build import self_topk
 from geograph.graphs.g3_graph import G3Graph
 
 faiss = require("faiss")
@@ -173,7 +180,9 @@ def test_sampled_density_error_and_exact_extremes():
     s = z @ z.T
     np.fill_diagonal(s, 0.0)
     raw = np.clip(s, 0, None).sum(1) / len(z)
-    got, info = gain_density(torch.from_numpy(z), sample=400, return_info=True)
+    info = gain_density_info(torch.from_numpy(z), sample=400)
+    got = info.density
+    assert torch.equal(got, gain_density(torch.from_numpy(z), sample=400))  # the same density, without the info
     assert info.sample == 400 and info.exact_rows >= 2
     # within 5 standard errors of the estimate (normalised by the exact span)
     err = float(np.abs(got.numpy() - ref).max())
@@ -212,6 +221,7 @@ def test_certificate_against_brute_force(kprime):
     w = np_weights(z, rho, (0.1, 0.7), 0.4)
     pen = torch.exp(-0.4 * torch.from_numpy(rho))
     cand = self_topk(zt, kprime, transform=candidate_cap((0.1, 0.7)))
+    cand = (cand.values, cand.indices)
     edges = gain_edges(zt, pen, band=(0.1, 0.7), max_degree=16, candidates=cand, redo=False)
     # brute force: a certified row's kept set is the row's exact top-16 weights
     ref_v, ref_i = np_topk(w, 16)
@@ -230,6 +240,7 @@ def test_certificate_fails_rows_that_a_short_list_cannot_prove():
     zt = torch.from_numpy(z)
     pen = torch.ones(500, dtype=torch.float64)
     cand = self_topk(zt, 16, transform=candidate_cap((0.1, 0.7)))
+    cand = (cand.values, cand.indices)
     edges = gain_edges(zt, pen, band=(0.1, 0.7), max_degree=16, candidates=cand, redo=True)
     assert edges.redone.sum() > 0 and torch.equal(edges.redone, ~edges.certified)
 
@@ -299,10 +310,13 @@ def test_unit_rows_reuses_unit_rows_and_normalises_others():
 
 
 def test_refine_in_place_equals_the_copying_refine():
-    from geograph.functional.ann import ivf_self_topk, refine_neighbours
+    from geograph.functional.ivf_join import ivf_self_topk
+    from geograph.functional.knn_policy import IVFOptions
+    from geograph.functional.nn_descent import refine_neighbours
 
     z = torch.from_numpy(clustered(1500, d=16, clusters=20, noise=0.5, seed=3)).float()
-    v, i = ivf_self_topk(z, 8, nlist=16, nprobe=2, refine=False)
+    out = ivf_self_topk(z, 8, IVFOptions(nlist=16, nprobe=2, refine=False))
+    v, i = out.values, out.indices
     ref_v, ref_i = refine_neighbours(z, v, i)
     v2, i2 = v.clone(), i.clone()
     out_v, out_i = refine_neighbours(z, v2, i2, inplace=True)
@@ -317,7 +331,11 @@ def test_gain_edges_are_in_csr_order_and_chunking_changes_nothing(monkeypatch, c
 
     z = torch.from_numpy(clustered(600, seed=9)).float()
     pen = torch.exp(-0.4 * gain_density(z))
-    cand = None if candidates is None else self_topk(z, candidates, transform=gain.gain_rank((0.1, 0.7)), target=pen)
+    if candidates is not None:
+        lists = self_topk(z, candidates, transform=gain.gain_rank((0.1, 0.7)), target=pen)
+        cand = (lists.values, lists.indices)
+    else:
+        cand = None
     whole = gain_edges(z, pen, band=(0.1, 0.7), max_degree=16, candidates=cand, ranking="weight")
     key = whole.rows * 600 + whole.cols
     assert bool((key[1:] > key[:-1]).all())  # by row, then column, no duplicate
@@ -358,16 +376,19 @@ def test_bench_scale_run_size_checks_against_exact(tmp_path):
 
 
 def test_default_join_nprobe_meets_enough_rows_and_small_corpora_join_every_cell():
-    from geograph.functional.ann import MIN_JOIN_ROWS, default_join_nprobe, ivf_self_topk
+    from geograph.functional.ivf_join import ivf_self_topk
+    from geograph.functional.knn_policy import MIN_JOIN_ROWS, IVFOptions, default_join_nprobe
 
     assert default_join_nprobe(1_000_000, 2048) == 32  # large corpora: unchanged
     assert default_join_nprobe(5183, 128) == 64 and 64 * 5183 / 128 >= MIN_JOIN_ROWS
     assert default_join_nprobe(1890, 64) == 64  # every cell: the join is the exact scan
     z = torch.nn.functional.normalize(torch.randn(900, 16, generator=torch.Generator().manual_seed(3)), dim=1)
-    v, i = ivf_self_topk(z, 6, nlist=16, refine=False)  # default nprobe = all 16 cells
+    out = ivf_self_topk(z, 6, IVFOptions(nlist=16, refine=False))  # default nprobe = all 16 cells
+    v, i = out.values, out.indices
+    assert out.ivf.nprobe == 16 and set(out.seconds) == {"train", "assign", "join", "own_probes"}
     ev, ei = tiled_topk(z, z, 6, exclude_self=True)
     assert torch.equal(i, ei) and torch.equal(v, ev)
-    _, i8 = ivf_self_topk(z, 6, nlist=16, nprobe=2, refine=False)  # the check can fail: 2 cells miss pairs
+    i8 = ivf_self_topk(z, 6, IVFOptions(nlist=16, nprobe=2, refine=False)).indices  # 2 cells miss pairs
     assert not torch.equal(i8, ei)
 
 
@@ -375,7 +396,8 @@ def test_consumed_candidates_give_the_same_edges_and_are_released():
     """gain_edges(consume=True) writes the edges over the candidate lists and empties them: same edges."""
     z = torch.nn.functional.normalize(torch.randn(700, 12, generator=torch.Generator().manual_seed(5)), dim=1)
     penalty = torch.rand(700, generator=torch.Generator().manual_seed(6)) + 0.5
-    cand = self_topk(z, 40, transform=None)
+    lists = self_topk(z, 40, transform=None)
+    cand = (lists.values, lists.indices)
     keep = gain_edges(z, penalty, band=(0.1, 0.7), max_degree=16, candidates=(cand[0].clone(), cand[1].clone()))
     x, ids = cand[0].clone(), cand[1].clone()
     used = gain_edges(z, penalty, band=(0.1, 0.7), max_degree=16, candidates=(x, ids), consume=True)

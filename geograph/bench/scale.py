@@ -30,7 +30,7 @@ driver's only (the workers are Ray's processes).
 
 Then the real sets at their own size (SciFact, MuSiQue by default): the same recalls, and
 whether ISO-RAG and G3RAG return the same top-k with IVF-built graphs as with exact ones on
-every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.ann.default_nlist`).
+every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.knn_policy.default_nlist`).
 
 The generators are checked by printing, next to real SciFact, the pairwise-cosine histogram
 and the 1st / 10th-neighbour cosine quantiles of a synthetic sample of the same size (and of
@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--nprobe",
         type=int,
         help="cells each cell meets in the IVF join (default: the builders' own, "
-        "geograph.functional.ann.default_join_nprobe)",
+        "geograph.functional.knn_policy.default_join_nprobe)",
     )
     p.add_argument(
         "--dense-nprobe",

@@ -72,7 +72,7 @@ __all__ = [
 
 # The helpers other docstrings and docs/architecture.md cite as ``geograph.functional.*``.
 from geograph.functional.allpairs import tiled_pairs, tiled_topk
-from geograph.functional.gain import gain_edges
+from geograph.functional.gain import gain_density_info, gain_edges, gain_transition_edges
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.transport import TransportBounds, emd, transport_bounds
 
@@ -81,6 +81,8 @@ __all__ += [
     "transport_bounds",
     "TransportBounds",
     "gain_edges",
+    "gain_density_info",
+    "gain_transition_edges",
     "clean_edge_index",
     "csr_rowptr",
     "tiled_pairs",

@@ -17,6 +17,12 @@ The first writable one of these is used:
 The choice only applies to geograph's kernels (``numba.config.CACHE_DIR`` is set while they are
 decorated, then restored). :func:`cache_info` reports it.
 
+Freshness: numba keys a cached kernel on its own source file only, but a kernel compiles in the
+kernels it calls and the constants it reads from other files (the Ricci drivers of
+``_ricci_numba.py`` call and inline the simplex of ``_simplex_numba.py``). Every cached kernel's
+key therefore also holds a digest of all of :data:`KERNEL_SOURCES` (:func:`sources_digest`): an
+edit to any of them recompiles every kernel instead of loading a stale one.
+
 Threads: the parallel entry points (:func:`locked`) release the GIL while they run and run one
 at a time per process. Each already spreads its work over every numba thread, and numba's
 ``workqueue`` threading layer (what numba falls back to when neither TBB nor OpenMP loads) does
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import stat
@@ -37,12 +44,45 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["cache_info", "jit", "locked", "warmup"]
+__all__ = ["cache_info", "jit", "locked", "warmup", "sources_digest", "KERNEL_SOURCES"]
 
 logger = logging.getLogger("geograph")
 
 #: held by every parallel numba entry point while it runs (see the module docstring)
 KERNEL_LOCK = threading.Lock()
+
+#: the files (in this package) whose code or constants a compiled kernel may hold: every module
+#: with a kernel, and the modules they read constants from (the module docstring's "Freshness")
+KERNEL_SOURCES = ("_numba.py", "_simplex_numba.py", "_ricci_numba.py", "_grc.py", "_simplex_stats.py")
+
+
+@functools.cache
+def sources_digest() -> str:
+    """SHA-256 of the contents of :data:`KERNEL_SOURCES`, read once per process."""
+    digest = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in KERNEL_SOURCES:
+        with open(os.path.join(here, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def _kernel_cache_class():
+    """numba's per-function disk cache, keyed also on :func:`sources_digest`.
+
+    ``FunctionCache._index_key(sig, codegen)`` is numba's (private) key of one compiled
+    signature in a function's index: the signature, the target and hashes of the function's
+    bytecode; the digest is appended to it. ``tests/test_numba_runtime.py`` checks that the key
+    still has that shape.
+    """
+    from numba.core.caching import FunctionCache
+
+    class KernelCache(FunctionCache):
+        def _index_key(self, sig, codegen):
+            return (*super()._index_key(sig, codegen), sources_digest())
+
+    return KernelCache
 
 
 def _writable(path: str) -> bool:
@@ -163,19 +203,21 @@ def _cache_dir(path: str):
 
 
 def jit(**flags) -> Callable:
-    """``numba.njit(**flags)`` with the on-disk cache of :func:`cache_info` (or none)."""
+    """``numba.njit(**flags)`` with the on-disk cache of :func:`cache_info` (or none), keyed also on
+    :func:`sources_digest`."""
     from numba import njit
 
     source, directory = _choose()
     _log_choice()
 
     def decorate(fn):
+        kernel = njit(cache=False, **flags)(fn)
         if directory is None:
-            return njit(cache=False, **flags)(fn)
-        if source == "package":
-            return njit(cache=True, **flags)(fn)
-        with _cache_dir(directory):  # numba picks the locator when the function is decorated
-            return njit(cache=True, **flags)(fn)
+            return kernel
+        # numba's enable_caching() with the digest in the key; the locator is picked here
+        with _cache_dir(directory) if source != "package" else contextlib.nullcontext():
+            kernel._cache = _kernel_cache_class()(kernel.py_func)
+        return kernel
 
     return decorate
 

@@ -1,7 +1,8 @@
 """The work counters of the exact transport simplex (numba-free, so importing it compiles nothing).
 
-The compiled kernels (:mod:`geograph.functional._emd_numba`) count into int64 arrays whose last
-axis has the columns below; :class:`SimplexStats` is what the Python side returns.
+The compiled kernels (:mod:`geograph.functional._simplex_numba`, :mod:`geograph.functional._ricci_numba`)
+count into int64 arrays whose last axis has the columns below; :class:`SimplexStats` is what the
+Python side returns.
 """
 
 from __future__ import annotations

@@ -340,7 +340,7 @@ def _exact_kappa(
     the CPU in float64) and one back; nothing per edge in Python. Problems the simplex left
     stuck at its pivot cap (never seen in practice) are re-solved by POT.
     """
-    from geograph.functional._emd_numba import curvature_batch
+    from geograph.functional._ricci_numba import curvature_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     w_np = np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy())

@@ -281,9 +281,9 @@ def _compiled_flow(
     exp_power: float,
     warm_start: bool = True,
 ):
-    """The compiled flow (:func:`~geograph.functional._emd_numba.flow_batch`) on validated tensors: its
+    """The compiled flow (:func:`~geograph.functional._ricci_numba.flow_batch`) on validated tensors: its
     ``FlowResult`` (numpy, float64)."""
-    from geograph.functional._emd_numba import flow_batch
+    from geograph.functional._ricci_numba import flow_batch
     from geograph.functional.transport import _MAX_PIVOTS
 
     return flow_batch(
@@ -342,9 +342,7 @@ def _torch_flow(
     converged = torch.zeros_like(active)
     inf = torch.full((), float("inf"), dtype=w.dtype, device=w.device)
     for it in range(iterations):
-        w_new = torch.where(adj, w - step * kappa * w, zero)
-        total = w_new.sum((1, 2)) * 0.5
-        w_new = w_new * (n_edges / total.clamp_min(torch.finfo(w.dtype).tiny)).view(-1, 1, 1)
+        w_new = _flow_step(w, kappa, adj, n_edges, step, zero)
         k_new, state, info = ollivier_ricci_solve(
             w_new, adj, node_mask, max_iter=warm_iter, reg_start=reg, scaling_iter=0, state=state, edges=edges, **opts
         )
@@ -368,6 +366,28 @@ def _torch_flow(
         bound=torch.stack([i.bound for i in infos]),
         work=torch.stack([i.work for i in infos]),
     )
+
+
+def _flow_step(w: Tensor, kappa: Tensor, adj: Tensor, n_edges: Tensor, step: float, zero: Tensor) -> Tensor:
+    r"""One flow step of every graph: :math:`w \leftarrow w - \mathrm{step}\,\kappa\, w` on the edges,
+    then :math:`w \leftarrow w \cdot |E| / \sum_E w`.
+
+    The compiled flow's twin is ``_ricci_numba._flow_step`` (one graph, an edge list); both are
+    checked against each other and numpy in ``tests/test_flow.py``.
+
+    Args:
+        w, kappa: ``(B, n, n)`` symmetric lengths and curvature.
+        adj: ``(B, n, n)`` bool edge mask.
+        n_edges: ``(B,)`` edges per graph, in ``w``'s dtype.
+        step: the step size.
+        zero: a 0 of ``w``'s dtype and device (off the edges).
+
+    Returns:
+        ``(B, n, n)`` the new lengths, 0 off the edges.
+    """
+    w_new = torch.where(adj, w - step * kappa * w, zero)
+    total = w_new.sum((1, 2)) * 0.5
+    return w_new * (n_edges / total.clamp_min(torch.finfo(w.dtype).tiny)).view(-1, 1, 1)
 
 
 def _exact_flow(

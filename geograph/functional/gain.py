@@ -16,13 +16,16 @@ from geograph.functional.similarity import minmax_normalize, unit_rows
 
 __all__ = [
     "gain_density",
+    "gain_density_info",
     "gain_transition",
+    "gain_transition_edges",
     "gain_edges",
     "gain_bound",
     "check_band",
     "csr",
     "DensityInfo",
     "GainEdges",
+    "GainTransition",
     "candidate_cap",
     "gain_rank",
 ]
@@ -96,14 +99,30 @@ def _raw_density_exact(z: Tensor, block: int, rows: Tensor | None = None, progre
 
 @dataclass(frozen=True)
 class DensityInfo:
-    """How :func:`gain_density` computed ``rho``: ``sample`` columns (0 = exact), the mean and
-    largest standard error of the sampled ``rho`` before normalisation, and ``exact_rows``,
-    the rows computed exactly because they could set the minimum or the maximum."""
+    """The density ``rho`` of :func:`gain_density_info` and how it was computed.
 
+    Attributes:
+        density: ``(N,)`` the normalised density (:func:`gain_density`'s result).
+        sample: columns sampled (0 = exact).
+        mean_stderr, max_stderr: the mean and largest standard error of the sampled ``rho``
+            before normalisation (0 when exact).
+        exact_rows: the rows computed exactly because they could set the minimum or the maximum.
+    """
+
+    density: Tensor
     sample: int
     mean_stderr: float
     max_stderr: float
     exact_rows: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Every field but the density: ``{"sample", "mean_stderr", "max_stderr", "exact_rows"}``."""
+        return {
+            "sample": self.sample,
+            "mean_stderr": self.mean_stderr,
+            "max_stderr": self.max_stderr,
+            "exact_rows": self.exact_rows,
+        }
 
 
 def gain_density(
@@ -113,8 +132,7 @@ def gain_density(
     sample: int | None = None,
     seed: int = 0,
     progress: bool | str = False,
-    return_info: bool = False,
-):
+) -> Tensor:
     r"""G3RAG's similarity density of every passage, min-max normalised.
 
     .. math:: \rho_j = \frac{1}{N} \sum_{k \ne j} \max(0, S_{jk}), \qquad
@@ -139,11 +157,10 @@ def gain_density(
         sample: columns sampled for the negative part; ``None`` = exact.
         seed: the column sample's seed.
         progress: a progress bar over the tiles.
-        return_info: also return a :class:`DensityInfo`.
 
     Returns:
         ``(N,)`` in ``[0, 1]``, in the embeddings' dtype (float16 / bfloat16 are computed in
-        float32); with ``return_info``, ``(rho, DensityInfo)``.
+        float32); :func:`gain_density_info` also says how it was computed.
 
     References:
         G3RAG: Beyond Similarity through Zero-Token Geometric Graphs for Multi-Hop RAG (no arXiv
@@ -153,12 +170,31 @@ def gain_density(
         >>> gain_density(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]))
         tensor([0.2500, 1.0000, 0.0000])
     """
+    return gain_density_info(embeddings, block=block, sample=sample, seed=seed, progress=progress).density
+
+
+def gain_density_info(
+    embeddings: Tensor,
+    *,
+    block: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    progress: bool | str = False,
+) -> DensityInfo:
+    """:func:`gain_density` (same arguments) with how it was computed: the sample, the standard
+    errors of the estimate and the rows computed exactly.
+
+    Example:
+        >>> info = gain_density_info(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]))
+        >>> info.density, info.as_dict()
+        (tensor([0.2500, 1.0000, 0.0000]), {'sample': 0, 'mean_stderr': 0.0, 'max_stderr': 0.0, 'exact_rows': 3})
+    """
     z = _unit(embeddings)
     block = _block(block)
     n = z.shape[0]
     if sample is None or sample >= n:
         raw = _raw_density_exact(z, block, progress=progress)
-        info = DensityInfo(sample=0, mean_stderr=0.0, max_stderr=0.0, exact_rows=n)
+        stats = dict(sample=0, mean_stderr=0.0, max_stderr=0.0, exact_rows=n)
         rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True)
     else:
         sample = check_positive_int(sample, "sample")
@@ -201,15 +237,14 @@ def gain_density(
         rows = torch.unique(torch.cat(exact_rows))
         raw = raw.clone()
         raw[rows] = _raw_density_exact(z, block, rows).double()
-        info = DensityInfo(
+        stats = dict(
             sample=sample,
             mean_stderr=float(se.mean()) / n,
             max_stderr=float(se.max()) / n,
             exact_rows=int(rows.numel()),
         )
         rho = minmax_normalize(raw, lo=raw[rows].min(), hi=raw[rows].max(), clip=True)
-    rho = rho.to(embeddings.dtype)
-    return (rho, info) if return_info else rho
+    return DensityInfo(rho.to(embeddings.dtype), **stats)
 
 
 def gain_bound(x: Tensor, band: tuple[float, float] | None) -> Tensor:
@@ -453,9 +488,8 @@ def gain_transition(
     candidates: tuple[Tensor, Tensor] | None = None,
     ranking: str = "cosine",
     progress: bool | str = False,
-    return_edges: bool = False,
     consume: bool = False,
-):
+) -> Tensor:
     r"""G3RAG's row-normalised transition matrix ``T`` as a sparse CSR ``(N, N)`` tensor.
 
     .. math:: W_{ij} = x \sqrt{1 - x^2}\, e^{-\beta \hat\rho_j} \quad (x = S_{ij} \in [lo, hi],
@@ -488,13 +522,13 @@ def gain_transition(
             (needs ``max_degree <= K'``).
         ranking: what ``candidates`` rank: ``"cosine"`` or ``"weight"`` (:func:`gain_edges`).
         progress: progress bars.
-        return_edges: also return the :class:`GainEdges` (certificate per row).
         consume: ``candidates`` are used up (:func:`gain_edges`): left empty, their memory
             reused and released.
 
     Returns:
         ``torch.sparse_csr_tensor`` ``(N, N)`` in the embeddings' dtype, rows sum to 1 or 0
-        (long indices); with ``return_edges``, ``(T, GainEdges)``.
+        (long indices); :func:`gain_transition_edges` also returns the kept edges and their
+        certificate.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
@@ -502,6 +536,59 @@ def gain_transition(
         tensor([[0.0000, 1.0000, 0.0000],
                 [0.5000, 0.0000, 0.5000],
                 [0.0000, 1.0000, 0.0000]])
+    """
+    return gain_transition_edges(
+        embeddings,
+        band=band,
+        beta=beta,
+        max_degree=max_degree,
+        block=block,
+        density=density,
+        candidates=candidates,
+        ranking=ranking,
+        progress=progress,
+        consume=consume,
+    ).transition
+
+
+@dataclass(frozen=True)
+class GainTransition:
+    """:func:`gain_transition_edges`: ``T`` and the edges it was made of.
+
+    Attributes:
+        transition: ``T``, sparse CSR ``(N, N)`` (:func:`gain_transition`'s result).
+        edges: the kept edges of ``W`` before row normalisation with each row's certificate
+            (:class:`GainEdges`), for a ``max_degree`` build (``max_degree < N``); ``None`` for
+            the full ``T``.
+    """
+
+    transition: Tensor
+    edges: GainEdges | None
+
+
+def gain_transition_edges(
+    embeddings: Tensor,
+    *,
+    band: tuple[float, float] | None = (0.1, 0.7),
+    beta: float = 0.4,
+    max_degree: int | None = None,
+    block: int | None = None,
+    density: Tensor | None = None,
+    candidates: tuple[Tensor, Tensor] | None = None,
+    ranking: str = "cosine",
+    progress: bool | str = False,
+    consume: bool = False,
+) -> GainTransition:
+    """:func:`gain_transition` (same arguments) with the kept edges and how each row was proven
+    (:func:`gain_edges`: certified from its candidate list, or recomputed).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+        >>> out = gain_transition_edges(x, band=(0.1, 0.9), beta=0.0, max_degree=1)
+        >>> out.transition.to_dense(), out.edges.certified
+        (tensor([[0., 1., 0.],
+                [0., 0., 1.],
+                [0., 1., 0.]]), tensor([True, True, True]))
     """
     z = _unit(embeddings)
     band = check_band(band)
@@ -559,9 +646,8 @@ def gain_transition(
         del rows
     # both sources give CSR order (by row, then column): no sort of the E edges
     t = csr(crow, cols, _row_normalised(crow, vals).to(embeddings.dtype), n)
-    if not return_edges:
-        return t
-    return t, None if proof is None else GainEdges(crow, cols, vals, certified=proof[0], redone=proof[1])
+    edges = None if proof is None else GainEdges(crow, cols, vals, certified=proof[0], redone=proof[1])
+    return GainTransition(t, edges)
 
 
 def _row_normalised(crow: Tensor, vals: Tensor) -> Tensor:

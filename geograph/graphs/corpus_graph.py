@@ -10,8 +10,9 @@ from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
-from geograph.functional.ann import DEFAULT_RECALL_TARGET, resolve_index, self_topk
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
+from geograph.functional.knn_build import self_topk
+from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
 from geograph.functional.similarity import normalize, unit_rows
 from geograph.outputs import true_first
 
@@ -118,13 +119,13 @@ class CorpusGraph(nn.Module):
         ``index="exact"`` (default) scans every pair with the tiled all-pairs routine
         (:func:`~geograph.functional.allpairs.tiled_topk`, tiles of ``chunk_size``: memory
         ``O(chunk_size^2 + V k)``, time ``O(V^2 D)``). ``index="ivf"`` joins IVF cells instead
-        (:func:`~geograph.functional.ann.ivf_self_topk`: ``nlist`` cells trained on ``sample``
+        (:func:`~geograph.functional.ivf_join.ivf_self_topk`: ``nlist`` cells trained on ``sample``
         passages, each joined with its ``nprobe`` nearest; the scores are exact, a pair whose
         cells never meet is missed; with ``nprobe`` left out, it is chosen on sampled rows so
         that the join finds ``recall_target`` of each row's exact neighbours, or the build falls
         back to the exact scan, and the recall is measured on other sampled rows: see
-        :func:`~geograph.functional.ann.ivf_self_topk`; ``None`` skips both); ``index="auto"`` is exact up to
-        :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages and IVF above, and logs its
+        :func:`~geograph.functional.ivf_join.ivf_self_topk`; ``None`` skips both); ``index="auto"`` is exact up to
+        :data:`~geograph.functional.knn_policy.AUTO_EXACT_MAX` passages and IVF above, and logs its
         choice. ``faiss=True`` uses an exact FAISS inner-product index when ``faiss`` is
         installed (the same neighbours up to ties). ``k`` clamps to ``V - 1``. Ties: lowest
         index first. ``progress`` shows a bar with ETA. :attr:`build_info` records the index,
@@ -141,26 +142,23 @@ class CorpusGraph(nn.Module):
             z = normalize(embeddings.float())  # CPU matrix products of half floats are slow and round the scores
         else:
             z = unit_rows(embeddings)  # in the embeddings' dtype (float64 stays float64); unit rows: no copy
-        timings: dict = {}
+        seconds: dict = {}
         report: dict = {}
         index = "faiss-flat" if faiss else resolve_index(index, v, "CorpusGraph.from_knn")
         if faiss:
             idx = _faiss_knn(z, k + 1)
         else:
-            idx = self_topk(
+            lists = self_topk(
                 z,
                 k,
                 index=index,
-                nlist=nlist,
-                nprobe=nprobe,
-                sample=sample,
-                seed=seed,
+                ivf=IVFOptions(nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, recall_target=recall_target),
                 block=chunk_size,
                 progress="k-NN graph" if progress else False,
-                timings=timings,
-                recall_target=recall_target,
-                report=report,
-            )[1]
+            )
+            idx, seconds = lists.indices, lists.seconds
+            report = {} if lists.ivf is None else lists.ivf.as_dict()
+            del lists
         del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
             self_hit = idx == torch.arange(v, device=idx.device).unsqueeze(1)
@@ -169,7 +167,7 @@ class CorpusGraph(nn.Module):
         dst = idx.reshape(-1)
         ok = dst >= 0  # an IVF row with fewer than k candidates
         graph = cls(embeddings, torch.stack([src[ok], dst[ok]]), name=f"knn{k}")
-        graph.build_info = {"index": index, "seconds": timings, **report}
+        graph.build_info = {"index": index, "seconds": seconds, **report}
         return graph
 
     @classmethod

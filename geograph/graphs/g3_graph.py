@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -13,8 +12,17 @@ from torch import Tensor, nn
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.ann import DEFAULT_RECALL_TARGET, default_join_nlist, resolve_index, self_topk
-from geograph.functional.gain import _unit, candidate_cap, check_band, csr, gain_density, gain_rank, gain_transition
+from geograph.functional.gain import (
+    _unit,
+    candidate_cap,
+    check_band,
+    csr,
+    gain_density_info,
+    gain_rank,
+    gain_transition_edges,
+)
+from geograph.functional.knn_build import self_topk
+from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
 
 __all__ = ["G3Graph"]
 
@@ -181,7 +189,7 @@ class G3Graph(nn.Module):
 
         Corpora of millions: ``index="exact"`` ranks every pair's weight (time ``O(N^2 D)``);
         ``index="ivf"`` takes each row's top-``candidates`` list from the IVF join
-        (:func:`~geograph.functional.ann.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``;
+        (:func:`~geograph.functional.ivf_join.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``;
         with ``nprobe`` left out it is chosen on sampled rows so that the lists hold
         ``recall_target`` of each row's exact top-``candidates``, or the lists are computed
         exactly, and the recall is measured on other sampled rows; ``None`` skips both)
@@ -195,7 +203,7 @@ class G3Graph(nn.Module):
         ``geograph bench scale 20000 50000 --ranking cosine`` on the MiniLM-like generator,
         K'=512: 58% of rows at 20k, 27% at 50k), so its re-done rows
         dominate at scale. ``index="auto"`` is exact up to
-        :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages (logged). ``candidates``
+        :data:`~geograph.functional.knn_policy.AUTO_EXACT_MAX` passages (logged). ``candidates``
         defaults to :data:`DEFAULT_CANDIDATES`; with ``index="exact"`` and ``candidates`` given,
         the lists come from the exact tiled scan. ``density_sample`` columns estimate the
         density (:func:`~geograph.functional.gain_density`; default: exact for the exact
@@ -232,15 +240,12 @@ class G3Graph(nn.Module):
         z = _unit(embeddings)
         info: dict = {"index": index, "passages": n}
         t0 = time.perf_counter()
-        rho, dinfo = gain_density(
-            z,
-            block=block,
-            sample=density_sample,
-            seed=seed,
-            progress="G3 density" if progress else False,
-            return_info=True,
+        dinfo = gain_density_info(
+            z, block=block, sample=density_sample, seed=seed, progress="G3 density" if progress else False
         )
-        info.update(density_seconds=time.perf_counter() - t0, density=asdict(dinfo))
+        rho = dinfo.density
+        info.update(density_seconds=time.perf_counter() - t0, density=dinfo.as_dict())
+        del dinfo
         cand = None
         if candidates is not None and max_degree is not None and max_degree < n:
             t0 = time.perf_counter()
@@ -249,26 +254,22 @@ class G3Graph(nn.Module):
                 rank = dict(transform=candidate_cap(band))
             else:
                 rank = dict(transform=gain_rank(band), target=torch.exp(-check_finite_float(beta, "beta") * rho.to(z)))
-            report: dict = {}
-            cand = self_topk(
+            lists = self_topk(
                 z,
                 candidates,
                 index=index,
-                nlist=nlist,
-                nprobe=nprobe,
-                sample=sample,
-                seed=seed,
+                ivf=IVFOptions(nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, recall_target=recall_target),
                 block=tile,
                 progress="G3 candidates" if progress else False,
-                recall_target=recall_target,
-                report=report,
                 **rank,
             )
+            cand, report = (lists.values, lists.indices), lists.ivf
+            del lists
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
-            if index == "ivf":
-                info.update(nlist=nlist or default_join_nlist(n), **report)
+            if report is not None:
+                info.update(nlist=nlist or default_join_nlist(n), **report.as_dict())
         t0 = time.perf_counter()
-        t, edges = gain_transition(
+        built = gain_transition_edges(
             z,
             band=band,
             beta=beta,
@@ -278,9 +279,10 @@ class G3Graph(nn.Module):
             candidates=cand,
             ranking=ranking,
             progress="G3 edges" if progress else False,
-            return_edges=True,
             consume=True,
         )
+        t, edges = built.transition, built.edges
+        del built
         info["edge_seconds"] = time.perf_counter() - t0
         if edges is not None:
             info.update(certified=int(edges.certified.sum()), redone=int(edges.redone.sum()))

@@ -9,15 +9,15 @@ from torch import Tensor, nn
 
 from geograph._checks import check_finite_float, check_positive_int, check_same_device, check_tensor, tracing
 from geograph.functional.allpairs import sort_topk, tiled_topk
-from geograph.functional.ann import (
+from geograph.functional.faiss_ivf import build_ivf_index
+from geograph.functional.ivf_recall import sample_recall
+from geograph.functional.knn_exact import exact_rows
+from geograph.functional.knn_policy import (
     DEFAULT_RECALL_ROWS,
     QUERY_POINTS_PER_CELL,
-    build_ivf_index,
     check_ivf,
     default_nlist,
-    exact_rows,
     resolve_index,
-    sample_recall,
 )
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
@@ -54,9 +54,9 @@ class DenseRetriever(nn.Module):
         index: ``"exact"`` (the chunked scan), ``"ivf"`` (a faiss IVF-Flat index over ``nlist``
             lists, default about ``4 sqrt(V)``, trained on ``sample`` passages; its candidates
             are re-scored exactly) or ``"auto"`` (exact up to
-            :data:`~geograph.functional.ann.AUTO_EXACT_MAX` passages).
+            :data:`~geograph.functional.knn_policy.AUTO_EXACT_MAX` passages).
         nprobe: lists an IVF query scans, or ``"auto"`` (default): when the index is built (on
-            the first call), :data:`~geograph.functional.ann.DEFAULT_RECALL_ROWS` sampled
+            the first call), :data:`~geograph.functional.knn_policy.DEFAULT_RECALL_ROWS` sampled
             passages are searched as queries at 1, 2, 4, ... lists until their recall@``recall_k``
             (without the passage itself) against the exact scan reaches ``recall_target``;
             :attr:`calibration` records the choice. Why: the lists a query needs depend on the

@@ -1,0 +1,370 @@
+r"""Approximate all-pairs top-k for corpora of millions: an IVF cell join, re-scored exactly.
+
+The corpus is split into ``nlist`` cells by spherical k-means trained on a uniform sample
+(faiss's ``Kmeans``, :func:`~geograph.functional.faiss_ivf.train_centroids`); each cell is joined
+with the ``nprobe`` cells whose centroids are nearest to its own, and the join is made symmetric
+(cell ``a`` meets cell ``b`` when either probes the other, once), so every pair that is computed
+updates both passages' lists. A join of two cells is one matrix product of uncompressed
+vectors: the scores are exact, only pairs between cells that never meet are missed. One round of
+neighbours-of-neighbours (:func:`~geograph.functional.nn_descent.refine_neighbours`) then
+recovers most of those misses. This is the candidate source of ``index="ivf"`` in
+:meth:`geograph.CorpusGraph.from_knn` and :meth:`geograph.G3Graph.build`
+(:func:`~geograph.functional.knn_build.self_topk`); the exact source is
+:func:`~geograph.functional.knn_exact.exact_self_topk`.
+
+Why not ``faiss.IndexIVFFlat.search`` for the self-join: it scans each query's lists one vector
+at a time; grouping the queries of a cell turns the same work into matrix products (about
+2-3x faster on two CPU cores, and the same code runs on CUDA). Queries that are not corpus
+passages (:class:`geograph.DenseRetriever`) use faiss's index directly
+(:func:`~geograph.functional.faiss_ivf.build_ivf_index`).
+
+References:
+    Johnson, Douze, Jegou, "Billion-scale similarity search with GPUs", IEEE Trans. Big Data
+    2019 (arXiv:1702.08734): all-vs-all IVF search for k-NN graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from geograph._checks import check_positive_int
+from geograph.functional.allpairs import (
+    DEFAULT_BLOCK,
+    current_executor,
+    map_tiles,
+    merge_topk,
+    progress_bar,
+    sort_topk_,
+    tiled_topk,
+)
+from geograph.functional.faiss_ivf import train_centroids
+from geograph.functional.ivf_recall import choose_nprobe, measure_recall
+from geograph.functional.knn_exact import exact_rows, exact_self_topk, rank_pairs
+from geograph.functional.knn_policy import (
+    IVFOptions,
+    IVFReport,
+    SelfTopk,
+    StageClock,
+    Transform,
+    check_ivf,
+    default_join_nlist,
+    default_join_nprobe,
+    log,
+)
+from geograph.functional.nn_descent import refine_neighbours
+
+__all__ = ["ivf_self_topk", "join_cells"]
+
+
+def ivf_self_topk(
+    z: Tensor,
+    k: int,
+    options: IVFOptions | None = None,
+    *,
+    block: int = DEFAULT_BLOCK,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
+    progress: bool | str = False,
+) -> SelfTopk:
+    r"""Approximate top-``k`` most similar other rows of ``z`` for every row (an IVF self-join).
+
+    Scores are exact inner products of the rows (normalise ``z`` for cosine): only pairs whose
+    cells never meet can be missed. Memory: the sorted copy of ``z``, ``O(N k)`` lists and one
+    cell block (at most ``block^2`` scores).
+
+    With ``options.recall_target`` and ``nprobe`` left to its default, ``recall_rows`` sampled
+    rows are ranked exactly against every row; the cells of their exact neighbours say, for any
+    ``nprobe``, which of them the join would meet (its cell pairs and the row's own probes), so
+    ``nprobe`` is the smallest power-of-two multiple of the default whose predicted recall
+    reaches the target (:func:`~geograph.functional.ivf_recall.choose_nprobe`; the refining round
+    only adds to it). Above ``nlist / 4`` cells (probed from both sides, a large share of all
+    pairs) the rows are computed exactly instead: a simple bound, not a cost model. Either way
+    ``recall_rows`` other sampled rows measure the recall of the result. Why: IVF's recall
+    depends on the data, not only on its size (at 50k rows of MiniLM-like topics ``nprobe`` 32
+    finds 0.9999 of the top-10; on a Gaussian with the same covariance 0.88, and 0.99 needs 128
+    of 512 cells), so settings fixed for one corpus fail on another.
+
+    Args:
+        z: ``(N, D)`` rows (unit for cosine), CPU or CUDA.
+        k: neighbours per row, ``1 <= k < N``.
+        options: the join's settings (:class:`~geograph.functional.knn_policy.IVFOptions`;
+            default: every default, no recall target).
+        block: largest tile side.
+        transform: an elementwise map of the inner products (symmetric in the pair; ``-inf``
+            = never ranked), e.g. a ceiling or G3's ``f(x)`` in its band.
+        target: ``(N,)`` positive factors of the pair's target: row ``i`` ranks ``j`` by
+            ``transform(s_ij) * target[j]`` (G3's density penalty); each computed tile serves
+            both directions, each with its own target.
+        progress: progress bars with ETA over each stage (assign, join, probes, own probes, refine);
+            a string labels them.
+
+    Returns:
+        :class:`~geograph.functional.knn_policy.SelfTopk`: ``values``, ``indices`` ``(N, k)``,
+        best first (ties: lowest index; a row with fewer than ``k`` candidates pads with
+        ``-inf`` and index ``-1``, rare: tiny cells only), the seconds of each stage
+        (``train``, ``assign``, ``join``, ``own_probes``, ``refine``; ``recall`` for the sampled
+        exact rows; ``exact`` after a fall-back) and the
+        :class:`~geograph.functional.knn_policy.IVFReport` (after a fall-back to the exact scan
+        ``exact`` is True, ``nprobe`` None and ``recall`` 1.0 by construction, not measured).
+
+    Example:
+        >>> z = torch.nn.functional.normalize(torch.randn(400, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+        >>> out = ivf_self_topk(z, 5, IVFOptions(nlist=4, nprobe=4))  # every cell meets every cell: exact
+        >>> bool((out.indices == tiled_topk(z, z, 5, exclude_self=True)[1]).all()), out.ivf.as_dict()
+        (True, {'nprobe': 4, 'exact': False})
+    """
+    opts = IVFOptions() if options is None else options
+    n = z.shape[0]
+    k = check_positive_int(k, "k")
+    if k >= n:
+        raise ValueError(f"k={k} must be below the number of rows ({n})")
+    recall_target = opts.recall_target
+    if recall_target is not None and not 0.0 < float(recall_target) <= 1.0:
+        raise ValueError(f"recall_target must be in (0, 1], got {recall_target}")
+    recall_rows = check_positive_int(opts.recall_rows, "recall_rows")
+    nlist = default_join_nlist(n) if opts.nlist is None else opts.nlist
+    nprobe = default_join_nprobe(n, nlist) if opts.nprobe is None else opts.nprobe
+    sample = check_ivf(n, nlist, nprobe, opts.sample)
+    seed, refine = opts.seed, opts.refine
+    clock = StageClock()
+    centroids = train_centroids(z, nlist, sample=sample, seed=seed)
+    clock("train")
+    assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
+    clock("assign")
+    predicted = None
+
+    def measured(values: Tensor, indices: Tensor, probes: int | None, goal: float, *, exact: bool) -> SelfTopk:
+        # the lists with the report of a recall target: their recall measured on other sampled rows
+        report = measure_recall(
+            z,
+            indices,
+            check_rows,
+            k,
+            nprobe=probes,
+            exact=exact,
+            predicted=predicted,
+            recall_target=goal,
+            block=block,
+            transform=transform,
+            target=target,
+        )
+        clock("recall")
+        return SelfTopk(values, indices, clock.seconds, report)
+
+    if recall_target is not None:
+        gen = torch.Generator().manual_seed(seed + 1)
+        picks = torch.randperm(n, generator=gen)[: 2 * recall_rows]
+        choose_rows, check_rows = picks[: len(picks) // 2].sort().values, picks[len(picks) // 2 :].sort().values
+        probe: int | None = nprobe
+        if opts.nprobe is None:
+            choose_rows = choose_rows.to(z.device)
+            ref = exact_rows(z, choose_rows, k, block, transform, target)
+            probe, predicted = choose_nprobe(z, choose_rows, ref, centroids, assign, nprobe, float(recall_target))
+        clock("recall")
+        if probe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
+            log.info(
+                "ivf join: recall %.3f needs more than nlist/4 = %d cells: exact tiled scan of %d rows",
+                recall_target,
+                nlist // 4,
+                n,
+            )
+            del centroids, assign
+            scan = exact_self_topk(z, k, block=block, transform=transform, target=target, progress=progress)
+            clock.seconds["exact"] = clock.seconds.get("exact", 0.0) + scan.seconds["exact"]
+            clock.reset()  # the scan timed itself ("exact")
+            return measured(scan.values, scan.indices, None, recall_target, exact=True)
+        nprobe = probe
+    order = torch.sort(assign, stable=True).indices
+    counts = torch.bincount(assign, minlength=nlist)
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
+    # the running lists in corpus order (row = passage id): the join works on sorted positions
+    # and maps them through `order` when it merges, so no permuted copy of the lists is made
+    best_v = z.new_full((n, k), float("-inf"))
+    best_i = torch.full((n, k), -1, dtype=torch.long, device=z.device)  # corpus ids
+    pairs = _cell_pairs(centroids, nprobe)
+    clock("assign")
+    bar = progress_bar(progress, n, "ivf join", "join")
+    shared = dict(z=z, order=order, ptr=ptr, pairs=pairs, k=k, block=block, transform=transform, target=target)
+    executor = current_executor()
+    if executor is None:  # cell by cell, merged in place
+        for a in range(nlist):
+            _join_cell(shared, a, lambda rows, tv, ti: _merge_into(best_v, best_i, order[rows], tv, ti))
+            if bar is not None:
+                bar.update(ptr[a + 1] - ptr[a])
+    else:  # groups of cells as independent tiles, each returning its merged lists
+        groups = _cell_groups(ptr, pairs, 4 * getattr(executor, "parallelism", 2))
+        for cells, (rows, tv, ti) in map_tiles(join_cells, shared, groups):
+            _merge_into(best_v, best_i, order[rows], tv, ti)
+            if bar is not None:
+                bar.update(sum(ptr[a + 1] - ptr[a] for a in cells))
+    if bar is not None:
+        bar.close()
+    clock("join")
+    _own_probes(
+        z, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+    )
+    clock("own_probes")
+    del shared
+    # canonical lists (best first, ties lowest id, -1 where empty) whatever order the merges ran in
+    vals, out_i = sort_topk_(best_v, best_i, empty=-1)
+    if refine:
+        vals, out_i = refine_neighbours(
+            z,
+            vals,
+            out_i,
+            block=block,
+            transform=transform,
+            target=target,
+            inplace=True,
+            progress=progress and _stage(progress, "refine"),
+        )
+        vals, out_i = sort_topk_(vals, out_i, empty=-1)  # the round's lists are unordered: canonical again
+        clock("refine")
+    log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
+    if recall_target is not None:
+        return measured(vals, out_i, nprobe, recall_target, exact=False)
+    return SelfTopk(vals, out_i, clock.seconds, IVFReport(nprobe=nprobe, exact=False))
+
+
+def _stage(progress: bool | str, stage: str) -> str:
+    """The label of one stage's bar: ``"<progress>: <stage>"``."""
+    return f"{progress if isinstance(progress, str) else 'ivf join'}: {stage}"
+
+
+def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
+    """For each cell ``a``, the cells ``b >= a`` that it meets (``b`` in ``a``'s probes or ``a`` in ``b``'s)."""
+    nlist = centroids.shape[0]
+    near = tiled_topk(centroids, centroids, nprobe)[1].cpu()  # includes the cell itself
+    a = torch.arange(nlist).repeat_interleave(nprobe)
+    b = near.reshape(-1)
+    lo, hi = torch.minimum(a, b), torch.maximum(a, b)
+    key = torch.unique(torch.cat([lo * nlist + hi, torch.arange(nlist) * (nlist + 1)]))
+    lo, hi = key // nlist, key % nlist
+    ptr = torch.searchsorted(lo, torch.arange(nlist + 1))
+    return [hi[ptr[c] : ptr[c + 1]] for c in range(nlist)]
+
+
+def _join_cell(shared: dict[str, Any], a: int, sink: Callable[[slice | Tensor, Tensor, Tensor], None]) -> None:
+    """Cell ``a`` joined with every cell it meets: the candidates of its rows, and of the met cells'
+    rows against its rows (each pair once), passed to ``sink(rows, values, ids)`` (sorted positions)."""
+    z, order, ptr, pairs, k = shared["z"], shared["order"], shared["ptr"], shared["pairs"], shared["k"]
+    block, transform, target = shared["block"], shared["transform"], shared["target"]
+    a0, a1 = ptr[a], ptr[a + 1]
+    if a1 == a0:
+        return
+    cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=z.device) for c in pairs[a].tolist()])
+    col_ids = order[cols]
+    kc = z[col_ids]  # the met cells' rows, gathered (no sorted copy of z is kept)
+    za = z[order[a0:a1]]
+    step = max(1, (block * block) // max(1, cols.numel()))
+    for r0 in range(a0, a1, step):
+        r1 = min(a1, r0 + step)
+        s = za[r0 - a0 : r1 - a0] @ kc.T
+        if transform is not None:
+            s = transform(s)
+        rows = torch.arange(r0, r1, device=z.device)
+        s.masked_fill_(rows.unsqueeze(1) == cols, float("-inf"))
+        # these rows of cell a against every cell a meets
+        fwd = s if target is None else s * target[col_ids]
+        tv, ti = merge_topk(fwd, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
+        sink(slice(r0, r1), tv, ti)
+        # the other side: each row of a met cell b > a against these rows of a (each pair once)
+        other = cols >= a1
+        if bool(other.any()):
+            st = s.T[other]
+            if target is not None:
+                st = st * target[order[rows]]
+            tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
+            sink(cols[other], tv, ti)
+
+
+def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """A group of cells of the IVF join as one independent tile (:func:`~geograph.functional.allpairs.map_tiles`):
+    returns the sorted positions it touched and their merged lists ``(rows, values (R, k), ids (R, k))``.
+    Memory: one ``(N, k)`` list buffer for the group."""
+    z, k = shared["z"], shared["k"]
+    best_v = z.new_full((z.shape[0], k), float("-inf"))
+    best_i = torch.full((z.shape[0], k), -1, dtype=torch.long, device=z.device)
+    touched = torch.zeros(z.shape[0], dtype=torch.bool, device=z.device)
+
+    def sink(rows: slice | Tensor, tv: Tensor, ti: Tensor) -> None:
+        _merge_into(best_v, best_i, rows, tv, ti)
+        touched[rows] = True
+
+    for a in cells:
+        _join_cell(shared, a, sink)
+    rows = touched.nonzero().squeeze(1)
+    return rows, best_v[rows], best_i[rows]
+
+
+def _cell_groups(ptr: list[int], pairs: list[Tensor], groups: int) -> list[list[int]]:
+    """Consecutive cells cut into about ``groups`` groups of equal join work (rows x met rows)."""
+    size = torch.tensor(ptr[1:]) - torch.tensor(ptr[:-1])
+    work = torch.stack([size[a] * size[p].sum() for a, p in enumerate(pairs)]).double().cumsum(0)
+    cut = torch.searchsorted(work, torch.linspace(0, float(work[-1]), groups + 1)[1:-1].double()).tolist()
+    bounds = sorted(set([0] + [c + 1 for c in cut] + [len(pairs)]))
+    return [list(range(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def _merge_into(best_v: Tensor, best_i: Tensor, rows: slice | Tensor, values: Tensor, ids: Tensor) -> None:
+    """Merge candidates ``(R, c)`` into the running lists of ``rows`` (a slice or unique row ids), in place."""
+    best_v[rows], best_i[rows] = merge_topk(
+        torch.cat([best_v[rows], values], 1), torch.cat([best_i[rows], ids], 1), best_v.shape[1]
+    )
+
+
+def _own_probes(
+    z: Tensor,
+    order: Tensor,
+    centroids: Tensor,
+    cell: Tensor,
+    pairs: list[Tensor],
+    ptr: list[int],
+    nprobe: int,
+    best_v: Tensor,
+    best_i: Tensor,
+    block: int,
+    transform: Transform | None,
+    target: Tensor | None,
+    progress: bool | str = False,
+) -> None:
+    """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
+    (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
+    Rows are sorted positions; ``best_v`` / ``best_i`` are in corpus order (row ``order[r]``)."""
+    nlist = centroids.shape[0]
+    met = torch.zeros(nlist, nlist, dtype=torch.bool, device=z.device)
+    for a, bs in enumerate(pairs):
+        met[a, bs.to(z.device)] = True
+    met |= met.T.clone()
+    probes = tiled_topk(z, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1][order]
+    need = ~met[cell.unsqueeze(1), probes]
+    rows, slot = need.nonzero(as_tuple=True)
+    if rows.numel() == 0:
+        return
+    cells = probes[rows, slot]
+    by_cell = torch.sort(cells, stable=True)
+    rows, cells = rows[by_cell.indices], by_cell.values
+    bounds = torch.searchsorted(cells, torch.arange(nlist + 1, device=cells.device)).tolist()
+    k = best_v.shape[1]
+    bar = progress_bar(progress, rows.numel(), "ivf join", "own probes")
+    for c in range(nlist):
+        if bar is not None:
+            bar.update(bounds[c + 1] - bounds[c])
+        if bounds[c + 1] == bounds[c] or ptr[c + 1] == ptr[c]:
+            continue
+        r = rows[bounds[c] : bounds[c + 1]]
+        members = torch.arange(ptr[c], ptr[c + 1], device=z.device)
+        ids = order[members]
+        zc = z[ids]
+        step = max(1, (block * block) // members.numel())
+        for r0 in range(0, r.numel(), step):
+            rr = r[r0 : r0 + step]
+            s = rank_pairs(z[order[rr]] @ zc.T, transform, target, ids)
+            tv, ti = merge_topk(s, ids.expand(s.shape[0], -1), min(k, s.shape[1]))
+            _merge_into(best_v, best_i, order[rr], tv, ti)
+    if bar is not None:
+        bar.close()

@@ -1,0 +1,136 @@
+"""The recall of IVF lists on sampled rows: predicted for any ``nprobe`` before the join, measured after.
+
+Both compare with the exact lists of sampled rows
+(:func:`~geograph.functional.knn_exact.exact_rows`). Before the join, the cells of those exact
+neighbours say which of them a join with ``nprobe`` cells would meet, so :func:`choose_nprobe`
+picks the least ``nprobe`` whose predicted recall reaches a target; after it,
+:func:`measure_recall` counts what the built lists found on other sampled rows
+(:func:`sample_recall`). :class:`geograph.DenseRetriever` calibrates its query index's
+``nprobe`` with the same two functions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from geograph.functional.allpairs import DEFAULT_BLOCK
+from geograph.functional.knn_exact import exact_rows
+from geograph.functional.knn_policy import IVFReport, Transform, log
+
+__all__ = ["sample_recall", "choose_nprobe", "measure_recall"]
+
+
+def sample_recall(indices: Tensor, rows: Tensor, exact: Tensor) -> float:
+    """Share of the exact lists ``exact`` ``(R, k)`` of ``rows`` (``-1`` = none) found in ``indices[rows]``.
+
+    Example:
+        >>> sample_recall(torch.tensor([[1, 2], [0, 2], [0, 1]]), torch.tensor([0, 2]), torch.tensor([[2, 1], [1, -1]]))
+        1.0
+    """
+    got = indices[rows]
+    found = (exact.unsqueeze(2) == got.unsqueeze(1)).any(2) & (exact >= 0)
+    return float(found.sum()) / max(1, int((exact >= 0).sum()))
+
+
+def _ranks(sim: Tensor) -> Tensor:
+    """Per row, the rank of each column by descending ``sim`` (ties: lowest column first)."""
+    order = torch.sort(sim, dim=1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(sim.shape[1], device=sim.device).expand_as(order).contiguous())
+    return ranks
+
+
+def choose_nprobe(
+    z: Tensor, rows: Tensor, exact: Tensor, centroids: Tensor, assign: Tensor, start: int, target: float
+) -> tuple[int | None, float]:
+    """The smallest ``start x 2^j`` cells (at most ``max(start, nlist // 4)``) whose join would meet
+    at least ``target`` of the sampled rows' exact neighbours; ``None`` if none would.
+
+    A row in cell ``a`` meets a neighbour in cell ``c`` when ``c`` is among ``a``'s ``nprobe``
+    nearest cells or ``a`` among ``c``'s (the join's cell pairs), or ``c`` among the row's own
+    ``nprobe`` nearest centroids (its own probes): the smallest of those three ranks is the
+    least ``nprobe`` that finds it.
+
+    Args:
+        z: ``(N, D)`` rows.
+        rows: ``(R,)`` the sampled rows.
+        exact: ``(R, k)`` their exact neighbours (``-1`` = none).
+        centroids: ``(nlist, D)`` the cells' centroids.
+        assign: ``(N,)`` each row's cell.
+        start: the first ``nprobe`` tried.
+        target: the recall to reach.
+
+    Returns:
+        ``(nprobe, predicted recall at it)``; ``(None, the recall at the largest tried)`` when
+        none reaches ``target``.
+
+    Example:
+        >>> z = torch.eye(4)
+        >>> choose_nprobe(z, torch.tensor([0]), torch.tensor([[3]]), z, torch.arange(4), 1, 1.0)
+        (None, 0.0)
+    """
+    nlist = centroids.shape[0]
+    cell_rank = _ranks(centroids @ centroids.T)
+    own_rank = _ranks(z[rows] @ centroids.T)
+    ok = exact >= 0
+    a = assign[rows].unsqueeze(1).expand_as(exact)
+    c = assign[exact.clamp_min(0)]
+    need = torch.minimum(torch.minimum(cell_rank[a, c], cell_rank[c, a]), own_rank.gather(1, c))
+    need = need.masked_fill(a == c, 0)[ok]
+    total = max(1, need.numel())
+    p, limit, predicted = start, max(start, nlist // 4), 1.0
+    while p <= limit:
+        predicted = float((need < p).sum()) / total
+        if predicted >= target:
+            return min(p, nlist), predicted
+        p *= 2
+    return None, predicted
+
+
+def measure_recall(
+    z: Tensor,
+    indices: Tensor,
+    rows: Tensor,
+    k: int,
+    *,
+    nprobe: int | None,
+    exact: bool,
+    predicted: float | None,
+    recall_target: float,
+    block: int = DEFAULT_BLOCK,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
+) -> IVFReport:
+    """The report of a join asked for ``recall_target``: the recall of its lists ``indices`` ``(N, k)``
+    measured on the sampled ``rows`` (not those that chose ``nprobe``) against
+    :func:`~geograph.functional.knn_exact.exact_rows`, logged (a warning below the target); 1.0
+    when the lists are ``exact`` (the fall-back: not measured). ``nprobe`` and ``predicted`` are
+    what the join chose and predicted.
+
+    Example:
+        >>> z = torch.eye(3)
+        >>> measure_recall(z, torch.tensor([[1], [0], [0]]), torch.tensor([2]), 1, nprobe=1, exact=False,
+        ...                predicted=None, recall_target=0.5).recall
+        1.0
+    """
+    rows = rows.to(z.device)
+    recall = 1.0 if exact else sample_recall(indices, rows, exact_rows(z, rows, k, block, transform, target))
+    if recall < recall_target:
+        log.warning(
+            "ivf join: measured recall %.4f on %d sampled rows is below recall_target %.3f (nprobe=%s)",
+            recall,
+            len(rows),
+            recall_target,
+            nprobe,
+        )
+    else:
+        log.info("ivf join: recall %.4f on %d sampled rows (nprobe=%s)", recall, len(rows), nprobe)
+    return IVFReport(
+        nprobe=nprobe,
+        exact=exact,
+        predicted_recall=predicted,
+        recall=recall,
+        recall_rows=len(rows),
+        recall_target=recall_target,
+    )

@@ -1,0 +1,96 @@
+"""Exact top-``k`` lists by the tiled all-pairs routine, ranked as every self-join ranks a pair.
+
+A pair ``(i, j)`` of rows is ranked by ``transform(s_ij) * target[j]`` (:func:`rank_pairs`;
+default: the inner product ``s_ij`` itself): G3's candidate lists rank by the weight ``f(x)``
+in the band times the target's density penalty, the k-NN graph by the cosine. The exact scan of
+every row (:func:`exact_self_topk`) is the ``index="exact"`` source of a corpus-wide build and
+the IVF join's fall-back; the exact lists of some rows (:func:`exact_rows`) are the reference the
+join's recall is predicted and measured against (:mod:`geograph.functional.ivf_recall`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs
+from geograph.functional.knn_policy import SelfTopk, StageClock, Transform
+
+__all__ = ["rank_pairs", "pair_score", "exact_self_topk", "exact_rows"]
+
+
+def rank_pairs(s: Tensor, transform: Transform | None, target: Tensor | None, cols: Tensor) -> Tensor:
+    """``transform(s) * target[cols]`` (each part optional); ``cols`` index the last dimension or match ``s``.
+
+    Example:
+        >>> rank_pairs(torch.tensor([[0.5, 0.2]]), None, torch.tensor([1.0, 2.0, 4.0]), torch.tensor([2, 0]))
+        tensor([[2.0000, 0.2000]])
+    """
+    if transform is not None:
+        s = transform(s)
+    if target is not None:
+        s = s * target[cols]
+    return s
+
+
+def pair_score(transform: Transform | None, target: Tensor | None) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """:func:`rank_pairs` as the ``score`` of :func:`~geograph.functional.allpairs.tiled_pairs`
+    (``None``: the plain inner product)."""
+    return None if transform is None and target is None else (lambda s, cols: rank_pairs(s, transform, target, cols))
+
+
+def exact_self_topk(
+    z: Tensor,
+    k: int,
+    *,
+    block: int = DEFAULT_BLOCK,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
+    progress: bool | str = False,
+) -> SelfTopk:
+    """Top-``k`` other rows of every row of ``z`` by the exact tiled scan, ranked by :func:`rank_pairs`.
+
+    Args:
+        z: ``(N, D)`` rows.
+        k: neighbours per row.
+        block: tile side.
+        transform, target: how a pair is ranked (:func:`rank_pairs`).
+        progress: a progress bar over the tiles (a string names it).
+
+    Returns:
+        :class:`~geograph.functional.knn_policy.SelfTopk` with ``(N, k)`` lists best first, ties
+        lowest index (``-inf`` / ``-1`` where a row has fewer than ``k`` ranked pairs),
+        ``seconds={"exact": ...}`` and no IVF report.
+
+    Example:
+        >>> exact_self_topk(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]), 1).indices
+        tensor([[1],
+                [0],
+                [1]])
+    """
+    clock = StageClock()
+    v, i, _ = tiled_pairs(z, z, k, block=block, exclude=True, score=pair_score(transform, target), progress=progress)
+    clock("exact")
+    return SelfTopk(v, torch.where(torch.isfinite(v), i, torch.full_like(i, -1)), clock.seconds)
+
+
+def exact_rows(
+    z: Tensor,
+    rows: Tensor,
+    k: int,
+    block: int = DEFAULT_BLOCK,
+    transform: Transform | None = None,
+    target: Tensor | None = None,
+) -> Tensor:
+    """Exact top-``k`` ids of ``rows`` against every other row of ``z``, ranked as
+    :func:`exact_self_topk` ranks them (``-1`` where a pair is never ranked): the reference
+    :func:`~geograph.functional.ivf_recall.sample_recall` compares with.
+
+    Example:
+        >>> exact_rows(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]), torch.tensor([2]), 2)
+        tensor([[1, 0]])
+    """
+    v, i, _ = tiled_pairs(z[rows], z, k, block=block, exclude=rows, score=pair_score(transform, target))
+    return torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
