@@ -150,7 +150,7 @@ def test_bad_threads_is_one_line(tmp_path, flag, value, fragment):
     ],
 )
 def test_bench_serve_bad_options_are_one_line(capsys, argv, fragment):
-    from geograph.bench.serve import main
+    from geograph.bench.serve.cli import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_bench_serve_bad_options_are_one_line(capsys, argv, fragment):
 
 
 def test_bench_serve_answers_compare_ids_order_and_scores():
-    from geograph.bench.serve import same_answer
+    from geograph.bench.serve.soak import same_answer
 
     want = {"order": [2, 0], "scores": [0.9, 0.1], "dropped": [1]}
     assert same_answer(dict(want), want)
@@ -176,7 +176,7 @@ def test_soak_mixed_requests_bounded_memory_no_wrong_answer_no_5xx(tmp_path):
     50 MB, every answer equals the one given alone, none is a 5xx, and the server stops cleanly.
     The workers' text LRU holds 64 texts, fewer than the pool's (~500), so texts are encoded
     again in groups with whatever shares their batch."""
-    from geograph.bench.serve import main
+    from geograph.bench.serve.cli import main
 
     code = main(
         [
