@@ -15,8 +15,9 @@ require("requests")
 require("psutil")
 require("prometheus_client")
 
+from geograph.serve._litserve import ForgetfulHandler  # noqa: E402
 from geograph.serve.config import ConfigError, load_config  # noqa: E402
-from geograph.serve.server import _handler_class, worker_threads, workers_per_device  # noqa: E402
+from geograph.serve.pool import worker_threads, workers_per_device  # noqa: E402
 
 
 def fake_server():
@@ -48,16 +49,16 @@ async def cancel_waiting(handler_class):
 def test_a_cancelled_request_leaves_no_entry_in_the_response_table():
     from litserve.server import RegularRequestHandler
 
-    assert asyncio.run(cancel_waiting(_handler_class())) == {}
+    assert asyncio.run(cancel_waiting(ForgetfulHandler)) == {}
     # LitServe's own handler leaves it (the leak this handler fixes): the check can fail
     assert len(asyncio.run(cancel_waiting(RegularRequestHandler))) == 1
 
 
 def batches(bodies, *, size=64, cap=None):
-    """The batches :class:`~geograph.serve.api.WaitingBatchedLoop` forms from ``bodies`` already queued."""
+    """The batches :class:`~geograph.serve._litserve.WaitingBatchedLoop` forms from ``bodies`` already queued."""
     import time
 
-    from geograph.serve.api import WaitingBatchedLoop
+    from geograph.serve._litserve import WaitingBatchedLoop
 
     q = queue.Queue()
     for n, body in enumerate(bodies):
