@@ -8,8 +8,8 @@ the last part may also be an instance attribute of a class (a dataclass field, a
 (no module is imported to find them); a role with an unqualified target (``:func:`tiled_topk```)
 resolves in the namespace of the docstring's module, its enclosing classes, or ``geograph`` /
 ``geograph.functional``. Not checked: roles on names outside geograph and train (``torch.*``,
-the standard library) and on classes a module defines inside a function on first use (the
-LitServe classes of ``geograph.serve.server``).
+the standard library) and on classes a module defines inside a function or a block, cited by
+their bare name (the LitServe classes of ``geograph.serve._litserve``, defined where LitServe is installed).
 """
 
 import ast

@@ -350,7 +350,7 @@ def test_bench_scale_run_size_checks_against_exact(tmp_path):
     """The bench's own pipeline on a small corpus: fresh-process builds, recalls against exact."""
     import argparse
 
-    from geograph.bench.scale import run_size
+    from geograph.bench.scale.synthetic import run_size
 
     x = clustered(3000, d=32, clusters=30, noise=0.4, seed=12).astype(np.float32)
     q = clustered(64, d=32, clusters=30, noise=0.4, seed=13).astype(np.float32)

@@ -38,7 +38,7 @@ require("prometheus_client")
 pytestmark = pytest.mark.integration
 
 from geograph import CorpusGraph, G3Retriever, ISORetriever, Maniscope, RicciFiltration  # noqa: E402
-from geograph.bench.serve import wait_healthy  # noqa: E402
+from geograph.bench.serve.process import wait_healthy  # noqa: E402
 from geograph.data import DEMO_PATH, Encoder, load_demo  # noqa: E402
 from geograph.retrievers import DenseRetriever  # noqa: E402
 

@@ -15,8 +15,9 @@ require("requests")
 require("psutil")
 require("prometheus_client")
 
+from geograph.serve._litserve import ForgetfulHandler  # noqa: E402
 from geograph.serve.config import ConfigError, load_config  # noqa: E402
-from geograph.serve.server import _handler_class, worker_threads, workers_per_device  # noqa: E402
+from geograph.serve.pool import worker_threads, workers_per_device  # noqa: E402
 
 
 def fake_server():
@@ -48,16 +49,16 @@ async def cancel_waiting(handler_class):
 def test_a_cancelled_request_leaves_no_entry_in_the_response_table():
     from litserve.server import RegularRequestHandler
 
-    assert asyncio.run(cancel_waiting(_handler_class())) == {}
+    assert asyncio.run(cancel_waiting(ForgetfulHandler)) == {}
     # LitServe's own handler leaves it (the leak this handler fixes): the check can fail
     assert len(asyncio.run(cancel_waiting(RegularRequestHandler))) == 1
 
 
 def batches(bodies, *, size=64, cap=None):
-    """The batches :class:`~geograph.serve.api.WaitingBatchedLoop` forms from ``bodies`` already queued."""
+    """The batches :class:`~geograph.serve._litserve.WaitingBatchedLoop` forms from ``bodies`` already queued."""
     import time
 
-    from geograph.serve.api import WaitingBatchedLoop
+    from geograph.serve._litserve import WaitingBatchedLoop
 
     q = queue.Queue()
     for n, body in enumerate(bodies):
@@ -150,7 +151,7 @@ def test_bad_threads_is_one_line(tmp_path, flag, value, fragment):
     ],
 )
 def test_bench_serve_bad_options_are_one_line(capsys, argv, fragment):
-    from geograph.bench.serve import main
+    from geograph.bench.serve.cli import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -158,7 +159,7 @@ def test_bench_serve_bad_options_are_one_line(capsys, argv, fragment):
 
 
 def test_bench_serve_answers_compare_ids_order_and_scores():
-    from geograph.bench.serve import same_answer
+    from geograph.bench.serve.soak import same_answer
 
     want = {"order": [2, 0], "scores": [0.9, 0.1], "dropped": [1]}
     assert same_answer(dict(want), want)
@@ -176,7 +177,7 @@ def test_soak_mixed_requests_bounded_memory_no_wrong_answer_no_5xx(tmp_path):
     50 MB, every answer equals the one given alone, none is a 5xx, and the server stops cleanly.
     The workers' text LRU holds 64 texts, fewer than the pool's (~500), so texts are encoded
     again in groups with whatever shares their batch."""
-    from geograph.bench.serve import main
+    from geograph.bench.serve.cli import main
 
     code = main(
         [

@@ -33,8 +33,11 @@ Package layout, one job per file: :mod:`~geograph.serve.schema` (request validat
 :mod:`~geograph.serve.config` (config file and flags), :mod:`~geograph.serve.corpus` (corpus
 and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts),
 :mod:`~geograph.serve.api` (the LitServe worker), :mod:`~geograph.serve.interop` (``/v1``,
-``/v2/rerank``), :mod:`~geograph.serve.auth` (the API key), :mod:`~geograph.serve.metrics`
-(``/metrics``), :mod:`~geograph.serve.server` (build, run, lifecycle),
+``/v2/rerank``), :mod:`~geograph.serve.auth` (the API key), :mod:`~geograph.serve.prometheus`
+(``/metrics``), :mod:`~geograph.serve.middleware` (deadline, JSON-only, 422 bodies),
+:mod:`~geograph.serve.pool` (workers and threads for ``auto``), :mod:`~geograph.serve.lifecycle`
+(signals, worker monitor, stop), :mod:`~geograph.serve.server` (build, run),
+:mod:`~geograph.serve._litserve` (every override and use of LitServe's internals),
 :mod:`~geograph.serve.cli` (the command).
 """
 

@@ -21,14 +21,16 @@ Results are read back with one device-to-host transfer per endpoint and batch: e
 response needs is packed into one tensor first.
 """
 
-import time
 from typing import Any
 
+from geograph.serve._litserve import logging_enabled
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
 from geograph.serve.schema import RerankRequest, RetrieveRequest
 
 try:
     import litserve as ls
+
+    from geograph.serve._litserve import WaitingBatchedLoop
 except ImportError:  # pragma: no cover - exercised only without the serve extra
     ls = None
 
@@ -70,13 +72,13 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
 
         from geograph.retrievers import DenseRetriever
         from geograph.serve.corpus import TextEncoder, read_corpus
-        from geograph.serve.server import worker_signals
+        from geograph.serve.lifecycle import worker_signals
 
         worker_signals()
         s = self.settings
         self.device = torch.device(device)
         if self.device.type == "cpu" and s.get("worker_threads"):
-            torch.set_num_threads(int(s["worker_threads"]))  # no more threads than cores (server.worker_threads)
+            torch.set_num_threads(int(s["worker_threads"]))  # no more threads than cores (pool.worker_threads)
         self.dataset = read_corpus(s["corpus"])
         self.index = {d: i for i, d in enumerate(self.dataset.doc_ids)}
         self.encoder = TextEncoder(
@@ -141,7 +143,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
                 run = self._retrieve if endpoint == "retrieve" else self._rerank
                 for i, answer in zip(rows, run([reqs[i] for i in rows])):
                     out[i] = answer
-                if getattr(self, "_logger_queue", None) is not None:
+                if logging_enabled(self):
                     self.log("batch", (endpoint, len(rows)))
         return out
 
@@ -258,91 +260,3 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
                 }
             )
         return out
-
-
-#: seconds an idle worker's blocking wait for the next request lasts before it looks again
-IDLE_WAIT = 0.5
-
-
-def request_texts(body) -> int:
-    """Texts a queued request brings to encode: its query text (if any) and its candidate texts
-    (a ``/rerank`` list; ``/retrieve``'s ``candidates`` is a pool size, not texts).
-
-    ``body`` is the validated request (or its JSON dict); anything else counts as one text. It
-    never raises: it runs in the worker's batch loop, where an exception would stop the worker.
-
-    Example:
-        >>> request_texts({"query": "q", "candidates": ["a", "b"]}), request_texts({"query": "q", "candidates": 20})
-        (3, 1)
-        >>> request_texts({"query_embedding": [0.0]}), request_texts(b"raw")
-        (0, 1)
-    """
-    get = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
-    if not isinstance(body, dict) and not hasattr(body, "query"):
-        return 1
-    texts = get("candidates")
-    return (get("query") is not None) + (len(texts) if isinstance(texts, (list, tuple)) else 0)
-
-
-if ls is not None:
-    from queue import Empty
-
-    from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
-    from litserve.loops.simple_loops import BatchedLoop
-    from litserve.utils import LitAPIStatus, LoopResponseType
-
-    class WaitingBatchedLoop(BatchedLoop):
-        """LitServe's batched loop with a batch collected by blocking waits, not by polling.
-
-        LitServe 0.2 fills a batch with ``get(timeout=0.001)`` calls on the request queue, a
-        proxy of a :class:`multiprocessing.Manager` queue: every call is a round trip to the
-        manager process, about a thousand a second per idle worker (measured: 6.5% of a core per
-        idle worker and 20% in the manager, taken from the busy worker on a 2-core machine).
-        Here a worker waits for a batch's first request in one blocking call (up to
-        :data:`IDLE_WAIT` s), then for more until ``batch_timeout`` after it, then takes what is
-        already queued, up to ``max_batch_size`` requests, and no more once the batch's texts
-        to encode (:func:`request_texts`) reach ``max_batch_texts``: encoding the request texts
-        is most of a batch's time on the CPU and a ``/rerank`` request with candidate texts
-        weighs as many queries, so the bound is on the work its batch-mates wait for, not on
-        a count (the requests after one with hundreds of candidate texts go to the next batch;
-        the text count is checked after a request is taken, so those before it still wait). On
-        ``geograph bench serve``'s mix (8 candidate texts) the default 64 changed nothing
-        measurable, and 24 cost ~10% of req/s without moving p99. The rest of LitServe's
-        protocol is unchanged:
-        each request is acknowledged (``START``), a request older than ``request_timeout`` is
-        timed out instead of run, and the stop sentinel ends the loop.
-        """
-
-        def get_batch_requests(self, lit_api, request_queue, transport):
-            payloads, timed_out, texts = [], [], 0
-            cap = getattr(lit_api, "max_batch_texts", None)
-            try:
-                item = request_queue.get(timeout=IDLE_WAIT)
-            except Empty:
-                return payloads, timed_out
-            end = time.monotonic() + lit_api.batch_timeout
-            deadline = lit_api.request_timeout not in (-1, False)
-            while True:
-                if item == _SENTINEL_VALUE:
-                    raise _StopLoopError()
-                queue_id, uid, arrived, body = item
-                self.put_response(
-                    transport=transport,
-                    response_queue_id=queue_id,
-                    uid=uid,
-                    response_data=(),
-                    status=LitAPIStatus.START,
-                    response_type=LoopResponseType.REGULAR,
-                )
-                if deadline and time.monotonic() - arrived > lit_api.request_timeout:
-                    timed_out.append((queue_id, uid))
-                else:
-                    payloads.append((queue_id, uid, body))
-                    texts += request_texts(body) if cap else 0
-                if len(payloads) >= lit_api.max_batch_size or (cap and texts >= cap):
-                    return payloads, timed_out
-                left = end - time.monotonic()
-                try:
-                    item = request_queue.get(timeout=left) if left > 0 else request_queue.get_nowait()
-                except Empty:
-                    return payloads, timed_out

@@ -149,3 +149,23 @@ class RerankRequest(_Request):
             if items is not None:
                 return len(items)
         return 0
+
+
+def request_texts(body) -> int:
+    """Texts a queued request brings to encode: its query text (if any) and its candidate texts
+    (a ``/rerank`` list; ``/retrieve``'s ``candidates`` is a pool size, not texts).
+
+    ``body`` is the validated request (or its JSON dict); anything else counts as one text. It
+    never raises: it runs in the worker's batch loop, where an exception would stop the worker.
+
+    Example:
+        >>> request_texts({"query": "q", "candidates": ["a", "b"]}), request_texts({"query": "q", "candidates": 20})
+        (3, 1)
+        >>> request_texts({"query_embedding": [0.0]}), request_texts(b"raw")
+        (0, 1)
+    """
+    get = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
+    if not isinstance(body, dict) and not hasattr(body, "query"):
+        return 1
+    texts = get("candidates")
+    return (get("query") is not None) + (len(texts) if isinstance(texts, (list, tuple)) else 0)

@@ -23,6 +23,8 @@ import asyncio
 import time
 from typing import Any
 
+from geograph.serve._litserve import logging_enabled
+
 try:
     import litserve as ls
 except ImportError:  # pragma: no cover - exercised only without the serve extra
@@ -166,34 +168,5 @@ class RequestMetricsMiddleware:
             raise
         finally:
             api = self.apis[0]
-            if getattr(api, "_logger_queue", None) is not None:
+            if logging_enabled(api):
                 api.log("request", (endpoint_label(scope["path"]), status[0], time.perf_counter() - start))
-
-
-class JSONOnlyMiddleware:
-    """ASGI middleware: a POST whose ``content-type`` is not JSON gets a 415 naming the header."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] in ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank")
-        ):
-            ctype = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1").lower()
-            if ctype.split(";")[0].strip() != "application/json":
-                from fastapi.responses import JSONResponse
-
-                msg = f"content-type must be application/json, got {ctype or 'none'!r}"
-                resp = JSONResponse(
-                    status_code=415,
-                    content={
-                        "message": msg,
-                        "detail": [{"loc": ["header", "content-type"], "msg": msg, "type": "content_type"}],
-                    },
-                )
-                await resp(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

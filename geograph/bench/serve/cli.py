@@ -1,0 +1,148 @@
+"""``geograph bench serve``: the command line (its help text is the package's docstring) and the printed
+summary."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from geograph.bench.serve.limit import encoder_limit
+from geograph.bench.serve.load import closed_loop, summarise
+from geograph.bench.serve.process import Server
+from geograph.bench.serve.soak import soak
+from geograph.bench.serve.workload import Workload
+from geograph.console import UsageError, make_parser
+
+
+def parser():
+    from geograph.bench import serve as package
+
+    p = make_parser("geograph bench serve", package.__doc__)
+    p.add_argument("--url", help="a running server to load (default: start one on 127.0.0.1)")
+    p.add_argument("--method", default="maniscope", choices=("maniscope", "ricci", "iso", "g3"))
+    p.add_argument("--corpus", help="BEIR folder the server serves (default: the demo corpus)")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a flag passed to geograph serve (repeatable, e.g. --server-arg=--max-batch-size=32)",
+    )
+    p.add_argument("--clients", type=int, default=32, help="closed-loop clients (32)")
+    p.add_argument("--text-requests", type=int, default=800, help="requests of the text phase (800; 0 skips it)")
+    p.add_argument("--requests", type=int, default=2000, help="requests of the mixed phase (2000; 0 skips it)")
+    p.add_argument("--candidates", type=int, default=8, help="candidate texts of a /rerank request (8)")
+    p.add_argument(
+        "--soak", type=int, default=0, metavar="N", help="N mixed requests checked against answers alone (0: none)"
+    )
+    p.add_argument(
+        "--pool", type=int, default=400, help="distinct requests of the soak, each answered alone first (400)"
+    )
+    p.add_argument("--encoder", help="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
+    p.add_argument("--repeat", type=int, default=3, help="passes of the encoder limit (median)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300, help="seconds a client waits for an answer (300)")
+    p.add_argument("--out", default="bench-results", help="folder of serve.json")
+    return p
+
+
+def check_args(args) -> None:
+    for name in ("clients", "pool", "repeat", "candidates"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("text_requests", "requests", "soak"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.soak and args.url:
+        raise UsageError("--soak reads the memory of the server's processes: leave out --url")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout}")
+    if args.corpus and not (Path(args.corpus) / "corpus.jsonl").is_file():
+        raise UsageError(f"--corpus {args.corpus} is not a BEIR-format folder (no corpus.jsonl)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        check_args(args)
+    except UsageError as e:
+        return e.exit("geograph bench serve")
+    from geograph.bench.common import write_json
+    from geograph.data import DEMO_PATH, Encoder, load_corpus
+
+    corpus = args.corpus or str(DEMO_PATH)
+    dataset = load_corpus(corpus)  # the passages only (the server reads the same folder)
+    emb = Encoder(args.encoder, progress=False).encode(dataset.passages())  # through the on-disk cache
+    work = Workload(dataset, emb, args.method, args.seed, args.candidates)
+
+    limit_texts = [work.text() for _ in range(256)]
+    print(f"encoder limit: {len(limit_texts)} distinct texts, batches of 64, {args.repeat} passes ...", flush=True)
+    limit = encoder_limit(args.encoder, limit_texts, args.repeat)
+    print(f"  {limit['texts_per_s']:.0f} texts/s ({limit['threads']} torch threads)", flush=True)
+
+    server = None if args.url else Server(args.method, corpus, args.server_arg)
+    url = args.url.rstrip("/") if args.url else server.url
+    result: dict = {
+        "method": args.method,
+        "corpus": corpus,
+        "clients": args.clients,
+        "url": args.url,
+        "server_args": args.server_arg,
+        "cpus": len(os.sched_getaffinity(0)),
+        "encoder_limit": limit,
+    }
+    status = False
+    try:
+        warm = work.mixed(2 * args.clients)
+        closed_loop(url, warm, args.clients, args.timeout)
+        if args.text_requests:
+            calls = [("retrieve_text", *work.make("retrieve_text")) for _ in range(args.text_requests)]
+            got, seconds = closed_loop(url, calls, args.clients, args.timeout)
+            text = summarise(calls, got, seconds)
+            text["share_of_limit"] = text["req_per_s"] / limit["texts_per_s"]
+            result["text"] = text
+            print(
+                f"text: {text['requests']} /retrieve with distinct query texts: {text['req_per_s']:.1f} req/s "
+                f"= {100 * text['share_of_limit']:.0f}% of the encoder's {limit['texts_per_s']:.0f} texts/s; "
+                f"p50 {text['kinds']['all']['p50_ms']:.0f} ms, p99 {text['kinds']['all']['p99_ms']:.0f} ms, "
+                f"{text['status_5xx']} 5xx, {text['status_other']} other non-200",
+                flush=True,
+            )
+            status |= bool(text["status_5xx"] or text["status_other"])
+        if args.requests:
+            calls = work.mixed(args.requests)
+            got, seconds = closed_loop(url, calls, args.clients, args.timeout)
+            mixed = summarise(calls, got, seconds)
+            result["mixed"] = mixed
+            print(
+                f"mixed: {mixed['requests']} requests, {mixed['req_per_s']:.1f} req/s, {mixed['status_5xx']} 5xx, "
+                f"{mixed['status_other']} other non-200, p99/p50 {mixed['p99_over_p50']:.2f} over all requests, "
+                f"{mixed['worst_kind_p99_over_p50']:.2f} in the worst kind",
+                flush=True,
+            )
+            status |= bool(mixed["status_5xx"] or mixed["status_other"])
+            print(f"  {'kind':<16}{'requests':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'p99/p50':>9}")
+            for kind, row in mixed["kinds"].items():
+                print(
+                    f"  {kind:<16}{row['requests']:>9}{row['p50_ms']:>9.0f}{row['p99_ms']:>9.0f}{row['max_ms']:>9.0f}"
+                    f"{row['p99_over_p50']:>9.2f}"
+                )
+        if args.soak:
+            s = soak(server, work, args.soak, args.pool, args.clients, args.timeout)
+            result["soak"] = s
+            print(
+                f"soak: {s['requests']} requests in {s['seconds']:.0f} s ({s['req_per_s']:.1f} req/s), "
+                f"{s['wrong']} wrong, {s['status_5xx']} 5xx, RSS growth per process (MB): "
+                + ", ".join(f"{p}: {g:+.1f}" for p, g in s["rss_growth_mb"].items()),
+                flush=True,
+            )
+            status |= bool(
+                s["wrong"] or s["status_5xx"] or s["status_other"] or s["alone_not_200"] or s["processes_gone"]
+            )
+    finally:
+        if server is not None:
+            result["server_exit_status"] = server.stop()
+    path = write_json("serve", result, args.out)
+    print(f"wrote {path}")
+    return int(status)

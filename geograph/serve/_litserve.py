@@ -1,0 +1,241 @@
+"""Every use of LitServe's internals by ``geograph serve``, in one place: the seams.
+
+The rest of :mod:`geograph.serve` uses LitServe's public API (``LitAPI``, ``LitServer``,
+``Logger``); where its behaviour had to change, the override is here, and so is every read of a
+private LitServe name. Written against LitServe 0.2.19 and checked for :data:`TESTED_RANGE`,
+the serve extra's requirement; ``tests/test_litserve_seams.py`` checks without starting a server
+that each name below still exists with the parameters used here, so an upgrade that moves one
+fails there.
+
+Overrides (each says the upstream behaviour it changes and why):
+
+* ``LitServer._register_api_endpoints``: one POST route per route of the API (:attr:`GeoAPI.routes
+  <geograph.serve.api.GeoAPI.routes>`), all on the API's one queue, each handled by
+  :class:`ForgetfulHandler` (upstream: one route, ``api_path``, and LitServe's handler);
+* ``LitServer._start_worker_monitoring``: geograph's monitor
+  (:func:`~geograph.serve.lifecycle.watch_workers`) instead of LitServe's;
+* ``LitServer._init_manager``: notes LitServe's logger processes, to stop them first;
+* ``LitServer._perform_graceful_shutdown``: the logger processes stop before the manager, drained
+  API servers are left out, the inference workers stop together;
+* ``RegularRequestHandler._submit_request`` and ``handle_request``: a request's entry leaves the
+  response table whatever happens to the request (:class:`ForgetfulHandler`);
+* ``BatchedLoop.get_batch_requests``: a batch collected by blocking waits, bounded by its texts
+  (:class:`WaitingBatchedLoop`).
+
+Private names read or called: ``LitServer._callback_runner``, ``LitServer._register_spec_endpoints``
+(in the routes' override), ``LitServer._inference_workers_config_for_api``
+(:func:`worker_status_keys`), ``LitAPI._logger_queue`` (:func:`logging_enabled`),
+``litserve.loops.base._SENTINEL_VALUE`` and ``_StopLoopError`` (the batch loop's stop), and the
+queue item ``(response_queue_id, uid, arrival time, payload)`` that ``_submit_request`` puts and
+the loop reads. Also multiprocessing's ``SyncManager._process`` (:func:`manager_pid`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import multiprocessing as mp
+import threading
+import time
+from queue import Empty
+
+from geograph.serve.lifecycle import stop_processes, watch_workers
+from geograph.serve.schema import request_texts
+
+try:
+    import litserve as ls
+except ImportError:  # pragma: no cover - exercised only without the serve extra
+    ls = None
+
+#: the LitServe versions these seams were checked against (the serve extra's requirement in pyproject.toml)
+TESTED_RANGE = ">=0.2.19,<0.3"
+
+#: seconds an idle worker's blocking wait for the next request lasts before it looks again
+IDLE_WAIT = 0.5
+
+
+def logging_enabled(api) -> bool:
+    """Whether LitServe gave the LitAPI ``api`` its logger queue (``LitAPI.log`` puts nothing before).
+
+    LitServe sets ``LitAPI._logger_queue`` before the API servers and the workers start, and only
+    when the server has loggers; ``LitAPI.log`` without it warns on every call.
+    """
+    return getattr(api, "_logger_queue", None) is not None
+
+
+def worker_status_keys(server) -> list[str]:
+    """The inference workers' keys in ``server.workers_setup_status``, in the order of
+    ``server.inference_workers`` (LitServe names them ``{endpoint}_{i}``, endpoint the last part
+    of the API's path)."""
+    keys = []
+    for api in server.litapi_connector:
+        endpoint = api.api_path.split("/")[-1]
+        keys += [f"{endpoint}_{i}" for i in range(len(server._inference_workers_config_for_api(api.api_path)))]
+    return keys
+
+
+def manager_pid(server) -> int | None:
+    """The pid of the server's queue manager process (``None`` before it starts): LitServe keeps the
+    ``multiprocessing`` manager in ``transport_config.manager``, which holds its process in ``_process``."""
+    manager = getattr(getattr(server, "transport_config", None), "manager", None)
+    process = getattr(manager, "_process", None)
+    return getattr(process, "pid", None)
+
+
+def _endpoint(handler, request_type, response_type):
+    """The FastAPI endpoint function of one route: the request, validated as ``request_type``, to ``handler``."""
+
+    async def endpoint_handler(request):
+        return await handler.handle_request(request, request_type)
+
+    # real classes, not the strings of this module's postponed annotations: FastAPI reads them
+    endpoint_handler.__annotations__ = {"request": request_type, "return": response_type}
+    return endpoint_handler
+
+
+if ls is not None:
+    from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+    from litserve.loops.simple_loops import BatchedLoop
+    from litserve.server import RegularRequestHandler
+    from litserve.utils import LitAPIStatus, LoopResponseType
+
+    _uid_var: contextvars.ContextVar = contextvars.ContextVar("geograph_request_uid", default=None)
+
+    class ForgetfulHandler(RegularRequestHandler):
+        """LitServe's request handler that always removes its request's entry from the API
+        server's response table. LitServe removes it only after the answer came: a request
+        cancelled while it waits (a 504 of :class:`~geograph.serve.middleware.DeadlineMiddleware`,
+        a client gone while the server stops) left its entry behind, and the answer arriving later
+        filled it, for ever (memory grew with every 504)."""
+
+        async def _submit_request(self, payload):
+            # upstream: puts the request on the queue and returns its uid; here the uid is also
+            # noted for handle_request, which must forget the uid's entry
+            uid, queue_id = await super()._submit_request(payload)
+            _uid_var.set(uid)  # the handler's task sees it after this coroutine returns
+            return uid, queue_id
+
+        async def handle_request(self, request, request_type):
+            # upstream: the response table's entry is removed only when the answer came; here
+            # also when the request is cancelled or fails
+            token = _uid_var.set(None)
+            try:
+                return await super().handle_request(request, request_type)
+            finally:
+                uid = _uid_var.get()
+                if uid is not None:
+                    self.server.response_buffer.pop(uid, None)
+                _uid_var.reset(token)
+
+    class GeoLitServer(ls.LitServer):
+        """LitServer with geograph's worker monitor (:func:`~geograph.serve.lifecycle.watch_workers`)
+        and a quiet shutdown: the logger process stops before the manager does, and API servers
+        that :func:`~geograph.serve.lifecycle.drain_api_servers` already stopped are left out
+        (LitServe would warn that they are "already not alive")."""
+
+        def _register_api_endpoints(self, lit_api, request_type, response_type):
+            # LitServe 0.2.19's own method (pyproject caps litserve<0.3) with :class:`ForgetfulHandler`,
+            # and a POST route for each of the API's routes (GeoAPI.routes: path -> request
+            # model), all on the API's one queue
+            if lit_api.stream:
+                return super()._register_api_endpoints(lit_api, request_type, response_type)
+            from fastapi import Depends
+            from litserve.callbacks import EventTypes
+
+            self._callback_runner.trigger_event(EventTypes.ON_SERVER_START.value, litserver=self)
+            handler = ForgetfulHandler(lit_api, self)
+            routes = getattr(lit_api, "routes", {lit_api.api_path: request_type})
+            if not lit_api.spec:
+                for path, model in routes.items():
+                    self.app.add_api_route(
+                        path,
+                        _endpoint(handler, model, response_type),
+                        methods=["POST"],
+                        dependencies=[Depends(self.setup_auth(lit_api))],
+                    )
+            self._register_spec_endpoints(lit_api)
+
+        def _start_worker_monitoring(self, manager, uvicorn_workers):
+            # upstream: a thread that restarts (or reports and stops on) a dead worker, and shuts
+            # the server down from that thread while the main thread still waits on the manager;
+            # here geograph's monitor: a dead worker stops the server with status 1
+            threading.Thread(target=watch_workers, args=(self,), daemon=True, name="geograph-worker-monitor").start()
+
+        def _init_manager(self, num_api_servers):
+            # upstream: starts the manager process and LitServe's logger process; here the latter
+            # is noted, for _perform_graceful_shutdown to stop it first
+            before = {p.pid for p in mp.active_children()}
+            manager = super()._init_manager(num_api_servers)
+            ours = getattr(getattr(manager, "_process", None), "pid", None)
+            self.logger_processes = [p for p in mp.active_children() if p.pid not in before and p.pid != ours]
+            return manager
+
+        def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason="normal"):
+            # upstream: stops the API servers (warning about those already stopped), the workers
+            # one after another, then the manager, and never the logger process; here the logger
+            # first, the drained API servers left out, the workers together
+            live = {i: w for i, w in uvicorn_workers.items() if w.is_alive()}
+            # the logger loops on a queue of the manager for ever: stopped after the manager,
+            # it dies in an EOFError traceback
+            stop_processes(getattr(self, "logger_processes", []), self.uvicorn_graceful_timeout)
+            if not live:  # the API servers are drained: stop the workers together (LitServe
+                # stops them one after another, up to 5 s each while one finishes a batch)
+                stop_processes(self.inference_workers, 5)
+            super()._perform_graceful_shutdown(manager, live, shutdown_reason)
+
+    class WaitingBatchedLoop(BatchedLoop):
+        """LitServe's batched loop with a batch collected by blocking waits, not by polling.
+
+        LitServe 0.2 fills a batch with ``get(timeout=0.001)`` calls on the request queue, a
+        proxy of a :class:`multiprocessing.Manager` queue: every call is a round trip to the
+        manager process, about a thousand a second per idle worker (measured: 6.5% of a core per
+        idle worker and 20% in the manager, taken from the busy worker on a 2-core machine).
+        Here a worker waits for a batch's first request in one blocking call (up to
+        :data:`IDLE_WAIT` s), then for more until ``batch_timeout`` after it, then takes what is
+        already queued, up to ``max_batch_size`` requests, and no more once the batch's texts
+        to encode (:func:`~geograph.serve.schema.request_texts`) reach ``max_batch_texts``:
+        encoding the request texts is most of a batch's time on the CPU and a ``/rerank``
+        request with candidate texts weighs as many queries, so the bound is on the work its
+        batch-mates wait for, not on a count (the requests after one with hundreds of candidate
+        texts go to the next batch; the text count is checked after a request is taken, so
+        those before it still wait). On ``geograph bench serve``'s mix (8 candidate texts) the
+        default 64 changed nothing measurable, and 24 cost ~10% of req/s without moving p99.
+        The rest of LitServe's protocol is unchanged:
+        each request is acknowledged (``START``), a request older than ``request_timeout`` is
+        timed out instead of run, and the stop sentinel ends the loop.
+        """
+
+        def get_batch_requests(self, lit_api, request_queue, transport):
+            # upstream: polls the queue with get(timeout=0.001) until the batch is full or
+            # batch_timeout has passed; here blocking waits, and a bound on the batch's texts
+            payloads, timed_out, texts = [], [], 0
+            cap = getattr(lit_api, "max_batch_texts", None)
+            try:
+                item = request_queue.get(timeout=IDLE_WAIT)
+            except Empty:
+                return payloads, timed_out
+            end = time.monotonic() + lit_api.batch_timeout
+            deadline = lit_api.request_timeout not in (-1, False)
+            while True:
+                if item == _SENTINEL_VALUE:
+                    raise _StopLoopError()
+                queue_id, uid, arrived, body = item
+                self.put_response(
+                    transport=transport,
+                    response_queue_id=queue_id,
+                    uid=uid,
+                    response_data=(),
+                    status=LitAPIStatus.START,
+                    response_type=LoopResponseType.REGULAR,
+                )
+                if deadline and time.monotonic() - arrived > lit_api.request_timeout:
+                    timed_out.append((queue_id, uid))
+                else:
+                    payloads.append((queue_id, uid, body))
+                    texts += request_texts(body) if cap else 0
+                if len(payloads) >= lit_api.max_batch_size or (cap and texts >= cap):
+                    return payloads, timed_out
+                left = end - time.monotonic()
+                try:
+                    item = request_queue.get(timeout=left) if left > 0 else request_queue.get_nowait()
+                except Empty:
+                    return payloads, timed_out

@@ -1,0 +1,63 @@
+"""The size of ``geograph serve``'s inference worker pool: workers per device and torch threads per worker,
+for the configuration's ``"auto"`` values."""
+
+from __future__ import annotations
+
+import os
+
+#: the most inference workers per device ``workers_per_device="auto"`` starts on the CPU (each
+#: holds its own copy of the model, the encoder and the corpus; they serve every endpoint)
+MAX_AUTO_WORKERS = 4
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def workers_per_device(workers, accelerator: str) -> int:
+    """Inference workers per device (one pool serves every endpoint): ``workers``, or for
+    ``"auto"`` one per usable CPU (at most :data:`MAX_AUTO_WORKERS`) when the server runs on the
+    CPU, else 1.
+
+    Why: request texts are encoded on one thread per worker (the price of vectors that do not
+    depend on batch-mates, :mod:`geograph.serve.corpus`), so one worker leaves the other cores
+    idle under text traffic: on the 2-core machine ``/retrieve`` with distinct query texts went
+    from 115 to 143-157 req/s with two workers (issue 26). More busy workers than cores cost
+    throughput (two pools of two workers, or of two and four, on two cores: 113 and 92 req/s
+    against one pool of two: 121 on ``geograph bench serve``'s mix, one seed).
+
+    Example:
+        >>> workers_per_device(3, "cpu"), workers_per_device("auto", "cpu") == min(usable_cpus(), MAX_AUTO_WORKERS)
+        (3, True)
+    """
+    if workers != "auto":
+        return int(workers)
+    if accelerator == "auto":
+        import torch
+
+        on_cpu = not torch.cuda.is_available() and not (torch.backends.mps.is_available())
+    else:
+        on_cpu = accelerator == "cpu"
+    return max(1, min(usable_cpus(), MAX_AUTO_WORKERS)) if on_cpu else 1
+
+
+def worker_threads(threads, workers: int) -> int:
+    """torch intra-op threads of each CPU inference worker: ``threads``, or for ``"auto"`` the
+    usable CPUs divided among the ``workers`` (at least 1).
+
+    Why: every worker's OpenMP pool spins at its barriers; with more threads than cores (two
+    workers of two threads on two cores) a barrier waits for a thread that is not running, and
+    a request text's encoding took 280 ms instead of 25 ms (measured on the shared 2-core
+    machine): the p99 tail of issue 26.
+
+    Example:
+        >>> worker_threads(3, 2), worker_threads("auto", 10**6)
+        (3, 1)
+    """
+    if threads != "auto":
+        return int(threads)
+    return max(1, usable_cpus() // max(1, workers))
