@@ -9,17 +9,14 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
-from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
 from geograph.functional.similarity import normalize, unit_rows
+from geograph.graphs.artefact import load_corpus_graph, save_graph
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
-
-_FORMAT = 1
-_META = "graph.json"
 
 
 class CorpusGraph(nn.Module):
@@ -35,12 +32,12 @@ class CorpusGraph(nn.Module):
     ``.to(dtype)`` casts only the embeddings; the integer index buffers keep their dtype.
 
     Builders: :meth:`from_knn`, :meth:`from_groups`, :meth:`from_mentions`,
-    :meth:`from_edge_index`; :meth:`save` / :meth:`load` a directory.
+    :meth:`from_edge_index`; :meth:`save_pretrained` / :meth:`from_pretrained` an artefact directory.
 
     Args:
         embeddings: ``(V, D)`` floating passage embeddings (finite).
         edge_index: ``(2, E)`` integer node pairs, either direction.
-        name: how the graph was built (kept in :meth:`save`).
+        name: how the graph was built (kept in :meth:`save_pretrained`).
 
     Example:
         >>> g = CorpusGraph(torch.eye(3), torch.tensor([[0, 1], [1, 1]]))
@@ -61,7 +58,7 @@ class CorpusGraph(nn.Module):
             edge_index = edge_index.to(embeddings.device)
         clean = clean_edge_index(edge_index, embeddings.shape[0])
         self.name = name
-        self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in graph.json
+        self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in the manifest
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("edge_index", clean)
         self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
@@ -242,32 +239,54 @@ class CorpusGraph(nn.Module):
         return cls(embeddings, ei.to(embeddings.device), name="mentions")
 
     # -- persistence --------------------------------------------------------------------
-    def save(self, directory: str | Path) -> Path:
-        """Write ``embeddings.pt``, ``edge_index.pt`` and ``graph.json`` into ``directory``.
+    def save_pretrained(self, directory: str | Path, *, encoder=None, ids: Sequence[str] | None = None) -> Path:
+        """Write the graph as an artefact directory: ``tensors.safetensors`` and ``manifest.json``.
 
-        Each file is written under a temporary name and renamed into place; ``graph.json`` (which
-        :meth:`load` needs, and which records the other files' sizes) is removed first and
-        written last, so a save killed at any point leaves either the previous graph or a
-        directory that does not load, never a mix of two.
+        The manifest records the encoder's identity (``encoder``: a :class:`geograph.data.Encoder`
+        or an :class:`~geograph.artefact.EncoderIdentity`), the corpus fingerprint (the
+        embeddings' checksum and, given ``ids``, the passage ids'), the build parameters and
+        :attr:`build_info`; a graph loaded by :meth:`from_pretrained` keeps what it recorded.
+        Every file is written under a temporary name and renamed; the manifest is removed first
+        and written last, so a save killed at any point leaves the previous graph or a directory
+        that does not load, never a mix of two. See :mod:`geograph.artefact`.
         """
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / _META).unlink(missing_ok=True)  # not loadable until the new graph.json is in place
-        sizes = {
-            "embeddings.pt": atomic_torch_save(self.embeddings.cpu(), path / "embeddings.pt"),
-            "edge_index.pt": atomic_torch_save(self.edge_index.cpu(), path / "edge_index.pt"),
-        }
-        meta = {
-            "format": _FORMAT,
-            "name": self.name,
-            "num_nodes": self.num_nodes,
-            "num_edges": self.num_edges,
-            "dim": int(self.embeddings.shape[1]),
-            "files": sizes,
-            "build": self.build_info,
-        }
-        atomic_write_json(meta, path / _META)
-        return path
+        return save_graph(self, directory, encoder=encoder, ids=ids)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | Path,
+        *,
+        corpus=None,
+        encoder=None,
+        device: str | torch.device | None = None,
+        corpus_shape: tuple[int, int] | None = None,
+    ) -> CorpusGraph:
+        """Load a graph saved by :meth:`save_pretrained`, its tensors memory-mapped (shared between processes).
+
+        Args:
+            source: the directory, or a Hugging Face Hub repository id (needs ``huggingface_hub``).
+            corpus: the corpus in use, ``(V, D)`` embeddings or a
+                :class:`~geograph.artefact.CorpusFingerprint` (with the passage ids): a graph built
+                over another corpus is refused.
+            encoder: the encoder in use (an ``Encoder`` or ``EncoderIdentity``): a graph built with
+                another model, prefixes or normalisation is refused.
+            device: where to put the tensors (default: CPU, memory-mapped).
+            corpus_shape: ``(V, D)`` the graph must have, if known.
+
+        Raises:
+            ValueError: one line naming the file: unreadable, truncated, tensors that do not fit the
+                manifest, or another size than ``corpus_shape``.
+            geograph.artefact.ArtefactMismatch: another format version, encoder or corpus (one line
+                naming both sides).
+
+        A directory in the former ``torch.save`` format loads with a ``DeprecationWarning``.
+        """
+        return load_corpus_graph(cls, source, corpus=corpus, encoder=encoder, device=device, corpus_shape=corpus_shape)
+
+    def save(self, directory: str | Path) -> Path:
+        """:meth:`save_pretrained` without provenance."""
+        return self.save_pretrained(directory)
 
     @classmethod
     def load(
@@ -277,70 +296,8 @@ class CorpusGraph(nn.Module):
         device: str | torch.device | None = None,
         corpus_shape: tuple[int, int] | None = None,
     ) -> CorpusGraph:
-        """Read a graph written by :meth:`save`.
-
-        Args:
-            directory: the directory :meth:`save` wrote.
-            device: where to put the tensors (default CPU).
-            corpus_shape: ``(V, D)`` of the corpus the graph must fit, if known.
-
-        Raises:
-            ValueError: one line naming the file: no ``graph.json``, another format version, a
-                truncated or unreadable file, tensors whose sizes do not match ``graph.json``,
-                or a graph whose size does not match ``corpus_shape``.
-        """
-        path = Path(directory)
-        meta_file = path / _META
-        if not meta_file.is_file():
-            raise ValueError(f"{path} is not a saved CorpusGraph (no {_META})")
-        meta = read_json(meta_file)
-        if meta.get("format") != _FORMAT:
-            raise ValueError(
-                f"{meta_file}: CorpusGraph format {meta.get('format')!r}, this geograph reads format {_FORMAT}"
-            )
-        try:
-            v, e, d = int(meta["num_nodes"]), int(meta["num_edges"]), int(meta["dim"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{meta_file}: missing or bad num_nodes / num_edges / dim ({one_line(exc)})") from None
-        if corpus_shape is not None and (v, d) != tuple(corpus_shape):
-            raise ValueError(
-                f"{meta_file}: a graph of {v} passages x {d} dimensions, the corpus is "
-                f"{corpus_shape[0]} x {corpus_shape[1]}"
-            )
-        files = meta.get("files") or {}  # (sizes are recorded since the atomic save)
-        for name in ("embeddings.pt", "edge_index.pt"):
-            check_file_size(path / name, files.get(name), meta_file)
-        emb = read_torch(path / "embeddings.pt", device)
-        ei = read_torch(path / "edge_index.pt", device)
-        if not isinstance(emb, Tensor) or tuple(emb.shape) != (v, d) or not emb.is_floating_point():
-            raise ValueError(
-                f"{path / 'embeddings.pt'}: expected ({v}, {d}) floating embeddings as {_META} says, "
-                f"got {_describe(emb)}"
-            )
-        if (
-            not isinstance(ei, Tensor)
-            or tuple(ei.shape) != (2, 2 * e)
-            or ei.is_floating_point()
-            or (ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= v))
-        ):
-            raise ValueError(
-                f"{path / 'edge_index.pt'}: expected (2, {2 * e}) node ids in [0, {v}) as {_META} says, "
-                f"got {_describe(ei)}"
-            )
-        try:
-            graph = cls(emb, ei, name=meta.get("name", "edge_index"))
-        except ValueError as exc:
-            raise ValueError(f"{path}: {one_line(exc)}") from None
-        if graph.num_edges != e:
-            raise ValueError(f"{path / 'edge_index.pt'}: {graph.num_edges} edges after cleaning, {_META} says {e}")
-        graph.build_info = meta.get("build", {})
-        return graph
-
-
-def _describe(x) -> str:
-    if isinstance(x, Tensor):
-        return f"a {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} tensor"
-    return f"a {type(x).__name__}"
+        """:meth:`from_pretrained` without the encoder and corpus checks."""
+        return cls.from_pretrained(directory, device=device, corpus_shape=corpus_shape)
 
 
 def _faiss_knn(z: Tensor, k: int) -> Tensor:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, one_line, read_json, read_torch
 from geograph.functional.allpairs import DEFAULT_BLOCK
 from geograph.functional.gain import (
     _unit,
@@ -23,11 +23,9 @@ from geograph.functional.gain import (
 )
 from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
+from geograph.graphs.artefact import load_g3_graph, save_graph
 
 __all__ = ["G3Graph"]
-
-_FORMAT = 1
-_META, _DATA = "g3graph.json", "g3graph.pt"
 
 
 #: ``max_degree`` of :meth:`G3Graph.build` and :class:`G3Retriever` unless given
@@ -321,34 +319,27 @@ class G3Graph(nn.Module):
         """Out-degree of every passage in ``T``."""
         return self.crow[1:] - self.crow[:-1]
 
+    def save_pretrained(self, directory: str | Path, *, encoder=None, ids: Sequence[str] | None = None) -> Path:
+        """Write the graph as an artefact directory (as :meth:`CorpusGraph.save_pretrained`)."""
+        return save_graph(self, directory, encoder=encoder, ids=ids)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | Path,
+        *,
+        corpus=None,
+        encoder=None,
+        device: str | torch.device | None = None,
+        corpus_shape: tuple[int, int] | None = None,
+    ) -> G3Graph:
+        """Load a graph saved by :meth:`save_pretrained`, memory-mapped; the arguments and errors are
+        :meth:`CorpusGraph.from_pretrained`'s."""
+        return load_g3_graph(cls, source, corpus=corpus, encoder=encoder, device=device, corpus_shape=corpus_shape)
+
     def save(self, directory: str | Path) -> Path:
-        """Write ``g3graph.pt`` and ``g3graph.json`` into ``directory`` (atomically, as :meth:`CorpusGraph.save`)."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / _META).unlink(missing_ok=True)  # not loadable until the new g3graph.json is in place
-        size = atomic_torch_save(
-            {
-                "embeddings": self.embeddings.cpu(),
-                "density": self.density.cpu(),
-                "crow": self.crow.cpu(),
-                "col": self.col.cpu(),
-                "val": self.val.cpu(),
-            },
-            path / _DATA,
-        )
-        meta = {
-            "format": _FORMAT,
-            "band": self.band,
-            "beta": self.beta,
-            "max_degree": self.max_degree,
-            "num_nodes": self.num_nodes,
-            "nnz": int(self.val.numel()),
-            "dim": int(self.embeddings.shape[1]),
-            "files": {_DATA: size},
-            "build": self.build_info,
-        }
-        atomic_write_json(meta, path / _META)
-        return path
+        """:meth:`save_pretrained` without provenance."""
+        return self.save_pretrained(directory)
 
     @classmethod
     def load(
@@ -358,65 +349,8 @@ class G3Graph(nn.Module):
         device: str | torch.device | None = None,
         corpus_shape: tuple[int, int] | None = None,
     ) -> G3Graph:
-        """Read a graph written by :meth:`save`.
-
-        Raises:
-            ValueError: one line naming the file: no ``g3graph.json``, another format version, a
-                truncated or unreadable file, tensors whose sizes do not match ``g3graph.json``
-                or each other, or a graph whose ``(N, D)`` is not ``corpus_shape`` (when given).
-        """
-        path = Path(directory)
-        meta_file, data = path / _META, path / _DATA
-        if not meta_file.is_file():
-            raise ValueError(f"{path} is not a saved G3Graph (no {_META})")
-        meta = read_json(meta_file)
-        if meta.get("format") != _FORMAT:
-            raise ValueError(
-                f"{meta_file}: G3Graph format {meta.get('format')!r}, this geograph reads format {_FORMAT}"
-            )
-        try:
-            n, nnz = int(meta["num_nodes"]), int(meta["nnz"])
-            band = tuple(meta["band"]) if meta["band"] is not None else None
-            beta, max_degree = meta["beta"], meta["max_degree"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{meta_file}: missing or bad fields ({one_line(exc)})") from None
-        check_file_size(data, (meta.get("files") or {}).get(_DATA), meta_file)
-        blob = read_torch(data, device)
-        want = {"embeddings": None, "density": (n,), "crow": (n + 1,), "col": (nnz,), "val": (nnz,)}
-        if (
-            not isinstance(blob, dict)
-            or set(blob) != set(want)
-            or not all(isinstance(t, Tensor) for t in blob.values())
-        ):
-            raise ValueError(f"{data}: expected the tensors {sorted(want)}, got {_keys(blob)}")
-        emb = blob["embeddings"]
-        d = meta.get("dim")  # (recorded since the atomic save)
-        if d is None:
-            d = emb.shape[1] if emb.dim() == 2 else -1
-        want["embeddings"] = (n, d)
-        for key, shape in want.items():
-            if tuple(blob[key].shape) != shape:
-                raise ValueError(f"{data}: {key} has shape {tuple(blob[key].shape)}, {_META} says {shape}")
-        crow, col = blob["crow"], blob["col"]
-        if (
-            int(crow[0]) != 0
-            or int(crow[-1]) != nnz
-            or bool((crow[1:] < crow[:-1]).any())
-            or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))
-        ):
-            raise ValueError(f"{data}: the CSR arrays (crow, col) are not a valid {n} x {n} matrix with {nnz} entries")
-        if corpus_shape is not None and tuple(emb.shape) != tuple(corpus_shape):
-            raise ValueError(
-                f"{data}: a graph of {n} passages x {emb.shape[1]} dimensions, the corpus is "
-                f"{corpus_shape[0]} x {corpus_shape[1]}"
-            )
-        t = csr(crow, col, blob["val"], n)
-        try:
-            graph = cls(emb, t, blob["density"], band=band, beta=beta, max_degree=max_degree)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {one_line(exc)}") from None
-        graph.build_info = meta.get("build", {})
-        return graph
+        """:meth:`from_pretrained` without the encoder and corpus checks."""
+        return cls.from_pretrained(directory, device=device, corpus_shape=corpus_shape)
 
     def extra_repr(self) -> str:
         return (
@@ -427,10 +361,6 @@ class G3Graph(nn.Module):
 
 def _update_width_after_load(module: G3Graph, incompatible_keys) -> None:
     module._update_width()
-
-
-def _keys(blob) -> str:
-    return f"keys {sorted(map(str, blob))}" if isinstance(blob, dict) else f"a {type(blob).__name__}"
 
 
 def _plain(t: Tensor) -> Tensor:
