@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import geoopt
@@ -9,12 +10,19 @@ import torch  # noqa: F401 - the doctests run in this namespace
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int
-from geograph._io import atomic_torch_save, one_line, read_torch
+from geograph._io import one_line, read_torch
+from geograph.artefact import (
+    CorpusFingerprint,
+    EncoderIdentity,
+    as_identity,
+    corpus_fingerprint,
+    read_artefact,
+    resolve_source,
+    write_artefact,
+)
 from geograph.functional.isoperimetric import conformal_volume  # its home; re-exported here
 
 __all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
-
-_FORMAT = 1  # the file format of PoincareProjection.save
 
 
 class PoincareProjection(nn.Module):
@@ -75,50 +83,91 @@ class PoincareProjection(nn.Module):
     def config(self) -> dict:
         return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden": self.hidden, "c": self.c}
 
-    def save(self, path: str | Path) -> Path:
-        """Write the configuration and weights to one file (``torch.save``), atomically.
+    def save_pretrained(self, directory: str | Path, *, encoder=None, corpus=None) -> Path:
+        """Write the configuration and weights as an artefact directory (:mod:`geograph.artefact`).
 
-        The file is written under a temporary name in the same directory and renamed into
-        place: a save killed half-way leaves the previous file (or none), never a partial one.
+        ``encoder`` (a :class:`geograph.data.Encoder` or an
+        :class:`~geograph.artefact.EncoderIdentity`) and ``corpus`` (the embeddings, or the
+        :class:`~geograph.artefact.CorpusFingerprint`, it was trained on) are recorded in the
+        manifest; a projection loaded by :meth:`from_pretrained` keeps what it recorded. Written
+        atomically: the manifest is removed first and written last.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(
-            {"kind": "PoincareProjection", "format": _FORMAT, "config": self.config(), "state_dict": self.state_dict()},
-            path,
+        saved = getattr(self, "manifest", None) or {}
+        identity = as_identity(encoder)
+        if identity is None and saved.get("encoder"):
+            identity = EncoderIdentity.from_dict(saved["encoder"])
+        if identity is not None and identity.dim is None:
+            identity = EncoderIdentity.from_dict({**identity.as_dict(), "dim": self.in_dim})
+        if isinstance(corpus, Tensor):
+            corpus = corpus_fingerprint(corpus)
+        elif corpus is None and saved.get("corpus"):
+            corpus = CorpusFingerprint.from_dict(saved["corpus"])
+        state = {k: v.detach() for k, v in self.state_dict().items()}
+        return write_artefact(
+            directory, "PoincareProjection", state, params=self.config(), encoder=identity, corpus=corpus
         )
-        return path
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | Path,
+        *,
+        encoder=None,
+        corpus=None,
+        map_location: str | None = "cpu",
+        in_dim: int | None = None,
+    ) -> PoincareProjection:
+        """Load a projection saved by :meth:`save_pretrained` (a directory or a Hugging Face Hub id).
+
+        Args:
+            source: the directory or hub id; a file in the former ``torch.save`` format loads with
+                a ``DeprecationWarning``.
+            encoder: the encoder in use: a projection trained on another model's vectors is refused.
+            corpus: the corpus in use (``(V, D)`` embeddings): its ``D`` must be the input size.
+            map_location: where to put the weights.
+            in_dim: the embedding size the projection must take, if known.
+
+        Raises:
+            ValueError: one line naming the file: unreadable or truncated, not a saved projection,
+                weights that do not fit its configuration, or another input size.
+            geograph.artefact.ArtefactMismatch: another format version or encoder.
+        """
+        path = resolve_source(source, "projection")
+        if isinstance(corpus, Tensor) and in_dim is None:
+            in_dim = int(corpus.shape[-1])
+        if path.is_file():
+            warnings.warn(
+                f"{path}: a PoincareProjection saved in the former torch.save format; it loads, but re-save it "
+                "with PoincareProjection.from_pretrained(path).save_pretrained(new_dir)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            model = _load_v1(cls, path, map_location)
+            model.manifest = {}
+        else:
+            art = read_artefact(path, "PoincareProjection", encoder=encoder)
+            try:
+                model = cls(**art.params)
+                model.load_state_dict(art.tensors)
+            except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+                raise ValueError(f"{path}: the weights do not fit the saved configuration ({one_line(exc)})") from None
+            model.manifest = art.manifest
+            if map_location is not None:
+                model = model.to(map_location)
+        if in_dim is not None and model.in_dim != in_dim:
+            raise ValueError(f"{path}: the projection takes {model.in_dim}-dimensional inputs, the corpus has {in_dim}")
+        return model.eval()
+
+    def save(self, path: str | Path) -> Path:
+        """:meth:`save_pretrained` without provenance (``path`` becomes a directory)."""
+        return self.save_pretrained(path)
 
     @classmethod
     def load(
         cls, path: str | Path, *, map_location: str | None = "cpu", in_dim: int | None = None
     ) -> PoincareProjection:
-        """Read a file written by :meth:`save` (or exported by the training CLI).
-
-        Args:
-            path: the file.
-            map_location: where to put the weights.
-            in_dim: the embedding size the projection must take (the corpus's ``D``), if known.
-
-        Raises:
-            ValueError: one line naming the file: truncated or unreadable, not a saved
-                projection, another format version, weights that do not fit its
-                configuration, or an input size other than ``in_dim``.
-        """
-        blob = read_torch(path, map_location)
-        if not isinstance(blob, dict) or blob.get("kind") != "PoincareProjection":
-            raise ValueError(f"{path} is not a saved PoincareProjection")
-        fmt = blob.get("format", 1)  # files written before the format was recorded are format 1
-        if fmt != _FORMAT:
-            raise ValueError(f"{path}: PoincareProjection format {fmt!r}, this geograph reads format {_FORMAT}")
-        try:
-            model = cls(**blob["config"])
-            model.load_state_dict(blob["state_dict"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"{path}: the weights do not fit the saved configuration ({one_line(exc)})") from None
-        if in_dim is not None and model.in_dim != in_dim:
-            raise ValueError(f"{path}: the projection takes {model.in_dim}-dimensional inputs, the corpus has {in_dim}")
-        return model.eval()
+        """:meth:`from_pretrained` without the encoder check."""
+        return cls.from_pretrained(path, map_location=map_location, in_dim=in_dim)
 
     def extra_repr(self) -> str:
         return f"in_dim={self.in_dim}, out_dim={self.out_dim}, hidden={self.hidden}, c={self.c}"
@@ -139,6 +188,22 @@ class IdentityPoincare(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         return self.ball.projx(self.ball.expmap0(h))
+
+
+def _load_v1(cls, path: Path, map_location) -> PoincareProjection:
+    """A projection from a former ``torch.save`` file (read with ``weights_only=True``: tensors only)."""
+    blob = read_torch(path, map_location)
+    if not isinstance(blob, dict) or blob.get("kind") != "PoincareProjection":
+        raise ValueError(f"{path} is not a saved PoincareProjection")
+    fmt = blob.get("format", 1)  # files written before the format was recorded are format 1
+    if fmt != 1:
+        raise ValueError(f"{path}: PoincareProjection format {fmt!r}, this geograph reads format 1 files")
+    try:
+        model = cls(**blob["config"])
+        model.load_state_dict(blob["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{path}: the weights do not fit the saved configuration ({one_line(exc)})") from None
+    return model
 
 
 def _curvature_after_load(module: nn.Module, incompatible_keys) -> None:

@@ -212,6 +212,24 @@ class DenseRetriever(nn.Module):
             )
         return nprobe
 
+    def save_pretrained(self, directory, *, encoder=None, ids=None):
+        """Write the retriever as an artefact directory: the corpus (``tensors.safetensors``), the
+        trained IVF index (``ivf.faiss``, built and ``nprobe="auto"`` calibrated now if not yet)
+        and a manifest of the options, the encoder (``encoder``) and the corpus fingerprint
+        (with ``ids``); see :mod:`geograph.artefact`."""
+        from geograph.retrievers.dense_artefact import save_dense
+
+        return save_dense(self, directory, encoder=encoder, ids=ids)
+
+    @classmethod
+    def from_pretrained(cls, source, *, corpus=None, encoder=None, device=None):
+        """Load a retriever saved by :meth:`save_pretrained`: the corpus memory-mapped, the IVF index
+        read back (not trained again), the saved ``nprobe``; it answers as the saved one did. A
+        ``corpus`` or ``encoder`` other than the saved one's is refused (one line naming both)."""
+        from geograph.retrievers.dense_artefact import load_dense
+
+        return load_dense(cls, source, corpus=corpus, encoder=encoder, device=device)
+
     def extra_repr(self) -> str:
         probe = "'auto'" if self.nprobe is None else self.nprobe
         ivf = f", index='ivf', nlist={self.nlist}, nprobe={probe}" if self.index == "ivf" else ""

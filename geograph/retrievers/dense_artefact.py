@@ -1,0 +1,112 @@
+"""Save and load a :class:`~geograph.retrievers.DenseRetriever` (its IVF index included) as an artefact directory.
+
+``tensors.safetensors`` holds the normalised corpus (memory-mapped on load), ``ivf.faiss`` the
+trained faiss index (read with faiss's memory-mapped reader where it can), the manifest the
+constructor's options and the ``nprobe`` that ``"auto"`` chose, so a loaded retriever answers
+exactly as the saved one, with no training or calibration.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from geograph.artefact import (
+    EncoderIdentity,
+    as_identity,
+    corpus_fingerprint,
+    read_artefact,
+    resolve_source,
+    write_artefact,
+)
+from geograph.functional.faiss_ivf import build_ivf_index, import_faiss
+
+__all__ = ["save_dense", "load_dense"]
+
+INDEX_FILE = "ivf.faiss"
+_OPTIONS = ("chunk_size", "index", "nlist", "sample", "seed", "recall_target", "recall_k")
+
+log = logging.getLogger("geograph.dense")
+
+
+def save_dense(model, directory: str | Path, *, encoder: Any = None, ids: Sequence[str] | None = None) -> Path:
+    """Write ``model`` as an artefact directory; an IVF index is built (and ``nprobe="auto"``
+    calibrated) first if the model has not been called yet."""
+    side = {}
+    if model.index == "ivf":
+        if model._ivf is None:
+            model._ivf = build_ivf_index(model.embeddings, model.nlist, sample=model.sample, seed=model.seed)
+        if model.nprobe is None:
+            model.nprobe = model._calibrate()
+        faiss = import_faiss()
+        cpu = faiss.index_gpu_to_cpu(model._ivf) if hasattr(faiss, "index_gpu_to_cpu") else model._ivf
+        side[INDEX_FILE] = bytes(faiss.serialize_index(cpu))
+    identity = as_identity(encoder)
+    if identity is not None and identity.dim is None:
+        identity = EncoderIdentity.from_dict({**identity.as_dict(), "dim": int(model.embeddings.shape[1])})
+    params = {name: getattr(model, name) for name in _OPTIONS}
+    params.update(auto=bool(model._auto), nprobe=model.nprobe, calibration=model.calibration)
+    return write_artefact(
+        directory,
+        "DenseRetriever",
+        {"embeddings": model.embeddings},
+        params=params,
+        encoder=identity,
+        corpus=corpus_fingerprint(model.embeddings, ids),
+        side_files=side,
+    )
+
+
+def load_dense(cls, source, *, corpus=None, encoder=None, device=None):
+    """A retriever from an artefact directory or hub id, its corpus memory-mapped and held as saved."""
+    path = resolve_source(source, "index")
+    art = read_artefact(path, "DenseRetriever", encoder=encoder, corpus=_normalised(corpus))
+    emb = art.tensors.get("embeddings")
+    if emb is None or emb.dim() != 2 or not emb.is_floating_point():
+        raise ValueError(f"{art.path}: no (V, D) floating embeddings in the tensors")
+    p = art.params
+    try:
+        options = {name: p[name] for name in _OPTIONS}
+        nprobe = "auto" if p["auto"] and p["nprobe"] is None else p["nprobe"]
+    except KeyError as e:
+        raise ValueError(f"{art.path}: the manifest's params lack {e}") from None
+    model = cls(emb, nprobe=nprobe, **options)
+    # the buffer as saved (already unit rows) and mapped, instead of the constructor's normalised copy
+    model.register_buffer("embeddings", emb, persistent=True)
+    model._auto, model.calibration = bool(p["auto"]), p.get("calibration")
+    if model.index == "ivf":
+        if not (art.path / INDEX_FILE).is_file():
+            raise ValueError(f"{art.path}: an IVF retriever saved without its {INDEX_FILE}")
+        model._ivf = _read_index(art.path / INDEX_FILE)
+        if model._ivf.ntotal != emb.shape[0] or model._ivf.d != emb.shape[1]:
+            raise ValueError(
+                f"{art.path / INDEX_FILE}: an index of {model._ivf.ntotal} x {model._ivf.d}, "
+                f"the embeddings are {emb.shape[0]} x {emb.shape[1]}"
+            )
+    if device is not None and torch.device(device).type != "cpu":
+        model = model.to(device)  # (the index is rebuilt on the device on first use)
+    model.manifest = art.manifest
+    return model
+
+
+def _normalised(corpus):
+    """The corpus in use compared as the retriever stores it: unit rows."""
+    if isinstance(corpus, Tensor):
+        from geograph.functional.similarity import normalize
+
+        return normalize(corpus)
+    return corpus
+
+
+def _read_index(path: Path):
+    faiss = import_faiss()
+    try:  # the inverted lists memory-mapped, shared between processes
+        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError as e:  # pragma: no cover - a faiss without the mapped reader
+        log.info("faiss cannot map %s (%s): reading it into memory", path, str(e).splitlines()[0])
+    return faiss.read_index(str(path))  # pragma: no cover
