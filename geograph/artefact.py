@@ -212,12 +212,19 @@ def corpus_fingerprint(embeddings: Tensor, ids: Sequence[str] | None = None) -> 
     return CorpusFingerprint(int(v), int(d), _sha_tensor(embeddings), None if ids is None else _sha_ids(ids))
 
 
-def _as_fingerprint(corpus: Any) -> CorpusFingerprint | None:
+def _corpus_parts(corpus: Any) -> tuple[CorpusFingerprint | None, Tensor | None]:
+    """The fingerprint of the corpus in use, and its embeddings when given: ``corpus`` is ``(V, D)``
+    embeddings, a ``(ids, embeddings)`` pair or a :class:`CorpusFingerprint`."""
     if corpus is None or isinstance(corpus, CorpusFingerprint):
-        return corpus
+        return corpus, None
     if isinstance(corpus, Tensor):
-        return corpus_fingerprint(corpus)
-    raise ValueError(f"corpus must be (V, D) embeddings or a CorpusFingerprint, got {type(corpus).__name__}")
+        return corpus_fingerprint(corpus), corpus
+    if isinstance(corpus, tuple) and len(corpus) == 2 and isinstance(corpus[1], Tensor):
+        return corpus_fingerprint(corpus[1], corpus[0]), corpus[1]
+    raise ValueError(
+        "corpus must be (V, D) embeddings, an (ids, embeddings) pair or a CorpusFingerprint, "
+        f"got {type(corpus).__name__}"
+    )
 
 
 # -- safetensors, written here and mapped on read ----------------------------------------------
@@ -440,8 +447,7 @@ def check_corpus(manifest: dict, corpus: Any, where: Path | str, stored: Tensor 
     if corpus is None or not saved:
         return
     saved = CorpusFingerprint.from_dict(saved)
-    embeddings = corpus if isinstance(corpus, Tensor) else None
-    used = _as_fingerprint(corpus)
+    used, embeddings = _corpus_parts(corpus)
     assert used is not None
     same = (saved.num_passages, saved.dim) == (used.num_passages, used.dim)
     if same and saved.ids_sha256 and used.ids_sha256:

@@ -151,7 +151,7 @@ class PoincareProjection(nn.Module):
                 model.load_state_dict(art.tensors)
             except (KeyError, TypeError, ValueError, RuntimeError) as exc:
                 raise ValueError(f"{path}: the weights do not fit the saved configuration ({one_line(exc)})") from None
-            model.manifest = art.manifest
+            model.manifest = {**art.manifest, "source": str(path)}
             if map_location is not None:
                 model = model.to(map_location)
         if in_dim is not None and model.in_dim != in_dim:

@@ -132,7 +132,7 @@ def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, co
     graph.build_info = art.manifest.get("build_info") or {}
     for name, t in (("embeddings", emb), ("edge_index", ei), ("rowptr", rowptr)):
         graph.register_buffer(name, t if device is None else t.to(device))
-    graph.manifest = art.manifest
+    graph.manifest = {**art.manifest, "source": str(art.path)}
     return graph
 
 
@@ -169,11 +169,13 @@ def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus
     parts = [t if device is None else t.to(device) for t in (emb, density, crow, col, val)]
     graph = cls._from_parts(*parts, band=band, beta=beta, max_degree=max_degree)  # no copy of the mapped tensors
     graph.build_info = art.manifest.get("build_info") or {}
-    graph.manifest = art.manifest
+    graph.manifest = {**art.manifest, "source": str(art.path)}
     return graph
 
 
 def _shape(corpus, corpus_shape):
+    if isinstance(corpus, tuple) and len(corpus) == 2:
+        corpus = corpus[1]
     if corpus_shape is None and isinstance(corpus, Tensor):
         return tuple(corpus.shape)
     if corpus_shape is None and isinstance(corpus, CorpusFingerprint):

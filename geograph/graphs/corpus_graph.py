@@ -266,9 +266,9 @@ class CorpusGraph(nn.Module):
 
         Args:
             source: the directory, or a Hugging Face Hub repository id (needs ``huggingface_hub``).
-            corpus: the corpus in use, ``(V, D)`` embeddings or a
-                :class:`~geograph.artefact.CorpusFingerprint` (with the passage ids): a graph built
-                over another corpus is refused.
+            corpus: the corpus in use: ``(V, D)`` embeddings, an ``(ids, embeddings)`` pair or a
+                :class:`~geograph.artefact.CorpusFingerprint`; a graph built over other passage ids
+                or other embeddings (beyond re-encoding noise) is refused.
             encoder: the encoder in use (an ``Encoder`` or ``EncoderIdentity``): a graph built with
                 another model, prefixes or normalisation is refused.
             device: where to put the tensors (default: CPU, memory-mapped).

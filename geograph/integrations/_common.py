@@ -16,13 +16,34 @@ def default_encoder():
     return Encoder(cache=False)
 
 
-def resolve_encoder(owner: Any) -> Any:
-    """``owner.encoder`` when given, else the default encoder, made once and kept in ``owner._encoder``."""
-    if owner.encoder is not None:
-        return owner.encoder
-    if owner._encoder is None:
+def resolve_encoder(owner: Any, num_passages: int | None = None) -> Any:
+    """``owner.encoder`` when given, else the default encoder, made once and kept in ``owner._encoder``;
+    checked against the artefacts ``owner.module`` was loaded from (:func:`check_artefacts`)."""
+    if owner.encoder is None and owner._encoder is None:
         owner._encoder = default_encoder()
-    return owner._encoder
+    encoder = owner.encoder if owner.encoder is not None else owner._encoder
+    check_artefacts(owner.module, encoder, num_passages)
+    return encoder
+
+
+def check_artefacts(module: Any, encoder: Any, num_passages: int | None = None) -> None:
+    """Refuse a module holding a loaded artefact (``from_pretrained``) whose manifest records another
+    encoder than ``encoder`` (when it is a :class:`geograph.data.Encoder`) or another number of
+    passages than the component's corpus; one line naming both sides."""
+    from geograph.artefact import ArtefactMismatch, EncoderIdentity, check_encoder
+
+    if not isinstance(module, nn.Module):
+        return
+    for sub in module.modules():
+        manifest = getattr(sub, "manifest", None)
+        if not manifest:
+            continue
+        where = manifest.get("source", type(sub).__name__)
+        if isinstance(getattr(encoder, "identity", None), EncoderIdentity):
+            check_encoder(manifest, encoder, where)
+        saved = (manifest.get("corpus") or {}).get("num_passages")
+        if num_passages is not None and saved is not None and saved != num_passages:
+            raise ArtefactMismatch(f"{where}: built over {saved} passages; the corpus given has {num_passages}")
 
 
 def embed(encoder: Any, texts: Sequence[str], *, query: bool = False) -> Tensor:

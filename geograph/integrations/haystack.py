@@ -25,12 +25,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 import torch
 
-from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, retrieve
+from geograph.integrations._common import check_artefacts, check_top, cut, default_encoder, embed, rerank, retrieve
 
 
-def _enc(component_) -> Any:
+def _enc(component_, num_passages: int | None = None) -> Any:
     if component_.encoder is None:
         component_.encoder = default_encoder()
+    check_artefacts(component_.module, component_.encoder, num_passages)
     return component_.encoder
 
 
@@ -84,5 +85,5 @@ class GeographRetriever:
     @component.output_types(documents=list[Document])
     def run(self, query: str, top_k: int | None = None):
         k = check_top(top_k, "top_k") if top_k is not None else self.top_k
-        [ranked] = retrieve(self.module, embed(_enc(self), [query], query=True).float(), k)
+        [ranked] = retrieve(self.module, embed(_enc(self, len(self.documents)), [query], query=True).float(), k)
         return {"documents": [replace(self.documents[j], score=s) for j, s in ranked]}

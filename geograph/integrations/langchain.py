@@ -111,5 +111,5 @@ class GeographRetriever(BaseRetriever):
         return check_top(v, "k")
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        [ranked] = retrieve(self.module, embed(resolve_encoder(self), [query], query=True), self.k)
+        [ranked] = retrieve(self.module, embed(resolve_encoder(self, len(self.corpus)), [query], query=True), self.k)
         return [_scored(self.corpus[j], s) for j, s in ranked]

@@ -30,7 +30,16 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 import torch
 
-from geograph.integrations._common import check_top, cut, default_encoder, embed, rerank, resolve_encoder, retrieve
+from geograph.integrations._common import (
+    check_artefacts,
+    check_top,
+    cut,
+    default_encoder,
+    embed,
+    rerank,
+    resolve_encoder,
+    retrieve,
+)
 
 
 class GeographPostprocessor(BaseNodePostprocessor):
@@ -102,10 +111,12 @@ class GeographRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if query_bundle.embedding is not None:
+            check_artefacts(self.module, self.encoder, len(self.nodes))
             q = torch.as_tensor([query_bundle.embedding], dtype=torch.float32)
         else:
             if self.encoder is None:
                 self.encoder = default_encoder()
+            check_artefacts(self.module, self.encoder, len(self.nodes))
             q = embed(self.encoder, [query_bundle.query_str], query=True).float()
         [ranked] = retrieve(self.module, q, self.k)
         return [NodeWithScore(node=self.nodes[j], score=s) for j, s in ranked]

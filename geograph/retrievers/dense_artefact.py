@@ -90,16 +90,18 @@ def load_dense(cls, source, *, corpus=None, encoder=None, device=None):
             )
     if device is not None and torch.device(device).type != "cpu":
         model = model.to(device)  # (the index is rebuilt on the device on first use)
-    model.manifest = art.manifest
+    model.manifest = {**art.manifest, "source": str(art.path)}
     return model
 
 
 def _normalised(corpus):
     """The corpus in use compared as the retriever stores it: unit rows."""
-    if isinstance(corpus, Tensor):
-        from geograph.functional.similarity import normalize
+    from geograph.functional.similarity import normalize
 
+    if isinstance(corpus, Tensor):
         return normalize(corpus)
+    if isinstance(corpus, tuple) and len(corpus) == 2 and isinstance(corpus[1], Tensor):
+        return corpus[0], normalize(corpus[1])
     return corpus
 
 

@@ -90,7 +90,15 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         )
         self.corpus = self.encoder.corpus(self.dataset.passages()).to(self.device)
         self.encoder.warm()  # the worker reports ready only once it can encode a request text
-        self.model = build_model(self.method, self.corpus, s["params"], graph=s["graph"], projection=s["projection"])
+        self.model = build_model(
+            self.method,
+            self.corpus,
+            s["params"],
+            graph=s["graph"],
+            projection=s["projection"],
+            ids=self.dataset.doc_ids,
+            encoder=self.encoder.identity,
+        )
         self.dense = DenseRetriever(self.corpus) if self.method in RERANKERS else None
         self.ids = list(self.dataset.doc_ids)
         if self.method in KERNEL_METHODS:

@@ -88,9 +88,16 @@ class TextEncoder:
         from geograph.data.cache import Encoder, MemoryCache
 
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
-        self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device)
+        prefixes = dict(query_prefix=query_prefix, passage_prefix=passage_prefix)  # recorded in the identity
+        self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device, **prefixes)
         self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False, device=device)
         self.group = group
+
+    @property
+    def identity(self):
+        """The :class:`~geograph.artefact.EncoderIdentity` (model files hashed, prefixes) that saved
+        artefacts are checked against."""
+        return self.corpus_encoder.identity
 
     def corpus(self, passages: Sequence[str]):
         """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache."""

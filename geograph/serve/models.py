@@ -6,7 +6,10 @@ ones a config file cannot hold (a Python callable, an artefact given by its own 
 graph-building ``knn`` of ``iso``. They are checked here (:func:`check_params`) and by the
 module's own constructor. ``graph`` is a directory written by
 :meth:`geograph.CorpusGraph.save` (ISO) or :meth:`geograph.G3Graph.save` (G3) loaded instead of
-building one at start; ``projection`` a file written by :meth:`geograph.PoincareProjection.save`.
+building one at start; ``projection`` a directory written by
+:meth:`geograph.PoincareProjection.save_pretrained`. Both are checked against the corpus (its
+passage ids and embeddings) and the encoder in use, and refused with one line naming both sides
+when they were made with another.
 
 =========  ==========================================================================
 method     class; params not taken from its signature
@@ -101,13 +104,23 @@ def check_params(
 
 
 def build_model(
-    method: str, corpus, params: dict | None = None, *, graph: str | None = None, projection: str | None = None
+    method: str,
+    corpus,
+    params: dict | None = None,
+    *,
+    graph: str | None = None,
+    projection: str | None = None,
+    ids=None,
+    encoder=None,
 ):
     """The module for ``method`` over ``corpus (V, D)`` (on the corpus's device).
 
+    ``ids`` (the corpus's passage ids) and ``encoder`` (its :class:`~geograph.artefact.EncoderIdentity`
+    or ``Encoder``) are checked against a saved ``graph``'s and ``projection``'s manifests.
+
     Raises:
         ValueError: a bad parameter (the module's message), an artefact that cannot be read or
-            does not match the corpus (size or dimension).
+            does not match the corpus (ids, embeddings, size or dimension) or the encoder.
     """
     import torch
 
@@ -128,7 +141,7 @@ def build_model(
         from geograph.retrievers import ISORetriever
 
         if graph is not None:
-            g = _load(CorpusGraph.load, graph, "graph")
+            g = _load(CorpusGraph.from_pretrained, graph, "graph", corpus=_corpus(ids, corpus), encoder=encoder)
         else:
             knn = params.pop("knn", 10)
             if isinstance(knn, bool) or not isinstance(knn, int) or knn < 1:
@@ -136,7 +149,9 @@ def build_model(
             g = CorpusGraph.from_knn(corpus, min(knn, v - 1))
         params.pop("knn", None)
         _match(g.embeddings.shape, v, d, graph)
-        proj = _load(PoincareProjection.load, projection, "projection") if projection else None
+        proj = None
+        if projection:
+            proj = _load(PoincareProjection.from_pretrained, projection, "projection", encoder=encoder)
         if proj is not None and proj.in_dim != d:
             raise ValueError(f"projection: {projection} takes {proj.in_dim}-dimensional inputs, the corpus has {d}")
         model = ISORetriever(g, projection=proj, **params)
@@ -145,7 +160,7 @@ def build_model(
     from geograph.retrievers import G3Retriever
 
     if graph is not None:
-        g = _load(G3Graph.load, graph, "graph")
+        g = _load(G3Graph.from_pretrained, graph, "graph", corpus=_corpus(ids, corpus), encoder=encoder)
         _match(g.embeddings.shape, v, d, graph)
         return G3Retriever(g, **params).to(corpus.device)
     if "band" in params and params["band"] is not None:
@@ -154,9 +169,18 @@ def build_model(
         return G3Retriever(corpus, **params)
 
 
-def _load(loader, path: str, what: str):
+def _corpus(ids, corpus):
+    cpu = corpus.cpu()
+    return cpu if ids is None else (list(ids), cpu)
+
+
+def _load(loader, path: str, what: str, **checks):
+    from geograph.artefact import ArtefactMismatch
+
     try:
-        return loader(path)
+        return loader(path, **checks)
+    except ArtefactMismatch as e:  # made with another encoder, over another corpus, in another format
+        raise ValueError(f"{what}: {str(e).splitlines()[0]}") from e
     except Exception as e:  # noqa: BLE001 - any unreadable artefact is a one-line start error
         raise ValueError(f"{what}: cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 

@@ -54,7 +54,15 @@ def build_server(cfg: ServeConfig):
     except (ValueError, OSError) as e:
         raise StartupError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     try:
-        model = build_model(cfg.method, emb, cfg.params, graph=cfg.graph, projection=cfg.projection)
+        model = build_model(
+            cfg.method,
+            emb,
+            cfg.params,
+            graph=cfg.graph,
+            projection=cfg.projection,
+            ids=dataset.doc_ids,
+            encoder=encoder.identity,
+        )
     except ValueError as e:
         msg = str(e).splitlines()[0]
         raise StartupError(
