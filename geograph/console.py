@@ -10,6 +10,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -46,6 +47,31 @@ def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> N
         g.add_argument("--concurrency", type=int, default=2, help="encoder actors with --ray (default: 2)")
         g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per encoder actor with --ray (default: 0)")
         g.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default: 64)")
+
+
+def add_encoder_options(parser: argparse.ArgumentParser) -> None:
+    """``--encoder``, ``--query-prefix``, ``--passage-prefix``: the model that embeds, recorded in saved artefacts."""
+    g = parser.add_argument_group("encoder")
+    g.add_argument(
+        "--encoder",
+        metavar="MODEL",
+        help="a local sentence-transformers folder or a model name in the Hugging Face cache "
+        "(default: the offline all-MiniLM-L6-v2)",
+    )
+    g.add_argument("--query-prefix", default="", metavar="TEXT", help="prepended to queries (e.g. 'query: ')")
+    g.add_argument("--passage-prefix", default="", metavar="TEXT", help="prepended to passages (e.g. 'passage: ')")
+
+
+def encoder_options(args) -> dict:
+    """The keyword arguments of :class:`geograph.data.Encoder` that :func:`add_encoder_options` gave;
+    a path-like ``--encoder`` that does not exist is a one-line :class:`UsageError`."""
+    model = getattr(args, "encoder", None)
+    if model is not None:
+        looks_local = model.startswith((".", "/", "~")) or model.count("/") != 1
+        if looks_local and not Path(model).expanduser().is_dir():
+            raise UsageError(f"--encoder: {model}: no such model folder")
+        model = str(Path(model).expanduser()) if looks_local else model
+    return {"model": model, "query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix}
 
 
 def check_ray_options(args) -> None:

@@ -39,13 +39,21 @@ class Candidates:
 
 
 def embed(dataset: Dataset, encoder: Encoder) -> tuple[Tensor, Tensor]:
-    """Corpus ``(V, D)`` and query ``(Q, D)`` embeddings through the cache."""
-    return encoder.encode(dataset.passages()), encoder.encode(dataset.queries)
+    """Corpus ``(V, D)`` and query ``(Q, D)`` embeddings through the cache (the encoder's
+    ``passage_prefix`` and ``query_prefix`` prepended)."""
+    passages, queries = _texts(dataset, encoder)
+    return encoder.encode(passages), encoder.encode(queries)
+
+
+def _texts(dataset: Dataset, encoder: Encoder) -> tuple[list[str], list[str]]:
+    passages = [getattr(encoder, "passage_prefix", "") + p for p in dataset.passages()]
+    return passages, [getattr(encoder, "query_prefix", "") + q for q in dataset.queries]
 
 
 def missing_embeddings(dataset: Dataset, encoder: Encoder) -> int:
     """How many of the passages and queries :func:`embed` would have to encode (not in the cache)."""
-    texts = list(dataset.passages()) + list(dataset.queries)
+    passages, queries = _texts(dataset, encoder)
+    texts = passages + queries
     if encoder.cache is None:
         return len(texts)
     return len(encoder.cache.get(texts)[1])

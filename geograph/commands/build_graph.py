@@ -8,15 +8,25 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from geograph.console import UsageError, add_ray_options, check_ray_options, make_parser
+from geograph.console import (
+    UsageError,
+    add_encoder_options,
+    add_ray_options,
+    check_ray_options,
+    encoder_options,
+    make_parser,
+)
 
 DESCRIPTION = """\
-Embed the passages of a BEIR-format folder with all-MiniLM-L6-v2 (cached on disk) and save a
-graph over them: a CorpusGraph for ISO-RAG, a k-NN graph (--knn K) or a title-mention graph
+Embed the passages of a BEIR-format folder (only corpus.jsonl is read) or of a JSONL file of
+passages with --encoder (default: the offline all-MiniLM-L6-v2; --passage-prefix prepended;
+cached on disk) and save a graph over them: a CorpusGraph for ISO-RAG, a k-NN graph (--knn K) or a title-mention graph
 (--mentions: passage u links to v when u's text mentions v's title), or G3RAG's gain graph
-(--g3). Load it with CorpusGraph.load(OUT) / G3Graph.load(OUT), serve it with
-geograph serve --graph OUT, or train f_theta on a CorpusGraph with
-python -m train fit --data.graph_dir OUT.
+(--g3). The graph is saved as an artefact folder (tensors.safetensors and manifest.json, which
+records the encoder, its prefixes, the passage ids and a checksum of the embeddings). Load it with
+CorpusGraph.from_pretrained(OUT) / G3Graph.from_pretrained(OUT), serve it with
+geograph serve --graph OUT (with the same --encoder and prefixes), or train f_theta on a
+CorpusGraph with python -m train fit --data.graph_dir OUT.
 
 Corpora of millions: --index ivf (or auto: exact up to 50,000 passages) builds the k-NN and G3
 graphs from an IVF cell join (--nlist cells trained on --sample passages, each joined with its
@@ -35,9 +45,12 @@ or --ray ray://HOST:PORT joins a cluster (--data and --cache on storage every no
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("geograph build-graph", DESCRIPTION)
     p.add_argument(
-        "--data", required=True, metavar="DIR", help="BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/)"
+        "--data",
+        required=True,
+        metavar="PATH",
+        help="a folder with corpus.jsonl (BEIR layout; queries and qrels are not needed) or a JSONL file of passages",
     )
-    p.add_argument("--split", default="test", help="qrels split read by the loader (default: test)")
+    p.add_argument("--split", help="if given, check that the folder has qrels/SPLIT.tsv (not otherwise read)")
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--knn", type=int, metavar="K", help="k-NN graph over the passage embeddings, 1 <= K < passages")
     kind.add_argument("--mentions", action="store_true", help="passage -> passage whose title it mentions")
@@ -89,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
     )
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write the graph to")
+    add_encoder_options(p)
     add_ray_options(p)
     return p
 
@@ -96,13 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from geograph.data import BEIRError, Encoder, load_beir
+    from geograph.data import BEIRError, Encoder, load_beir, load_corpus
 
     try:
+        if not Path(args.data).exists():
+            raise UsageError(f"--data: {args.data}: no such folder or file")
         try:
-            dataset = load_beir(args.data, args.split)
+            dataset = load_corpus(args.data) if args.split is None else load_beir(args.data, args.split)
         except BEIRError as e:
             raise UsageError(f"--{'split' if e.argument == 'split' else 'data'}: {e}") from None
+        options = encoder_options(args)
+        if args.ray is not None and args.passage_prefix:
+            raise UsageError("--passage-prefix is not supported with --ray")
         n = len(dataset.doc_ids)
         if args.knn is not None and not 1 <= args.knn < n:
             raise UsageError(f"--knn must be at least 1 and below the number of passages ({n}), got {args.knn}")
@@ -138,12 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = embed_corpus(
                 args.data,
                 cache=args.cache,
+                model=options["model"],
                 concurrency=args.concurrency,
                 num_gpus=args.num_gpus,
                 batch_size=args.batch_size,
             )
             print(f"embedding on Ray: {report}")
-        emb = Encoder(cache=args.cache, progress=True, batch_size=args.batch_size).encode(dataset.passages())
+        encoder = Encoder(cache=args.cache, progress=True, batch_size=args.batch_size, **options)
+        emb = encoder.encode_passages(dataset.passages())
         ivf = dict(
             index=args.index,
             nlist=args.nlist,
@@ -181,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             graph.build_info = dict(
                 graph.build_info, ray={"address": args.ray, "tasks": executor.tasks, "cpus": executor.session["cpus"]}
             )
-    graph.save(args.out)
+    graph.save_pretrained(args.out, encoder=encoder, ids=dataset.doc_ids)
     if getattr(graph, "build_info", None):
         print(f"build: {graph.build_info}")
     print(f"{graph} -> {args.out}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from geograph.console import UsageError, format_table, make_parser
+from geograph.console import UsageError, add_encoder_options, encoder_options, format_table, make_parser
 from geograph.data import BEIRError, Dataset, Encoder, load_beir, load_demo
 from geograph.evaluation import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
@@ -31,7 +31,8 @@ Every method of geograph on a few queries side by side, then one quality table.
 
 Runs on the shipped demo corpus (111 passages: a single-topic part and a multi-hop part of
 bridge questions) or on any BEIR-format folder given with --data. The first run embeds the
-passages with all-MiniLM-L6-v2 (offline) and caches them on disk; later runs reuse the cache.
+passages with all-MiniLM-L6-v2 (offline; another model with --encoder, and its --query-prefix
+and --passage-prefix) and caches them on disk; later runs reuse the cache.
 
 Marks in the side-by-side listing: * judged relevant, + not in the dense top-5."""
 
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="queries printed side by side, spread over the corpus parts (default: 4)",
     )
+    add_encoder_options(p)
     return p
 
 
@@ -347,15 +349,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         dataset = load(args)
         validate(args, dataset)
+        options = encoder_options(args)
     except UsageError as e:
         return e.exit(parser.prog)
 
-    encoder = Encoder(cache=args.cache, progress=True)
+    encoder = Encoder(cache=args.cache, progress=True, **options)
     todo = missing_embeddings(dataset, encoder)
     total = len(dataset.doc_ids) + len(dataset.queries)
     if todo:
         print(
-            f"{dataset}: embedding {todo} of {total} texts with all-MiniLM-L6-v2 (first run; cached afterwards)",
+            f"{dataset}: embedding {todo} of {total} texts with {encoder.model_name} (first run; cached afterwards)",
             flush=True,
         )
     else:

@@ -7,11 +7,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from geograph.console import UsageError, add_ray_options, check_ray_options, make_parser
+from geograph.console import (
+    UsageError,
+    add_encoder_options,
+    add_ray_options,
+    check_ray_options,
+    encoder_options,
+    make_parser,
+)
 
 DESCRIPTION = """\
-Embed every passage (title + " " + text) of a BEIR-format folder or of a JSONL file of BEIR
-corpus records with all-MiniLM-L6-v2 into the embedding cache (--cache, default
+Embed every passage (title + " " + text) of a BEIR-format folder (only corpus.jsonl is read) or
+of a JSONL file of BEIR corpus records with --encoder (default: the offline all-MiniLM-L6-v2;
+--passage-prefix prepended) into the embedding cache (--cache, default
 $GEOGRAPH_CACHE or ~/.cache/geograph); passages already cached are skipped. The commands that
 read the cache (demo --data, build-graph, bench) then find them.
 
@@ -27,6 +35,7 @@ def build_parser():
     p.add_argument(
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
     )
+    add_encoder_options(p)
     add_ray_options(p)
     p.add_argument(
         "--rows-per-shard", type=int, default=1024, help="passages per cache shard with --ray (default: 1024)"
@@ -41,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         check_ray_options(args)
+        options = encoder_options(args)
+        if args.ray is not None and (args.passage_prefix or args.query_prefix):
+            raise UsageError("--passage-prefix and --query-prefix are not supported with --ray")
         if args.rows_per_shard < 1:
             raise UsageError(f"--rows-per-shard must be at least 1, got {args.rows_per_shard}")
         if not Path(args.data).exists():
@@ -61,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = embed_corpus(
                 args.data,
                 cache=args.cache,
+                model=options["model"],
                 address=args.ray,
                 concurrency=args.concurrency,
                 num_gpus=args.num_gpus,
@@ -77,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.concurrency} actors into {report.shards} shards of {report.cache} ({report.seconds:.1f} s)"
         )
         return 0
-    encoder = Encoder(cache=args.cache, batch_size=args.batch_size, progress=True)
+    encoder = Encoder(cache=args.cache, batch_size=args.batch_size, progress=True, **options)
+    passages = [encoder.passage_prefix + p for p in passages]
     _, missing = encoder.cache.get(passages)
     encoder.encode(passages)
     print(

@@ -170,16 +170,20 @@ def environment() -> dict:
     }
 
 
-def run(cfg: dict, *, progress: bool = True, cache: str | None = None) -> dict:
-    """Run the benchmark of ``cfg`` (see :func:`~geograph.bench.run.config.load_config`); returns the results dict."""
+def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: dict | None = None) -> dict:
+    """Run the benchmark of ``cfg`` (see :func:`~geograph.bench.run.config.load_config`); returns the results dict.
+
+    ``encoder``: :class:`~geograph.data.Encoder` keyword arguments (``model``, ``query_prefix``,
+    ``passage_prefix``; default the offline all-MiniLM-L6-v2); its identity is recorded in the results.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from geograph.data import Encoder
 
     k = max(int(m.partition("@")[2]) for m in cfg["metrics"])
-    encoder = Encoder(cache=cache or cfg.get("cache"), progress=False)
+    encoder = Encoder(cache=cache or cfg.get("cache"), progress=False, **(encoder or {}))
     rows = [("dense", None)] + [(m, None) for m in cfg["methods"]] + [("+".join(c), c) for c in cfg["chains"]]
-    results = {"config": cfg, "environment": environment(), "datasets": {}}
+    results = {"config": cfg, "environment": environment(), "encoder": encoder.identity.as_dict(), "datasets": {}}
     columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task("bench", total=len(cfg["datasets"]) * len(rows))
