@@ -401,6 +401,8 @@ def read_artefact(path: Path, kind: str, *, encoder: Any = None, corpus: Any = N
         ArtefactMismatch: another format version, encoder or corpus (naming both sides).
     """
     meta_file = path / MANIFEST
+    if not meta_file.is_file():
+        raise ValueError(f"{path} is not a saved {kind} (no {MANIFEST})")
     manifest = read_json(meta_file)
     found = manifest.get("format")
     if found != FORMAT_VERSION:

@@ -1,4 +1,4 @@
-"""Saved artefacts (CorpusGraph, G3Graph, PoincareProjection): atomic saves, one-line load errors naming the file."""
+"""Saved artefacts (CorpusGraph, G3Graph, PoincareProjection, DenseRetriever): atomic saves, one-line load errors."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, G3Graph, PoincareProjection, _io
+from geograph.artefact import MANIFEST, TENSORS
+from geograph.retrievers import DenseRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +39,10 @@ def projection(seed: int) -> PoincareProjection:
     return PoincareProjection(6, 3, hidden=8)
 
 
+def dense(seed: int) -> DenseRetriever:
+    return DenseRetriever(unit(40, 6, seed))
+
+
 def graph_state(g: CorpusGraph) -> tuple:
     return g.embeddings, g.edge_index
 
@@ -49,17 +55,16 @@ def proj_state(p: PoincareProjection) -> tuple:
     return tuple(p.state_dict().values())
 
 
-# kind -> (build(seed), target(tmp_path), save(obj, target), load(target), state(obj))
+def dense_state(r: DenseRetriever) -> tuple:
+    return (r.embeddings,)
+
+
+# kind -> (build(seed), load(target), state(obj))
 KINDS = {
-    "CorpusGraph": (corpus_graph, lambda t: t / "graph", lambda o, t: o.save(t), CorpusGraph.load, graph_state),
-    "G3Graph": (g3_graph, lambda t: t / "g3", lambda o, t: o.save(t), G3Graph.load, g3_state),
-    "PoincareProjection": (
-        projection,
-        lambda t: t / "proj.pt",
-        lambda o, t: o.save(t),
-        PoincareProjection.load,
-        proj_state,
-    ),
+    "CorpusGraph": (corpus_graph, CorpusGraph.from_pretrained, graph_state),
+    "G3Graph": (g3_graph, G3Graph.from_pretrained, g3_state),
+    "PoincareProjection": (projection, PoincareProjection.from_pretrained, proj_state),
+    "DenseRetriever": (dense, DenseRetriever.from_pretrained, dense_state),
 }
 
 
@@ -92,6 +97,9 @@ def kill_at_write(monkeypatch, step: int) -> None:
         raise Killed
 
     monkeypatch.setattr(_io, "atomic_write", write)
+    import geograph.artefact as artefact
+
+    monkeypatch.setattr(artefact, "atomic_write", write)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -99,18 +107,18 @@ def test_a_killed_save_never_leaves_a_loadable_mix(kind, tmp_path, monkeypatch):
     """Over a previous save, a save killed at each of its file writes leaves the old artefact or none.
 
     Loading afterwards gives the old artefact exactly, the new one exactly, or a one-line
-    ValueError naming the file or directory; never a mix of the two saves or a partial file.
+    ValueError naming the directory; never a mix of the two saves or a partial file.
     """
-    build, target, save, load, state = KINDS[kind]
+    build, load, state = KINDS[kind]
     old, new = build(0), build(1)
-    path = target(tmp_path)
+    path = tmp_path / "a"
     outcomes = set()
     for step in itertools.count():
-        save(old, path)
+        old.save_pretrained(path)
         with monkeypatch.context() as m:
             kill_at_write(m, step)
             try:
-                save(new, path)
+                new.save_pretrained(path)
                 finished = True
             except Killed:
                 finished = False
@@ -133,11 +141,11 @@ import sys, torch
 from pathlib import Path
 from geograph import CorpusGraph
 graphs = [CorpusGraph.from_knn(torch.randn(3000, 64, generator=torch.Generator().manual_seed(s)), 4) for s in (0, 1)]
-graphs[0].save(sys.argv[1])
+graphs[0].save_pretrained(sys.argv[1])
 print("saved", flush=True)
 i = 1
 while True:
-    graphs[i % 2].save(sys.argv[1])
+    graphs[i % 2].save_pretrained(sys.argv[1])
     i += 1
 """
 
@@ -162,129 +170,72 @@ def test_sigkill_during_saves(tmp_path):
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         try:
-            g = CorpusGraph.load(out)
+            g = CorpusGraph.from_pretrained(out)
         except ValueError as e:
             assert_one_line_naming(e, out)
         else:
             assert any(same(graph_state(g), graph_state(h)) for h in graphs), "a mix of two saves loaded"
 
 
-def saved(kind, tmp_path):
-    """A graph of ``kind`` saved under ``tmp_path``: its directory, loader, data file and metadata file."""
-    build, target, save, load, _ = KINDS[kind]
-    path = target(tmp_path)
-    save(build(0), path)
-    data = path / ("embeddings.pt" if kind == "CorpusGraph" else "g3graph.pt")
-    return path, load, data, path / ("graph.json" if kind == "CorpusGraph" else "g3graph.json")
-
-
-@pytest.mark.parametrize("kind", ["CorpusGraph", "G3Graph"])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_truncated_files(kind, tmp_path):
-    path, load, data, meta = saved(kind, tmp_path)
+    build, load, _ = KINDS[kind]
+    path = build(0).save_pretrained(tmp_path / "a")
+    data, meta = path / TENSORS, path / MANIFEST
     full = data.read_bytes()
     data.write_bytes(full[: len(full) // 2])
     with pytest.raises(ValueError, match="truncated") as e:
         load(path)
     assert_one_line_naming(e.value, data)
-    # a file written before the sizes were recorded: torch's own error, on one line, naming the file
+    # a manifest that lists no sizes: the safetensors header itself says the file is short
     m = json.loads(meta.read_text())
-    del m["files"]
+    m["files"] = {TENSORS: None}
     meta.write_text(json.dumps(m))
-    with pytest.raises(ValueError, match="cannot read") as e:
+    with pytest.raises(ValueError, match="truncated") as e:
         load(path)
     assert_one_line_naming(e.value, data)
     data.write_bytes(full)
     load(path)
-    meta.write_text(meta.read_text()[:20])  # truncated metadata
+    meta.write_text(meta.read_text()[:20])  # truncated manifest
     with pytest.raises(ValueError, match="JSON") as e:
         load(path)
     assert_one_line_naming(e.value, meta)
 
 
-def test_truncated_projection(tmp_path):
-    path = projection(0).save(tmp_path / "p.pt")
-    full = path.read_bytes()
-    path.write_bytes(full[: len(full) - 100])
-    with pytest.raises(ValueError, match="cannot read") as e:
-        PoincareProjection.load(path)
-    assert_one_line_naming(e.value, path)
-
-
-@pytest.mark.parametrize("kind", ["CorpusGraph", "G3Graph"])
-def test_other_format_version(kind, tmp_path):
-    path, load, _, meta = saved(kind, tmp_path)
-    m = json.loads(meta.read_text())
-    m["format"] = 2
-    meta.write_text(json.dumps(m))
-    with pytest.raises(ValueError, match="format 2, this geograph reads format 1") as e:
-        load(path)
-    assert_one_line_naming(e.value, meta)
-
-
-def test_projection_format_version(tmp_path):
-    p = projection(0)
-    path = p.save(tmp_path / "p.pt")
-    assert torch.load(path, weights_only=True)["format"] == 1
-    blob = {"kind": "PoincareProjection", "format": 2, "config": p.config(), "state_dict": p.state_dict()}
-    torch.save(blob, path)
-    with pytest.raises(ValueError, match="format 2, this geograph reads format 1") as e:
-        PoincareProjection.load(path)
-    assert_one_line_naming(e.value, path)
-    del blob["format"]  # written before the format was recorded: format 1
-    torch.save(blob, path)
-    assert same(proj_state(PoincareProjection.load(path)), proj_state(p))
-
-
 def test_sizes_that_do_not_match(tmp_path):
     g = corpus_graph(0)
-    g.save(tmp_path / "g")
+    g.save_pretrained(tmp_path / "g")
     with pytest.raises(ValueError, match="the corpus is 41 x 6") as e:
         CorpusGraph.load(tmp_path / "g", corpus_shape=(41, 6))
-    assert_one_line_naming(e.value, tmp_path / "g" / "graph.json")
+    assert_one_line_naming(e.value, tmp_path / "g" / MANIFEST)
     assert same(graph_state(CorpusGraph.load(tmp_path / "g", corpus_shape=(40, 6))), graph_state(g))
-    # embeddings of another corpus, saved in place of these (the recorded size updated too)
-    meta = json.loads((tmp_path / "g" / "graph.json").read_text())
-    torch.save(unit(39, 6, 5), tmp_path / "g" / "embeddings.pt")
-    meta["files"]["embeddings.pt"] = (tmp_path / "g" / "embeddings.pt").stat().st_size
-    (tmp_path / "g" / "graph.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match=r"expected \(40, 6\)") as e:
-        CorpusGraph.load(tmp_path / "g")
-    assert_one_line_naming(e.value, tmp_path / "g" / "embeddings.pt")
-
     t = g3_graph(0)
-    t.save(tmp_path / "t")
+    t.save_pretrained(tmp_path / "t")
     with pytest.raises(ValueError, match="the corpus is 40 x 7") as e:
         G3Graph.load(tmp_path / "t", corpus_shape=(40, 7))
-    assert_one_line_naming(e.value, tmp_path / "t" / "g3graph.pt")
-    blob = torch.load(tmp_path / "t" / "g3graph.pt", weights_only=True)
-    blob["density"] = blob["density"][:-1]
-    torch.save(blob, tmp_path / "t" / "g3graph.pt")
-    meta = json.loads((tmp_path / "t" / "g3graph.json").read_text())
-    meta["files"]["g3graph.pt"] = (tmp_path / "t" / "g3graph.pt").stat().st_size
-    (tmp_path / "t" / "g3graph.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="density has shape") as e:
-        G3Graph.load(tmp_path / "t")
-    assert_one_line_naming(e.value, tmp_path / "t" / "g3graph.pt")
-
-    p = projection(0)
-    path = p.save(tmp_path / "p.pt")
+    assert_one_line_naming(e.value, tmp_path / "t" / MANIFEST)
+    p = projection(0).save_pretrained(tmp_path / "p")
     with pytest.raises(ValueError, match="the corpus has 7") as e:
-        PoincareProjection.load(path, in_dim=7)
-    assert_one_line_naming(e.value, path)
-    blob = torch.load(path, weights_only=True)
-    blob["config"]["hidden"] = 9  # weights of another shape than the configuration
-    torch.save(blob, path)
-    with pytest.raises(ValueError, match="do not fit the saved configuration.*size mismatch") as e:
-        PoincareProjection.load(path)
-    assert_one_line_naming(e.value, path)
+        PoincareProjection.from_pretrained(p, corpus=unit(5, 7, 0))
+    assert_one_line_naming(e.value, p)
+
+
+def test_a_graph_from_another_kind_or_no_manifest(tmp_path):
+    corpus_graph(0).save_pretrained(tmp_path / "g")
+    with pytest.raises(ValueError, match="a saved 'CorpusGraph', not a G3Graph") as e:
+        G3Graph.from_pretrained(tmp_path / "g")
+    assert_one_line_naming(e.value, tmp_path / "g")
+    with pytest.raises(ValueError, match="not a saved G3Graph") as e:
+        G3Graph.from_pretrained(tmp_path)
+    assert_one_line_naming(e.value, tmp_path)
 
 
 def test_save_leaves_no_temporary_files_and_usual_permissions(tmp_path):
-    corpus_graph(0).save(tmp_path / "g")
-    g3_graph(0).save(tmp_path / "t")
-    projection(0).save(tmp_path / "p.pt")
-    names = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
-    assert names == ["edge_index.pt", "embeddings.pt", "g3graph.json", "g3graph.pt", "graph.json", "p.pt"]
+    corpus_graph(0).save_pretrained(tmp_path / "g")
+    g3_graph(0).save_pretrained(tmp_path / "t")
+    projection(0).save_pretrained(tmp_path / "p")
+    names = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert names == [f"{d}/{f}" for d in "gpt" for f in (MANIFEST, TENSORS)]
     umask = os.umask(0)
     os.umask(umask)
     for p in tmp_path.rglob("*"):
