@@ -19,7 +19,7 @@ from geograph.functional.knn_policy import (
     default_nlist,
     resolve_index,
 )
-from geograph.functional.similarity import normalize
+from geograph.functional.similarity import normalize, unit_rows
 from geograph.outputs import RetrievalOutput
 
 log = logging.getLogger("geograph.dense")
@@ -49,7 +49,9 @@ class DenseRetriever(nn.Module):
 
     Args:
         embeddings: ``(V, D)`` passage embeddings (normalised here; stored as a buffer, so
-            ``.to(device)`` moves the corpus and ``state_dict()`` carries it).
+            ``.to(device)`` moves the corpus and ``state_dict()`` carries it). Rows that already
+            have unit norm (within 1e-6) are held as given, not copied: a memory-mapped corpus
+            stays shared between processes.
         chunk_size: passages scored per matrix product.
         index: ``"exact"`` (the chunked scan), ``"ivf"`` (a faiss IVF-Flat index over ``nlist``
             lists, default about ``4 sqrt(V)``, trained on ``sample`` passages; its candidates
@@ -119,7 +121,7 @@ class DenseRetriever(nn.Module):
         self.seed = seed
         self._ivf = None  # the faiss index, built on first use from the embeddings buffer
         self.register_load_state_dict_post_hook(_drop_index)
-        self.register_buffer("embeddings", normalize(embeddings), persistent=bool(persistent))
+        self.register_buffer("embeddings", unit_rows(embeddings), persistent=bool(persistent))
 
     @property
     def num_passages(self) -> int:

@@ -99,6 +99,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             ids=self.dataset.doc_ids,
             encoder=self.encoder.identity,
         )
+        if s["graph"] is not None:  # the saved graph, checked to be this corpus, is memory-mapped: its
+            self.corpus = self.model.graph.embeddings  # embeddings are shared by the workers, not copied
         self.dense = DenseRetriever(self.corpus) if self.method in RERANKERS else None
         self.ids = list(self.dataset.doc_ids)
         if self.method in KERNEL_METHODS:

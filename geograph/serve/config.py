@@ -36,7 +36,7 @@ class ServeConfig(BaseModel):
     corpus: str = Field(description="BEIR-format folder (corpus.jsonl)")
     params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
     graph: str | None = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
-    projection: str | None = Field(None, description="saved PoincareProjection file (iso)")
+    projection: str | None = Field(None, description="saved PoincareProjection directory (iso)")
     encoder: str | None = Field(None, description="local sentence-transformers directory (default: MiniLM)")
     query_prefix: str = ""
     passage_prefix: str = ""
@@ -110,8 +110,8 @@ class ServeConfig(BaseModel):
     @field_validator("projection")
     @classmethod
     def _projection(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"{v} is not a file")
+        if v is not None and not Path(v).exists():
+            raise ValueError(f"{v}: no such directory or file")
         return v
 
     @field_validator("encoder")
@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="BEIR-format folder (corpus.jsonl)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="a method parameter (repeatable)")
     p.add_argument("--graph", help="saved CorpusGraph (iso) / G3Graph (g3) directory, instead of building one")
-    p.add_argument("--projection", help="trained PoincareProjection file (iso)")
+    p.add_argument("--projection", help="trained PoincareProjection directory (iso)")
     p.add_argument("--encoder", help="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
     p.add_argument("--query-prefix")
     p.add_argument("--passage-prefix")

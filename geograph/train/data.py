@@ -239,10 +239,11 @@ def build_graph(
         raise err
     encoder = Encoder(cache=cache)
     recipe = f"knn{knn}" if knn is not None else "mentions"
-    digest = hashlib.sha256("\0".join([encoder.model_name, recipe, *dataset.passages()]).encode()).hexdigest()[:16]
+    key = [encoder.model_name, encoder.identity.weights, recipe, *dataset.passages()]  # a changed model: another graph
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
     path = cache_dir(cache) / "graphs" / f"{dataset.name}-{recipe}-{digest}"
-    if (path / "graph.json").is_file():
-        graph = CorpusGraph.load(path)
+    if (path / "manifest.json").is_file():
+        graph = CorpusGraph.from_pretrained(path, encoder=encoder)
         if verbose:
             print(f"{graph} from the cache {path}", flush=True)
         return graph
@@ -252,7 +253,7 @@ def build_graph(
     else:
         graph = CorpusGraph.from_mentions(emb, dataset.titles, dataset.texts)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
-    graph.save(tmp)
+    graph.save_pretrained(tmp, encoder=encoder, ids=dataset.doc_ids)
     try:
         os.replace(tmp, path)
     except OSError:  # another process stored the same graph first
