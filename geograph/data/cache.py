@@ -71,6 +71,10 @@ class EmbeddingCache:
         found = [self._index.get(text_key(t)) for t in texts]
         return found, [i for i, v in enumerate(found) if v is None]
 
+    def forget(self) -> None:
+        """Drop the vectors read into memory (the shards stay on disk and are read again when needed)."""
+        self._index, self._loaded = {}, set()
+
     def put(self, texts: Sequence[str], vectors: np.ndarray) -> None:
         if len(texts) == 0:
             return

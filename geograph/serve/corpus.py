@@ -100,8 +100,12 @@ class TextEncoder:
         return self.corpus_encoder.identity
 
     def corpus(self, passages: Sequence[str]):
-        """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache."""
-        return self.corpus_encoder.encode([self.passage_prefix + p for p in passages])
+        """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache (whose vectors are not
+        kept in memory afterwards: the corpus is read once, and a worker holds only the result)."""
+        out = self.corpus_encoder.encode([self.passage_prefix + p for p in passages])
+        if hasattr(self.corpus_encoder.cache, "forget"):
+            self.corpus_encoder.cache.forget()
+        return out
 
     def warm(self) -> None:
         """Load the model and run one forward, so the first request does not pay for it."""
