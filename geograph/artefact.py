@@ -301,33 +301,33 @@ def read_safetensors(path: str | Path) -> dict[str, Tensor]:
 
 
 # -- sources: local directories, Hugging Face Hub ids -------------------------------------------
-def resolve_source(source: str | Path, what: str) -> Path:
-    """A local directory, or the snapshot of a Hugging Face Hub repository ``owner/name``.
+def resolve_source(source: str | Path, kind: str) -> Path:
+    """A local path, or the snapshot of a Hugging Face Hub repository ``owner/name`` when no such path exists.
 
     Raises:
-        ValueError: one line: no such directory, or a hub id that cannot be fetched (no network,
-            no ``huggingface_hub``).
+        ValueError: one line: ``source`` is not a saved ``kind``: no such directory, or a hub id
+            that cannot be fetched (no network, no ``huggingface_hub``, no such repository).
     """
     path = Path(source)
     if path.exists():
         return path
     text = str(source)
+    missing = f"{text} is not a saved {kind}: no such directory"
     if text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/")):
         try:
             from huggingface_hub import snapshot_download
         except ImportError:
             raise ValueError(
-                f"{what}: {text} is not a local directory; fetching it from the Hugging Face Hub needs "
-                "huggingface_hub (pip install huggingface_hub)"
+                f"{missing}, and fetching it from the Hugging Face Hub needs huggingface_hub "
+                "(pip install huggingface_hub)"
             ) from None
         try:
             return Path(snapshot_download(text))
         except Exception as e:  # noqa: BLE001 - offline, unknown repository, gated: all one line
             raise ValueError(
-                f"{what}: {text} is not a local directory and cannot be fetched from the Hugging Face Hub "
-                f"({type(e).__name__}: {one_line(e, 160)})"
+                f"{missing}, nor one fetched from the Hugging Face Hub ({type(e).__name__}: {one_line(e, 160)})"
             ) from None
-    raise ValueError(f"{what}: {text}: no such directory")
+    raise ValueError(missing)
 
 
 # -- write and read --------------------------------------------------------------------------

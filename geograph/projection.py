@@ -132,7 +132,7 @@ class PoincareProjection(nn.Module):
                 weights that do not fit its configuration, or another input size.
             geograph.artefact.ArtefactMismatch: another format version or encoder.
         """
-        path = resolve_source(source, "projection")
+        path = resolve_source(source, cls.__name__)
         if isinstance(corpus, Tensor) and in_dim is None:
             in_dim = int(corpus.shape[-1])
         if path.is_file():

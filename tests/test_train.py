@@ -124,7 +124,7 @@ def test_cli_trains_a_saved_graph_and_exports_into_the_run_dir(tmp_path, monkeyp
     exported = re.findall(r"f_theta exported to (\S+)", out)
     assert len(exported) == 2 and exported[0] != exported[1], out
     for path, version in zip(exported, ("version_0", "version_1")):
-        assert Path(path).parent.name == version and Path(path).is_file()
+        assert Path(path).parent.name == version and (Path(path) / "manifest.json").is_file()
         proj = PoincareProjection.load(path)
         assert proj.in_dim == 16 and proj.out_dim == 4
     iso = ISORetriever(graph, projection=PoincareProjection.load(exported[1]), m=2, L=5, max_nodes=10)
@@ -280,7 +280,7 @@ def test_shipped_config_trains_on_the_demo_corpus(tmp_path, monkeypatch, capsys,
     out = capsys.readouterr().out
     assert "built from demo and cached" in out
     path = Path(re.search(r"f_theta exported to (\S+)", out).group(1))
-    assert path == Path("runs/iso_poincare/lightning_logs/version_0/projection.pt")
+    assert path == Path("runs/iso_poincare/lightning_logs/version_0/projection")
     metrics = (tmp_path / path.parent / "metrics.csv").read_text().splitlines()
     header = metrics[0].split(",")
     acc = [

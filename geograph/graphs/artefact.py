@@ -107,7 +107,7 @@ def _ints(art, *names: str) -> list[int]:
 
 def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus_shape=None):
     """A :class:`CorpusGraph` from an artefact directory or hub id (the former format: deprecated)."""
-    path = resolve_source(source, "graph")
+    path = resolve_source(source, cls.__name__)
     if _legacy(path, cls.__name__, CORPUS_META):
         graph = load_corpus_graph_v1(cls, path, device, _shape(corpus, corpus_shape))
         graph.manifest = {}
@@ -138,7 +138,7 @@ def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, co
 
 def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus_shape=None):
     """A :class:`G3Graph` from an artefact directory or hub id (the former format: deprecated)."""
-    path = resolve_source(source, "graph")
+    path = resolve_source(source, cls.__name__)
     if _legacy(path, cls.__name__, G3_META):
         graph = load_g3_graph_v1(cls, path, device, _shape(corpus, corpus_shape))
         graph.manifest = {}

@@ -64,7 +64,7 @@ def save_dense(model, directory: str | Path, *, encoder: Any = None, ids: Sequen
 
 def load_dense(cls, source, *, corpus=None, encoder=None, device=None):
     """A retriever from an artefact directory or hub id, its corpus memory-mapped and held as saved."""
-    path = resolve_source(source, "index")
+    path = resolve_source(source, cls.__name__)
     art = read_artefact(path, "DenseRetriever", encoder=encoder, corpus=_normalised(corpus))
     emb = art.tensors.get("embeddings")
     if emb is None or emb.dim() != 2 or not emb.is_floating_point():

@@ -114,13 +114,13 @@ class PoincareModule(L.LightningModule):
 
 
 class ExportProjection(L.Callback):
-    """At the end of ``fit``, write the best checkpoint's f_theta (``PoincareProjection.save``).
+    """At the end of ``fit``, write the best checkpoint's f_theta (``PoincareProjection.save_pretrained``).
 
-    The file goes to ``path``, by default ``projection.pt`` in the run's own log directory
-    (``trainer.log_dir``, e.g. ``runs/iso_poincare/lightning_logs/version_3``), and never
-    replaces an existing file: when the name is taken, ``projection-1.pt``, ``projection-2.pt``
+    The artefact directory goes to ``path``, by default ``projection`` in the run's own log
+    directory (``trainer.log_dir``, e.g. ``runs/iso_poincare/lightning_logs/version_3``), and
+    never replaces an existing one: when the name is taken, ``projection-1``, ``projection-2``
     ... is used instead. The path is printed and kept in :attr:`exported`. It loads with
-    ``geograph.PoincareProjection.load(path)`` into ``ISORetriever``. Without a checkpoint
+    ``geograph.PoincareProjection.from_pretrained(path)`` into ``ISORetriever``. Without a checkpoint
     callback (or before any checkpoint) the final weights are written.
     """
 
@@ -152,9 +152,9 @@ class ExportProjection(L.Callback):
             }
         projection.load_state_dict(state if state is not None else pl_module.projection.state_dict())
         path = self.free_name(
-            Path(self.path) if self.path else Path(log_dir or trainer.default_root_dir) / "projection.pt"
+            Path(self.path) if self.path else Path(log_dir or trainer.default_root_dir) / "projection"
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        projection.save(path)
+        projection.save_pretrained(path)
         self.exported = path
-        print(f"f_theta exported to {path} (geograph.PoincareProjection.load)", flush=True)
+        print(f"f_theta exported to {path} (geograph.PoincareProjection.from_pretrained)", flush=True)
