@@ -136,13 +136,13 @@ class PoincareProjection(nn.Module):
         if isinstance(corpus, Tensor) and in_dim is None:
             in_dim = int(corpus.shape[-1])
         if path.is_file():
+            model = _load_v1(cls, path, map_location)
             warnings.warn(
                 f"{path}: a PoincareProjection saved in the former torch.save format; it loads, but re-save it "
                 "with PoincareProjection.from_pretrained(path).save_pretrained(new_dir)",
                 DeprecationWarning,
                 stacklevel=2,
             )
-            model = _load_v1(cls, path, map_location)
             model.manifest = {}
         else:
             art = read_artefact(path, "PoincareProjection", encoder=encoder)

@@ -70,16 +70,17 @@ def save_graph(graph: nn.Module, directory: str | Path, *, encoder: Any = None, 
     )
 
 
-def _legacy(path: Path, kind: str, meta: str) -> bool:
-    if is_artefact(path) or not (path / meta).is_file():
-        return False
+def _legacy(path: Path, meta: str) -> bool:
+    return not is_artefact(path) and (path / meta).is_file()
+
+
+def _deprecated(path: Path, kind: str) -> None:
     warnings.warn(
         f"{path}: a {kind} saved in the former torch.save format; it loads, but re-save it with "
         f"{kind}.from_pretrained(path).save_pretrained(new_dir) (or rebuild it with geograph build-graph)",
         DeprecationWarning,
         stacklevel=4,
     )
-    return True
 
 
 def _check_shape(where: Path, v: int, d: int, corpus_shape) -> None:
@@ -108,8 +109,9 @@ def _ints(art, *names: str) -> list[int]:
 def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus_shape=None):
     """A :class:`CorpusGraph` from an artefact directory or hub id (the former format: deprecated)."""
     path = resolve_source(source, cls.__name__)
-    if _legacy(path, cls.__name__, CORPUS_META):
+    if _legacy(path, CORPUS_META):
         graph = load_corpus_graph_v1(cls, path, device, _shape(corpus, corpus_shape))
+        _deprecated(path, cls.__name__)
         graph.manifest = {}
         return graph
     art = read_artefact(path, cls.__name__, encoder=encoder, corpus=corpus)
@@ -139,8 +141,9 @@ def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, co
 def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus_shape=None):
     """A :class:`G3Graph` from an artefact directory or hub id (the former format: deprecated)."""
     path = resolve_source(source, cls.__name__)
-    if _legacy(path, cls.__name__, G3_META):
+    if _legacy(path, G3_META):
         graph = load_g3_graph_v1(cls, path, device, _shape(corpus, corpus_shape))
+        _deprecated(path, cls.__name__)
         graph.manifest = {}
         return graph
     art = read_artefact(path, cls.__name__, encoder=encoder, corpus=corpus)
