@@ -103,9 +103,16 @@ def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
 
     small = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(7, 384), dim=1), 2)
     small.save(tmp_path / "graph")
+    from geograph.artefact import EncoderIdentity
+    from geograph.data import load_demo
+
+    e5 = EncoderIdentity("intfloat/e5-small-v2", sha256="b" * 64)  # a graph of the demo's size, another model
+    other = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(111, 384), dim=1), 2)
+    other.save_pretrained(tmp_path / "e5", encoder=e5, ids=load_demo().doc_ids)
     cases = [
         (["--method", "maniscope", "--param", "alpha=2"], "params: alpha must lie in [0, 1]"),
         (["--method", "iso", "--graph", str(tmp_path / "graph")], "graph: "),
+        (["--method", "iso", "--graph", str(tmp_path / "e5")], "; the encoder in use is sentence-transformers/"),
         (["--method", "iso", "--projection", write(tmp_path, "not a checkpoint", "p.pt")], "projection: cannot read"),
     ]
     for argv, fragment in cases:
