@@ -8,7 +8,7 @@ one per endpoint, ran four processes on two cores: the fast ``/retrieve`` pool i
 ``/rerank`` queue grew, and under closed-loop load the ``/rerank`` requests waited about five
 times as long as the ``/retrieve`` ones (p99 700-835 ms over all requests against p50 ~190 ms);
 one pool of one worker per core serves as many requests per second (114-128 against 108-125)
-with p99 515-584 ms and every kind waiting about as long (issue 26, ``geograph bench serve``).
+with p99 515-584 ms and every kind waiting about as long (``geograph bench serve``).
 
 Per-request semantics: a response depends only on its own request and the server's
 configuration. Every request brings its own candidate pool and ``k``; a batch of mixed
