@@ -1,6 +1,7 @@
 """Sphinx configuration of the geograph site: ``make docs`` builds it to ``docs/_build/html``
 with warnings as errors (``-W``, nitpicky: every cross-reference must resolve)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -62,8 +63,22 @@ nitpick_ignore_regex = [
 
 html_theme = "furo"
 html_title = f"geograph {version}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["geograph.css"]
 html_show_sourcelink = False
 pygments_style = "friendly"
 pygments_dark_style = "monokai"
-# MathJax 3 from its CDN by default; `-D mathjax_path=...` points a build at a local copy
+# MathJax 3 from its CDN by default; GEOGRAPH_DOCS_MATHJAX2=file:///usr/share/javascript/mathjax/MathJax.js
+# (Debian's libjs-mathjax) renders the formulas of a build viewed offline
+if os.environ.get("GEOGRAPH_DOCS_MATHJAX2"):
+    mathjax_path = os.environ["GEOGRAPH_DOCS_MATHJAX2"] + "?config=TeX-AMS-MML_HTMLorMML"
+    mathjax3_config = None
+    mathjax2_config = {
+        "tex2jax": {
+            "inlineMath": [["\\(", "\\)"]],
+            "displayMath": [["\\[", "\\]"]],
+            "processEscapes": True,
+            "ignoreClass": "document",
+            "processClass": "math",
+        }
+    }
