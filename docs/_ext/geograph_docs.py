@@ -45,10 +45,23 @@ def _load(name: str) -> dict:
 
 
 def bench_results() -> str:
-    """The full table of ``geograph bench run``, as the benchmark writes it."""
-    from geograph.bench.run.tables import markdown
+    """The results of ``geograph bench run`` as the benchmark writes them (its own
+    :func:`~geograph.bench.run.tables.markdown`), the one wide table split in two for a page:
+    quality, then speed and parity."""
+    from geograph.bench.run.tables import markdown, table_rows
 
-    return markdown(_load("results.json"))
+    results = _load("results.json")
+    header, rows = table_rows(results)
+    cut = 3 + len(results["config"]["metrics"]) + 1  # data set, method, queries, the metrics, the interval
+    quality = _table(header[:cut], [r[:cut] for r in rows])
+    speed = _table(header[:2] + header[cut:], [r[:2] + r[cut:] for r in rows])
+    lines = markdown(results).splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    last = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    if _table(header, rows).splitlines() != lines[first : last + 1]:
+        raise ValueError("bench-results: the benchmark's markdown no longer holds its table_rows")
+    before, after = "\n".join(lines[:first]), "\n".join(lines[last + 1 :])
+    return f"{before}\n\n**Quality**\n\n{quality}\n**Speed and parity**\n\n{speed}\n{after}\n"
 
 
 def bench_method(label: str) -> str:
