@@ -453,8 +453,10 @@ def setup(app):  # pragma: no cover - called by Sphinx
     def changelog(app, docname, source):
         """The page ``changelog`` is the repository's ``CHANGELOG.md`` where there is one."""
         path = ROOT / "CHANGELOG.md"
-        if docname == "changelog" and path.is_file():
-            app.env.note_dependency(str(path))
+        if docname != "changelog":
+            return
+        app.env.note_dependency(str(path))  # a missing file marks the page outdated: re-read each build
+        if path.is_file():
             source[0] = path.read_text(encoding="utf-8")
 
     app.connect("source-read", changelog)
