@@ -35,6 +35,8 @@ myst_heading_anchors = 3
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# types into the Args of a docstring, not a second list of parameters the docstring does not describe
+autodoc_typehints_description_target = "documented"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 autodoc_mock_imports: list[str] = []

@@ -46,22 +46,33 @@ def _load(name: str) -> dict:
 
 def bench_results() -> str:
     """The results of ``geograph bench run`` as the benchmark writes them (its own
-    :func:`~geograph.bench.run.tables.markdown`), the one wide table split in two for a page:
-    quality, then speed and parity."""
+    :func:`~geograph.bench.run.tables.markdown`), the one wide table split for a page: per data
+    set, quality, then speed and parity."""
     from geograph.bench.run.tables import markdown, table_rows
 
     results = _load("results.json")
     header, rows = table_rows(results)
     cut = 3 + len(results["config"]["metrics"]) + 1  # data set, method, queries, the metrics, the interval
-    quality = _table(header[:cut], [r[:cut] for r in rows])
-    speed = _table(header[:2] + header[cut:], [r[:2] + r[cut:] for r in rows])
+    tables = []
+    for name, ds in results["datasets"].items():
+        mine = [r for r in rows if r[0] == name]
+        primary = ds["primary"]
+        keep = [i for i in range(1, cut) if i != 2 and any(r[i] != "-" for r in mine)]  # no empty metric
+        q_head = [header[i] if i != cut - 1 else f"Δ {primary} [95% CI]" for i in keep]
+        q_rows = [[r[i].removeprefix(f"{primary} ") for i in keep] for r in mine]
+        s_head = header[1:2] + header[cut:]
+        s_rows = [r[1:2] + r[cut:] for r in mine]
+        tables.append(
+            f"**{name}** ({ds['queries_reported']} queries): quality\n\n{_table(q_head, q_rows)}\n"
+            f"**{name}**: speed and parity\n\n{_table(s_head, s_rows)}"
+        )
     lines = markdown(results).splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("|"))
     last = max(i for i, line in enumerate(lines) if line.startswith("|"))
     if _table(header, rows).splitlines() != lines[first : last + 1]:
         raise ValueError("bench-results: the benchmark's markdown no longer holds its table_rows")
     before, after = "\n".join(lines[:first]), "\n".join(lines[last + 1 :])
-    return f"{before}\n\n**Quality**\n\n{quality}\n**Speed and parity**\n\n{speed}\n{after}\n"
+    return f"{before}\n\n" + "\n".join(tables) + f"\n{after}\n"
 
 
 def bench_method(label: str) -> str:
