@@ -4,10 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
-EXTRAS := dev,text,bench,train,serve,faiss,notebooks,langchain,llamaindex,haystack,interop,ray
+EXTRAS := dev,text,bench,train,serve,faiss,notebooks,langchain,llamaindex,haystack,interop,ray,docs
 STAMP := $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: demo test test-fast lint format bench clean
+.PHONY: demo test test-fast lint format bench docs clean
+
+# the real sets (scifact/, musique/) the benchmarks and some tests read; any folder: make bench GEOGRAPH_DATA=DIR
+GEOGRAPH_DATA ?= $(abspath ../shared/data)
+export GEOGRAPH_DATA
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,5 +48,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m geograph bench run --config configs/bench/default.yaml
 
+# the documentation site, warnings (unresolved cross-references included) as errors
+docs: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m sphinx -b html -W --keep-going -n docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build

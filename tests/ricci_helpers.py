@@ -8,7 +8,7 @@ import torch
 
 from geograph.functional.graphs import query_graph
 
-REF = Path(__file__).parent / "data" / "graphriccicurvature"  # copied from ../shared/reference
+REF = Path(__file__).parent / "data" / "graphriccicurvature"  # GraphRicciCurvature 0.6.1 outputs (tests/data/README.md)
 SCIFACT = Path(__file__).parent / "data" / "scifact_candidates.npz"
 
 

@@ -1,4 +1,5 @@
-"""Ricci-Filtration and the Ricci flow written from DESIGN's text in numpy + POT, for reference tests.
+"""Ricci-Filtration and the Ricci flow written in numpy + POT from the formulas of the Ricci-Filtration
+paper and of Ollivier-Ricci curvature, for reference tests.
 
 Follows GraphRicciCurvature 0.6.1 (``OllivierRicci(method="OTD")`` and ``compute_ricci_flow``):
 the query graph (``r = 1 - cos``, ``numpy.percentile``, forced query edges, unit lengths),

@@ -1,5 +1,5 @@
 """Each method's Module equals its functional twin bit for bit, the shared helpers keep their
-callers' results, and the server's parameters are the constructors' (issue 27, item 2)."""
+callers' results, and the server's parameters are the constructors'."""
 
 import dataclasses
 import inspect

@@ -1,4 +1,4 @@
-"""The shared helpers of issue 19 (one home each), against independent numpy/scipy code, and the
+"""The shared helpers (one home each), against independent numpy/scipy code, and the
 layering contract itself."""
 
 import dataclasses

@@ -116,7 +116,7 @@ def test_hit_answer_on_musique_supporting_paragraphs():
 
     root = DEFAULT_DATA / "musique"
     if not (root / "queries.jsonl").is_file():
-        pytest.skip("MuSiQue not in ../shared/data")
+        pytest.skip(f"MuSiQue not in {DEFAULT_DATA} (set GEOGRAPH_DATA)")
     from geograph.data import load_beir
 
     ds = load_beir(root, "test")

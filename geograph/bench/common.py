@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -12,7 +13,8 @@ from typing import Any
 
 import torch
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+# the folder holding the real sets (scifact/, musique/, BEIR format): $GEOGRAPH_DATA, else ./data
+DEFAULT_DATA = Path(os.environ.get("GEOGRAPH_DATA") or "data")
 
 
 def sync(device: torch.device | str | None = None) -> None:
@@ -68,10 +70,10 @@ def dense_candidate_set(data: str | None, split: str, cache: str | None, m: int)
 
 
 def resolve_data(path: str | None, name: str) -> Path:
-    """``path``, else the shared data folder ``<repo>/../shared/data/<name>``."""
+    """``path``, else ``<name>`` in the data folder (``$GEOGRAPH_DATA``, else ``./data``)."""
     p = Path(path) if path else DEFAULT_DATA / name
     if not p.is_dir():
-        raise SystemExit(f"data folder {p} not found; pass --data DIR (a BEIR-format folder)")
+        raise SystemExit(f"data folder {p} not found; pass --data DIR (a BEIR-format folder) or set GEOGRAPH_DATA")
     return p
 
 

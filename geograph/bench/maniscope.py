@@ -27,7 +27,7 @@ from geograph.rerankers import Maniscope
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench maniscope", __doc__)
-    p.add_argument("--data", help="BEIR folder (default: ../shared/data/scifact)")
+    p.add_argument("--data", help="BEIR folder (default: $GEOGRAPH_DATA/scifact)")
     p.add_argument("--split", default="test")
     p.add_argument("--cache", help="embedding cache directory")
     p.add_argument("--candidates", type=int, default=100, help="M, the dense top-M reranked")

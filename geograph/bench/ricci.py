@@ -215,8 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("geograph bench ricci", __doc__)
     p.add_argument(
         "--data",
-        help="SciFact BEIR folder (default: ../shared/data/scifact); MuSiQue is always read "
-        "from the shared data folder (../shared/data/musique)",
+        help="SciFact BEIR folder (default: $GEOGRAPH_DATA/scifact); MuSiQue is always read "
+        "from the data folder ($GEOGRAPH_DATA/musique)",
     )
     p.add_argument("--datasets", nargs="+", default=["scifact", "musique"], help="(default: %(default)s)")
     p.add_argument("--split", default="test", help="SciFact split (MuSiQue: test)")

@@ -1,7 +1,7 @@
 """Past one machine: corpus embedding on Ray Data and corpus graphs on Ray tasks (the ``ray`` extra).
 
-Importing this package does not import Ray; the functions do, when called. See the README's
-"On a Ray cluster" section for the workflow.
+Importing this package does not import Ray; the functions do, when called. See docs/ray.md
+for the workflow on a cluster.
 """
 
 from geograph.distributed.cluster import LOCAL, RayExecutor, ray_session

@@ -33,7 +33,7 @@ class RicciFiltration(nn.Module):
     compaction and an exact transportation simplex warm-started from the edge's previous
     step), equal to GraphRicciCurvature within 1e-6; on the 2-core CPU it was also far faster
     than the batched Sinkhorn at every batch size measured (see ``geograph bench ricci`` and
-    the README), hence the CPU default. ``"sinkhorn"`` is the accelerator's path: every edge
+    docs/methods/ricci.md), hence the CPU default. ``"sinkhorn"`` is the accelerator's path: every edge
     of every graph in one batched log-domain Sinkhorn per step, with a certified per-edge error bound (c-transform
     dual and rounded plan); edges whose bound exceeds ``cert_tol`` are re-solved exactly on
     the CPU (one host transfer per step), so each curvature is within ``cert_tol`` of exact.

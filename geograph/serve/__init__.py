@@ -7,7 +7,7 @@
 ``DIR`` is a BEIR-format folder (``corpus.jsonl``); its passages are embedded once through
 the on-disk cache (query and candidate texts never are). Settings come from a YAML file
 (``--config``, see ``configs/serve.yaml``) and flags that override it; method parameters go
-under ``params`` or ``--param KEY=VALUE``. Endpoints (JSON schema in the README):
+under ``params`` or ``--param KEY=VALUE``. Endpoints (the schema: docs/serving.md):
 
 * ``POST /rerank`` (maniscope, ricci): a query (text or embedding) and candidates (texts,
   embeddings or corpus ids), optional ``top_n`` -> positions best first with scores, and the

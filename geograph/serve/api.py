@@ -3,12 +3,10 @@ masked module call per endpoint and batch.
 
 One queue, one pool: ``/retrieve`` and ``/rerank`` (and the interop routes, which join
 ``/rerank``) put their requests on one queue that one pool of inference workers serves, first
-come first served, and a batch may hold both kinds (each kind is one module call). Two pools,
-one per endpoint, ran four processes on two cores: the fast ``/retrieve`` pool idled while the
-``/rerank`` queue grew, and under closed-loop load the ``/rerank`` requests waited about five
-times as long as the ``/retrieve`` ones (p99 700-835 ms over all requests against p50 ~190 ms);
-one pool of one worker per core serves as many requests per second (114-128 against 108-125)
-with p99 515-584 ms and every kind waiting about as long (issue 26, ``geograph bench serve``).
+come first served, and a batch may hold both kinds (each kind is one module call). With a pool
+per endpoint the ``/retrieve`` workers idle while the ``/rerank`` queue grows; one pool of one
+worker per core serves as many requests per second with a shorter tail (measured by
+``geograph bench serve``: docs/serving.md, "Load and latency").
 
 Per-request semantics: a response depends only on its own request and the server's
 configuration. Every request brings its own candidate pool and ``k``; a batch of mixed

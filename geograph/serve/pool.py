@@ -25,10 +25,8 @@ def workers_per_device(workers, accelerator: str) -> int:
 
     Why: request texts are encoded on one thread per worker (the price of vectors that do not
     depend on batch-mates, :mod:`geograph.serve.corpus`), so one worker leaves the other cores
-    idle under text traffic: on the 2-core machine ``/retrieve`` with distinct query texts went
-    from 115 to 143-157 req/s with two workers (issue 26). More busy workers than cores cost
-    throughput (two pools of two workers, or of two and four, on two cores: 113 and 92 req/s
-    against one pool of two: 121 on ``geograph bench serve``'s mix, one seed).
+    idle under text traffic. More busy workers than cores cost throughput (measured by
+    ``geograph bench serve``: docs/serving.md, "Load and latency").
 
     Example:
         >>> workers_per_device(3, "cpu"), workers_per_device("auto", "cpu") == min(usable_cpus(), MAX_AUTO_WORKERS)
@@ -51,8 +49,7 @@ def worker_threads(threads, workers: int) -> int:
 
     Why: every worker's OpenMP pool spins at its barriers; with more threads than cores (two
     workers of two threads on two cores) a barrier waits for a thread that is not running, and
-    a request text's encoding took 280 ms instead of 25 ms (measured on the shared 2-core
-    machine): the p99 tail of issue 26.
+    a request text's encoding takes about ten times as long, the source of a long p99 tail.
 
     Example:
         >>> worker_threads(3, 2), worker_threads("auto", 10**6)

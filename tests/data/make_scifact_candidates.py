@@ -2,9 +2,10 @@
 
 The first 24 SciFact test queries and their dense top-100 candidates (all-MiniLM-L6-v2),
 stored as float16 to keep the file small. Run from the repository root:
-    .venv/bin/python tests/data/make_scifact_candidates.py [../shared/data/scifact]
+    .venv/bin/python tests/data/make_scifact_candidates.py [$GEOGRAPH_DATA/scifact]
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from geograph.pipeline import dense_candidates, embed
 
 
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/scifact"
+    root = sys.argv[1] if len(sys.argv) > 1 else str(Path(os.environ.get("GEOGRAPH_DATA") or "data") / "scifact")
     ds = load_beir(root, "test").subset(24)
     corpus, query = embed(ds, Encoder())
     c = dense_candidates(corpus, query, 100)

@@ -64,7 +64,7 @@ def load_config(path: str | Path) -> dict:
             )
     for ds in cfg["datasets"]:
         if "name" not in ds and "path" not in ds:
-            raise SystemExit(f"{path}: each data set needs a name (in ../shared/data) or a path")
+            raise SystemExit(f"{path}: each data set needs a name (in $GEOGRAPH_DATA) or a path")
         ds.setdefault("primary", cfg["metrics"][0])
         if ds["primary"] not in cfg["metrics"]:
             raise SystemExit(f"{path}: primary metric {ds['primary']!r} is not in metrics {cfg['metrics']}")
@@ -73,7 +73,7 @@ def load_config(path: str | Path) -> dict:
 
 def dataset_root(entry: dict) -> tuple[str, Path]:
     """``(name, folder)`` of a config entry: ``name: demo`` is the shipped corpus, other names
-    live in ../shared/data, ``path`` is any BEIR folder."""
+    live in the data folder (``$GEOGRAPH_DATA``, else ``./data``), ``path`` is any BEIR folder."""
     from geograph.data import DEMO_PATH
 
     if "path" in entry:

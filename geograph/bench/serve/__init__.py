@@ -19,7 +19,7 @@ It starts a server on 127.0.0.1 (``--method``, ``--corpus``; extra server flags 
   server whose ``--text-cache-size`` is below the pool's texts, texts are encoded again under
   load (in groups with other requests' texts) and checked against their answers alone.
 
-Targets of issue 26: p99 <= 4 x p50 (mixed), text req/s >= 50% of the limit, and in the soak
+Targets: p99 <= 4 x p50 (mixed), text req/s >= 50% of the limit, and in the soak
 RSS growth <= 50 MB per process, 0 wrong answers, 0 5xx. Prints a table and writes
 ``<out>/serve.json``; exits 1 when a request is not answered with 200, or a soak finds a wrong
 answer.
