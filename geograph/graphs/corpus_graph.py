@@ -13,7 +13,9 @@ from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, 
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
+from geograph.functional.knn_update import TopkLists
 from geograph.functional.similarity import normalize, unit_rows
+from geograph.graphs.updates import KnnState, PassageIds, UpdateReport, add_passages, remove_passages
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
@@ -62,6 +64,8 @@ class CorpusGraph(nn.Module):
         clean = clean_edge_index(edge_index, embeddings.shape[0])
         self.name = name
         self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in graph.json
+        self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
+        self.knn_state = None  # a k-NN graph's directed lists, kept for updates (geograph.graphs.updates.KnnState)
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("edge_index", clean)
         self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
@@ -135,9 +139,12 @@ class CorpusGraph(nn.Module):
         k = check_positive_int(k, "k")
         check_positive_int(chunk_size, "chunk_size")
         v = embeddings.shape[0]
-        k = min(k, v - 1)
+        k_asked, k = k, min(k, v - 1)
+        kept = None
         if k < 1:
-            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="knn")
+            graph = cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="knn")
+            graph.build_info = {"k": k_asked}
+            return graph
         if embeddings.dtype in (torch.float16, torch.bfloat16) and embeddings.device.type == "cpu":
             z = normalize(embeddings.float())  # CPU matrix products of half floats are slow and round the scores
         else:
@@ -158,6 +165,7 @@ class CorpusGraph(nn.Module):
             )
             idx, seconds = lists.indices, lists.seconds
             report = {} if lists.ivf is None else lists.ivf.as_dict()
+            kept = _kept_lists(lists.values, idx, k_asked)
             del lists
         del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
@@ -167,7 +175,9 @@ class CorpusGraph(nn.Module):
         dst = idx.reshape(-1)
         ok = dst >= 0  # an IVF row with fewer than k candidates
         graph = cls(embeddings, torch.stack([src[ok], dst[ok]]), name=f"knn{k}")
-        graph.build_info = {"index": index, "seconds": seconds, **report}
+        graph.build_info = {"index": index, "k": k_asked, "seconds": seconds, **report}
+        if kept is not None:
+            graph.knn_state = KnnState(kept, k_asked, exact=index == "exact")
         return graph
 
     @classmethod
@@ -335,6 +345,45 @@ class CorpusGraph(nn.Module):
             raise ValueError(f"{path / 'edge_index.pt'}: {graph.num_edges} edges after cleaning, {_META} says {e}")
         graph.build_info = meta.get("build", {})
         return graph
+
+    # -- updates (geograph.graphs.updates) ----------------------------------------------
+    def set_ids(self, ids: Sequence) -> None:
+        """Name the passages (``str`` or ``int``, one per row, unique) for :meth:`add` and :meth:`remove`
+        (default: ``0 .. V-1``)."""
+        ids = list(ids)
+        if len(ids) != self.num_nodes:
+            raise ValueError(f"ids: {len(ids)} ids for {self.num_nodes} passages")
+        self.passage_ids = PassageIds(ids)
+
+    def add(self, embeddings: Tensor, ids: Sequence, *, groups: Iterable[Sequence] | None = None) -> UpdateReport:
+        """Add passages in place, appended in order; the graph equals a rebuild on the new corpus.
+
+        A k-NN graph computes the new rows' lists by the exact tiled scan and merges them into
+        the existing rows' lists where they rank above the last entry (one batched block of
+        new x old similarities), then makes the union graph again (see
+        :mod:`geograph.graphs.updates`). A groups graph takes the new ``groups`` (lists of
+        ids). Other graphs are refused. ``embeddings``: ``(M, D)`` in the corpus's dtype and
+        device; ``ids``: ``M`` new ids.
+        """
+        return add_passages(self, embeddings, ids, groups=groups)
+
+    def remove(self, ids: Iterable) -> UpdateReport:
+        """Remove passages in place (the rest keep their order); equal to a rebuild without them.
+
+        A k-NN row that lost a neighbour keeps the rest of its list and is scanned again (that
+        row only) when fewer than ``k`` remain; other graphs drop the removed passages' edges.
+        """
+        return remove_passages(self, ids)
+
+
+def _kept_lists(values: Tensor, indices: Tensor, k: int) -> TopkLists:
+    """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages)."""
+    ok = torch.isfinite(values)
+    if values.shape[1] < k:
+        pad = k - values.shape[1]
+        values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], 1)
+        indices = torch.cat([indices, indices.new_full((indices.shape[0], pad), -1)], 1)
+    return TopkLists(values, indices, ok.sum(1) < k)
 
 
 def _describe(x) -> str:

@@ -1,0 +1,157 @@
+"""Adding and removing passages of a CorpusGraph: equal to the rebuild on the final corpus and to numpy."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from geograph import CorpusGraph
+
+SCIFACT = Path(__file__).parent / "data" / "scifact_candidates.npz"
+
+
+def numpy_knn_edges(x: np.ndarray, k: int) -> set:
+    """Union of every row's k most cosine-similar other rows (ties: lowest index), by numpy."""
+    z = x / np.linalg.norm(x, axis=1, keepdims=True)
+    s = z @ z.T
+    n = len(z)
+    np.fill_diagonal(s, -np.inf)
+    k = min(k, n - 1)
+    out = set()
+    for i in range(n):
+        order = np.lexsort((np.arange(n), -s[i]))[:k]
+        for j in order:
+            out.add((i, int(j)))
+            out.add((int(j), i))
+    return out
+
+
+def edge_set(g: CorpusGraph) -> set:
+    return set(map(tuple, g.edge_index.T.tolist()))
+
+
+def scifact_rows() -> torch.Tensor:
+    docs = np.load(SCIFACT)["docs"].reshape(-1, 384).astype(np.float32)
+    _, first = np.unique(docs, axis=0, return_index=True)
+    return torch.from_numpy(docs[np.sort(first)])
+
+
+def run_sequence(pool: torch.Tensor, start: int, k: int, steps: int, seed: int, ids_kind: str, device, **build):
+    """Random adds and removes from a pool of rows; returns the graph and the final rows in order."""
+    rnd = random.Random(seed)
+    name = (lambda i: f"doc-{i}") if ids_kind == "str" else (lambda i: 1000 + 7 * i)
+    pool = pool.to(device)
+    graph = CorpusGraph.from_knn(pool[:start], k, **build)
+    graph.set_ids([name(i) for i in range(start)])
+    current = {name(i): i for i in range(start)}
+    nxt = start
+    for step in range(steps):
+        if step % 2 == 0 and nxt < len(pool):
+            m = min(rnd.randint(1, max(1, start // 6)), len(pool) - nxt)
+            new = [name(i) for i in range(nxt, nxt + m)]
+            report = graph.add(pool[nxt : nxt + m], new)
+            assert report.added == m and report.num_nodes == len(current) + m
+            current.update({name(i): i for i in range(nxt, nxt + m)})
+            nxt += m
+        else:
+            gone = rnd.sample(sorted(current, key=str), rnd.randint(1, max(1, len(current) // 6)))
+            report = graph.remove(gone)
+            assert report.removed == len(gone)
+            for x in gone:
+                del current[x]
+    rows = torch.stack([pool[current[x]] for x in graph.passage_ids.ids])
+    return graph, rows
+
+
+@pytest.mark.parametrize("ids_kind", ["str", "int"])
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_random_updates_equal_rebuild(k, ids_kind, device):
+    pool = torch.randn(420, 12, generator=torch.Generator().manual_seed(k))
+    graph, rows = run_sequence(pool, 200, k, 10, seed=k, ids_kind=ids_kind, device=device, chunk_size=64)
+    ref = CorpusGraph.from_knn(rows, k)
+    assert torch.equal(graph.embeddings, rows)
+    assert torch.equal(graph.edge_index, ref.edge_index)
+    assert torch.equal(graph.rowptr, ref.rowptr)
+    assert edge_set(graph) == numpy_knn_edges(rows.double().cpu().numpy(), k)
+
+
+def test_scifact_updates_equal_rebuild():
+    pool = scifact_rows()[:900]
+    graph, rows = run_sequence(pool, 500, 10, 12, seed=3, ids_kind="str", device="cpu", chunk_size=128)
+    assert torch.equal(graph.edge_index, CorpusGraph.from_knn(rows, 10).edge_index)
+    assert edge_set(graph) == numpy_knn_edges(rows.double().numpy(), 10)
+
+
+def test_growing_from_fewer_than_k_passages():
+    pool = torch.randn(30, 5, generator=torch.Generator().manual_seed(1))
+    graph = CorpusGraph.from_knn(pool[:3], 6)
+    graph.add(pool[3:20], list(range(3, 20)))
+    graph.remove([0, 5, 6])
+    graph.add(pool[20:], list(range(20, 30)))
+    rows = torch.cat([pool[1:5], pool[7:]])
+    assert torch.equal(graph.edge_index, CorpusGraph.from_knn(rows, 6).edge_index)
+
+
+def test_loaded_graph_updates_equal_rebuild(tmp_path):
+    pool = torch.randn(120, 8, generator=torch.Generator().manual_seed(2))
+    CorpusGraph.from_knn(pool[:100], 3).save(tmp_path / "g")
+    graph = CorpusGraph.load(tmp_path / "g")  # no lists saved: made again by one scan
+    graph.remove([4, 50])
+    graph.add(pool[100:], list(range(100, 120)))
+    rows = torch.cat([pool[:4], pool[5:50], pool[51:]])
+    assert torch.equal(graph.edge_index, CorpusGraph.from_knn(rows, 3).edge_index)
+
+
+def test_update_report_counts_only_touched_rows():
+    pool = torch.randn(2010, 16, generator=torch.Generator().manual_seed(4))
+    graph = CorpusGraph.from_knn(pool[:2000], 5)
+    report = graph.add(pool[2000:], list(range(2000, 2010)))
+    # an old row changes only if a new row enters its top-5: far fewer than all rows
+    assert 0 < report.rows_changed < 200 and report.rows_rescanned == 10
+    report = graph.remove([0, 1, 2])
+    assert report.rows_rescanned == report.rows_changed < 60
+
+
+def test_groups_and_mentions_updates_equal_rebuild():
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    graph = CorpusGraph.from_groups(x[:4], [[0, 1], [1, 2, 3]])
+    graph.add(x[4:], [4, 5], groups=[[4, 0], [5, 3, 2]])
+    ref = CorpusGraph.from_groups(x, [[0, 1], [1, 2, 3], [4, 0], [5, 3, 2]])
+    assert torch.equal(graph.edge_index, ref.edge_index)
+    graph.remove([1, 5])
+    ref = CorpusGraph.from_groups(x[[0, 2, 3, 4]], [[0], [1, 2], [3, 0], [2, 1]])
+    assert torch.equal(graph.edge_index, ref.edge_index)
+    titles = ["Alpha Centauri", "Beta Pictoris", "Gamma Draconis", "Delta Cephei"]
+    texts = ["near Beta Pictoris", "see Gamma Draconis and Alpha Centauri", "Delta Cephei", "Alpha Centauri"]
+    graph = CorpusGraph.from_mentions(x[:4], titles, texts)
+    graph.set_ids(["a", "b", "c", "d"])
+    graph.remove(["b"])
+    keep = [0, 2, 3]
+    ref = CorpusGraph.from_mentions(x[keep], [titles[i] for i in keep], [texts[i] for i in keep])
+    assert torch.equal(graph.edge_index, ref.edge_index)
+
+
+def test_bad_input_is_one_line():
+    x = torch.randn(10, 4)
+    graph = CorpusGraph.from_knn(x, 2)
+    graph.set_ids([f"d{i}" for i in range(10)])
+    cases = [
+        (lambda: graph.add(torch.randn(1, 4), ["d3"]), "already in the corpus"),
+        (lambda: graph.add(torch.randn(2, 4), ["n", "n"]), "given twice"),
+        (lambda: graph.add(torch.randn(2, 4), ["n"]), "1 ids for 2"),
+        (lambda: graph.add(torch.randn(1, 5), ["n"]), "D=4"),
+        (lambda: graph.add(torch.randn(1, 4, dtype=torch.float64), ["n"]), "float64"),
+        (lambda: graph.add(torch.full((1, 4), float("nan")), ["n"]), "embeddings"),
+        (lambda: graph.add(torch.randn(1, 4), [1.5]), "str or int"),
+        (lambda: graph.remove(["nope"]), "'nope' is not in the corpus"),
+        (lambda: graph.remove([f"d{i}" for i in range(10)]), "empty corpus"),
+        (lambda: graph.set_ids(["a"]), "1 ids for 10"),
+        (lambda: CorpusGraph.from_mentions(x[:1], ["t"], ["u"]).add(x[:1], ["z"]), "cannot be extended"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ValueError, match=words) as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert graph.num_nodes == 10 and graph.passage_ids.ids[-1] == "d9"  # nothing half done
