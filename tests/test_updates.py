@@ -155,3 +155,49 @@ def test_bad_input_is_one_line():
             call()
         assert "\n" not in str(err.value)
     assert graph.num_nodes == 10 and graph.passage_ids.ids[-1] == "d9"  # nothing half done
+
+
+def test_dense_exact_updates_equal_rebuild():
+    from geograph import DenseRetriever
+
+    pool = torch.randn(300, 8, generator=torch.Generator().manual_seed(5))
+    model = DenseRetriever(pool[:200], chunk_size=64)
+    model.add(pool[200:], list(range(200, 300)))
+    model.remove([3, 250, 17])
+    rows = pool[[i for i in range(300) if i not in (3, 17, 250)]]
+    ref = DenseRetriever(rows)
+    assert torch.equal(model.embeddings, ref.embeddings)
+    q = torch.randn(7, 8, generator=torch.Generator().manual_seed(6))
+    out, want = model(q, k=10), ref(q, k=10)
+    assert torch.equal(out.indices, want.indices) and torch.equal(out.scores, want.scores)
+    sims = torch.nn.functional.normalize(q.double(), dim=1) @ torch.nn.functional.normalize(rows.double(), dim=1).T
+    assert torch.equal(out.indices, sims.topk(10).indices)
+
+
+def clustered(n: int, d: int, centres: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return centres[torch.randint(len(centres), (n,), generator=gen)] + 0.3 * torch.randn(n, d, generator=gen)
+
+
+def test_dense_ivf_updates_recall_against_exact_rebuild():
+    pytest.importorskip("faiss")
+    from geograph import DenseRetriever
+
+    gen = torch.Generator().manual_seed(7)
+    centres = torch.randn(40, 16, generator=gen)
+    pool = clustered(4400, 16, centres, gen)
+    model = DenseRetriever(pool[:4000], index="ivf", nlist=64, nprobe=2)
+    q = clustered(200, 16, centres, gen)
+    model(q, k=10)  # builds the index
+    model.add(pool[4000:], list(range(4000, 4400)))
+    gone = list(range(0, 4000, 9))
+    model.remove(gone)
+    rows = pool[[i for i in range(4400) if i % 9 or i >= 4000]]
+    exact = DenseRetriever(rows)(q, k=10).indices
+    got = model(q, k=10).indices
+    rebuilt = DenseRetriever(rows, index="ivf", nlist=64, nprobe=2)(q, k=10).indices
+
+    def recall(found):
+        return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found.tolist(), exact.tolist())])
+
+    assert int(got.max()) < len(rows) and (got >= 0).all()
+    assert recall(got) >= 0.9 and recall(got) >= recall(rebuilt) - 0.05
