@@ -52,6 +52,9 @@ class TopkLists:
     def width(self) -> int:
         return int(self.values.shape[1])
 
+    def to(self, device) -> TopkLists:
+        return TopkLists(self.values.to(device), self.indices.to(device), self.complete.to(device))
+
     def depth(self) -> Tensor:
         """``(N,)`` entries held by each row."""
         return torch.isfinite(self.values).sum(1)

@@ -142,6 +142,8 @@ def passage_ids(graph) -> PassageIds:
 def knn_state(graph, block: int = DEFAULT_BLOCK) -> KnnState | None:
     """The graph's k-NN lists; made by one exact scan when a k-NN graph has none (e.g. loaded)."""
     state = getattr(graph, "knn_state", None)
+    if state is not None and state.lists.values.device != graph.device:  # the graph was moved with .to()
+        state.lists = state.lists.to(graph.device)
     if state is not None or not graph.name.startswith("knn"):
         return state
     k = int(graph.build_info.get("k", graph.name[3:] or 0))
