@@ -9,14 +9,15 @@ from geograph.functional import isoperimetric_ratio
 
 def test_updates_equal_fresh_retriever():
     gen = torch.Generator().manual_seed(0)
-    pool = torch.nn.functional.normalize(torch.randn(330, 12, generator=gen), dim=1) * 0.5
-    model = ISORetriever(CorpusGraph.from_knn(pool[:260], 4), beta=0.6)
-    model.add(pool[260:300], list(range(260, 300)))
-    model.remove([5, 77, 270, 12])
-    model.add(pool[300:], list(range(300, 330)))
-    model.remove(list(range(100, 130)))
-    gone = {5, 77, 270, 12, *range(100, 130)}
-    rows = pool[[i for i in range(330) if i not in gone]]
+    pool = torch.nn.functional.normalize(torch.randn(1000, 12, generator=gen), dim=1)
+    pool = pool * torch.rand(1000, 1, generator=gen)  # volumes differ from passage to passage
+    model = ISORetriever(CorpusGraph.from_knn(pool[:980], 4), beta=0.6)
+    model.add(pool[980:990], list(range(980, 990)))
+    model.remove([5, 77, 985, 12])
+    model.add(pool[990:], list(range(990, 1000)))
+    model.remove(list(range(100, 103)))
+    gone = {5, 77, 985, 12, *range(100, 103)}
+    rows = pool[[i for i in range(1000) if i not in gone]]
     fresh = ISORetriever(CorpusGraph.from_knn(rows, 4), beta=0.6)
     assert torch.equal(model.graph.edge_index, fresh.graph.edge_index)
     assert torch.allclose(model.phi, fresh.phi, rtol=1e-6, atol=0)
