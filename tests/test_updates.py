@@ -201,3 +201,17 @@ def test_dense_ivf_updates_recall_against_exact_rebuild():
 
     assert int(got.max()) < len(rows) and (got >= 0).all()
     assert recall(got) >= 0.9 and recall(got) >= recall(rebuilt) - 0.05
+
+
+def test_reserve_spares_rescans_and_stays_equal():
+    pool = torch.randn(700, 12, generator=torch.Generator().manual_seed(9))
+    graph, rows = run_sequence(pool, 400, 5, 10, seed=9, ids_kind="int", device="cpu", reserve=5)
+    assert torch.equal(graph.edge_index, CorpusGraph.from_knn(rows, 5).edge_index)
+    wide = CorpusGraph.from_knn(pool[:600], 5, reserve=5)
+    assert torch.equal(wide.edge_index, CorpusGraph.from_knn(pool[:600], 5).edge_index)
+    narrow = CorpusGraph.from_knn(pool[:600], 5)
+    gone = list(range(0, 600, 20))
+    assert wide.remove(gone).rows_rescanned < narrow.remove(gone).rows_rescanned
+    assert torch.equal(wide.edge_index, narrow.edge_index)
+    with pytest.raises(ValueError, match="reserve must be a non-negative integer"):
+        CorpusGraph.from_knn(pool, 5, reserve=-1)

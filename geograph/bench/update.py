@@ -5,7 +5,8 @@ corpus of ``--dim``-d unit vectors drawn around ``--topics`` random topic centre
 graph is built on N passages, then ``round(f N)`` new passages are added
 (:meth:`~geograph.CorpusGraph.add`, :meth:`~geograph.G3Graph.add`) and as many random passages
 removed (``remove``), each timed; the graph of the final corpus is then built from scratch
-(timed) and, up to ``--check-max`` passages, compared with the updated one in the same run
+(timed; the k-NN rebuild without ``--reserve``) and, up to ``--check-max`` passages, compared
+with the updated one in the same run
 (k-NN: the same ``edge_index``; G3: the same edges, the largest difference of ``T``'s values
 and of the density). Reported: the seconds of each step, each update's share of the rebuild's
 time, the rows each update touched (changed, rescanned; G3: certified, redone) and the check.
@@ -57,10 +58,10 @@ def run_one(build: str, n: int, fraction: float, args) -> dict:
     keep = torch.ones(n + m, dtype=torch.bool)
     keep[gone] = False
     if build == "knn":
-        make = lambda rows: CorpusGraph.from_knn(rows, args.k, index=args.index)  # noqa: E731
+        make = lambda rows, r=0: CorpusGraph.from_knn(rows, args.k, index=args.index, reserve=r)  # noqa: E731
     else:
-        make = lambda rows: G3Graph.build(rows, max_degree=args.max_degree, index=args.index)  # noqa: E731
-    graph, build_s = _timed(lambda: make(x[:n]))
+        make = lambda rows, r=0: G3Graph.build(rows, max_degree=args.max_degree, index=args.index)  # noqa: E731
+    graph, build_s = _timed(lambda: make(x[:n], args.reserve))
     row: dict = {"build": build, "n": n, "fraction": fraction, "changed": m, "build_seconds": build_s}
     if build == "g3":
         _, row["state_seconds"] = _timed(lambda: g3_state(graph))
@@ -94,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--builds", nargs="+", default=["knn", "g3"], choices=["knn", "g3"])
     p.add_argument("--index", default="exact", choices=["exact", "ivf"])
     p.add_argument("--k", type=int, default=10, help="k-NN neighbours (10)")
+    p.add_argument("--reserve", type=int, default=10, help="k-NN list entries kept past k for removals (10)")
     p.add_argument("--max-degree", type=int, default=128, help="G3 edges a row (128)")
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--topics", type=int, default=512)

@@ -117,6 +117,7 @@ class CorpusGraph(nn.Module):
         seed: int = 0,
         recall_target: float | None = DEFAULT_RECALL_TARGET,
         progress: bool = False,
+        reserve: int = 0,
     ) -> CorpusGraph:
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 
@@ -134,10 +135,16 @@ class CorpusGraph(nn.Module):
         installed (the same neighbours up to ties). ``k`` clamps to ``V - 1``. Ties: lowest
         index first. ``progress`` shows a bar with ETA. :attr:`build_info` records the index,
         the seconds of each stage and, for IVF, ``nprobe`` and the measured recall.
+
+        The directed lists are kept for :meth:`add` and :meth:`remove`; ``reserve`` more entries
+        a row (``k + reserve`` computed, the first ``k`` linked) spare :meth:`remove` the rescan
+        of a row until it has lost more than ``reserve`` neighbours.
         """
         check_tensor(embeddings, "embeddings", 2)
         k = check_positive_int(k, "k")
         check_positive_int(chunk_size, "chunk_size")
+        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+            raise ValueError(f"reserve must be a non-negative integer, got {reserve!r}")
         v = embeddings.shape[0]
         k_asked, k = k, min(k, v - 1)
         kept = None
@@ -157,7 +164,7 @@ class CorpusGraph(nn.Module):
         else:
             lists = self_topk(
                 z,
-                k,
+                min(k + reserve, v - 1),
                 index=index,
                 ivf=IVFOptions(nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, recall_target=recall_target),
                 block=chunk_size,
@@ -165,7 +172,8 @@ class CorpusGraph(nn.Module):
             )
             idx, seconds = lists.indices, lists.seconds
             report = {} if lists.ivf is None else lists.ivf.as_dict()
-            kept = _kept_lists(lists.values, idx, k_asked)
+            kept = _kept_lists(lists.values, idx, k_asked + reserve)
+            idx = idx[:, :k]
             del lists
         del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
