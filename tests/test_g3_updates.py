@@ -104,3 +104,20 @@ def test_bad_input_is_one_line():
             call()
         assert "\n" not in str(err.value)
     assert graph.num_nodes == 20
+
+
+def test_retriever_updates_answer_like_a_fresh_one():
+    from geograph import G3Retriever
+
+    pool = torch.nn.functional.normalize(torch.randn(90, 8, generator=torch.Generator().manual_seed(4)), dim=1)
+    model = G3Retriever(G3Graph.build(pool[:80], max_degree=6))
+    model.add(pool[80:], list(range(80, 90)))
+    model.remove([2, 85])
+    rows = pool[[i for i in range(90) if i not in (2, 85)]]
+    fresh = G3Retriever(G3Graph.build(rows, max_degree=6))
+    q = torch.randn(4, 8, generator=torch.Generator().manual_seed(5))
+    out, want = model(q, k=6), fresh(q, k=6)
+    assert torch.equal(out.indices, want.indices) and torch.allclose(out.scores, want.scores, atol=1e-6)
+    with pytest.raises(ValueError, match="fewer than candidates=10"):
+        model.remove(list(range(3, 83)))
+    assert model.graph.num_nodes == 88
