@@ -215,3 +215,19 @@ def test_reserve_spares_rescans_and_stays_equal():
     assert torch.equal(wide.edge_index, narrow.edge_index)
     with pytest.raises(ValueError, match="reserve must be a non-negative integer"):
         CorpusGraph.from_knn(pool, 5, reserve=-1)
+
+
+def test_ivf_knn_updates_recall_against_exact_rebuild():
+    pytest.importorskip("faiss")
+    gen = torch.Generator().manual_seed(11)
+    centres = torch.randn(50, 32, generator=gen)
+    x = clustered(3100, 32, centres, gen)
+    graph = CorpusGraph.from_knn(x[:3000], 5, index="ivf", nlist=16, nprobe=2, recall_target=None)
+    assert graph.knn_state.exact is False
+    graph.add(x[3000:], list(range(3000, 3100)))
+    graph.remove(list(range(0, 3000, 30)))
+    rows = torch.cat([x[:3000][torch.arange(3000) % 30 != 0], x[3000:]])
+    want = edge_set(CorpusGraph.from_knn(rows, 5))
+    rebuilt = edge_set(CorpusGraph.from_knn(rows, 5, index="ivf", nlist=16, nprobe=2, recall_target=None))
+    got = edge_set(graph)
+    assert len(got & want) / len(want) >= min(0.95, len(rebuilt & want) / len(want) - 0.02)

@@ -172,7 +172,7 @@ class CorpusGraph(nn.Module):
             )
             idx, seconds = lists.indices, lists.seconds
             report = {} if lists.ivf is None else lists.ivf.as_dict()
-            kept = _kept_lists(lists.values, idx, k_asked + reserve)
+            kept = _kept_lists(lists.values, idx, k_asked + reserve, exact=index == "exact")
             idx = idx[:, :k]
             del lists
         del z
@@ -384,14 +384,16 @@ class CorpusGraph(nn.Module):
         return remove_passages(self, ids)
 
 
-def _kept_lists(values: Tensor, indices: Tensor, k: int) -> TopkLists:
-    """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages)."""
+def _kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkLists:
+    """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages).
+    A short exact list holds every other passage; a short IVF list is what the join found."""
     ok = torch.isfinite(values)
+    complete = ok.sum(1) < k if exact else torch.full_like(ok[:, 0], values.shape[0] - 1 < k)
     if values.shape[1] < k:
         pad = k - values.shape[1]
         values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], 1)
         indices = torch.cat([indices, indices.new_full((indices.shape[0], pad), -1)], 1)
-    return TopkLists(values, indices, ok.sum(1) < k)
+    return TopkLists(values, indices, complete)
 
 
 def _describe(x) -> str:
