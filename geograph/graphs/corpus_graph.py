@@ -355,6 +355,13 @@ class CorpusGraph(nn.Module):
         return graph
 
     # -- updates (geograph.graphs.updates) ----------------------------------------------
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the kept lists follow the buffers
+        out = super()._apply(fn, *args, **kwargs)
+        if self.knn_state is not None:
+            lists = self.knn_state.lists
+            self.knn_state.lists = TopkLists(fn(lists.values), fn(lists.indices), fn(lists.complete))
+        return out
+
     def set_ids(self, ids: Sequence) -> None:
         """Name the passages (``str`` or ``int``, one per row, unique) for :meth:`add` and :meth:`remove`
         (default: ``0 .. V-1``)."""

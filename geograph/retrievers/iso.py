@@ -143,6 +143,7 @@ class ISORetriever(nn.Module):
             setattr(self, name, value)
         self.register_buffer("phi", torch.empty(0), persistent=False)
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
+        self.register_buffer("_volume", torch.empty(0, dtype=torch.float64), persistent=False)  # for add / remove
         self.refresh()
         self.register_load_state_dict_post_hook(_refresh_after_load)
 
@@ -163,7 +164,7 @@ class ISORetriever(nn.Module):
         self.dense = DenseRetriever(emb, persistent=False, **kw)  # derived from the graph: not in state_dict()
         self._max_degree = int(g.degree().max()) if g.num_nodes else 0
         vol = self._volumes(emb, chunk_size)
-        self._volume = vol  # kept for add / remove (geograph.retrievers.iso_updates)
+        self._volume = vol.to(emb.device)
         self.phi = isoperimetric_ratio(g.edge_index, vol.to(emb.device), g.num_nodes).to(emb.dtype)
         kept = compatible_edges(g.edge_index, self.phi, beta=self.beta)
         ei = g.edge_index[:, kept]

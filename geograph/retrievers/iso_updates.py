@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
-from geograph.graphs.updates import UpdateReport, passage_ids
+from geograph.graphs.updates import UpdateReport, check_new_rows, passage_ids
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["iso_add", "iso_remove", "affected_phi_rows"]
@@ -56,7 +56,7 @@ def _update_phi(model, old_edges: Tensor, new_nodes: Tensor) -> None:
     pos = torch.cumsum(ball.long(), 0) - 1
     sub = torch.stack([pos[ei[0][keep]], pos[ei[1][keep]]])
     nodes = ball.nonzero().squeeze(1)
-    vol = model._volume.to(g.device)
+    vol = model._volume.to(g.device, torch.float64)
     phi_sub = isoperimetric_ratio(sub, vol[nodes], int(nodes.numel())).to(model.phi.dtype) if nodes.numel() else None
     phi = model.phi.new_zeros(n) if model.phi.numel() != n else model.phi.clone()
     if phi_sub is not None:
@@ -74,10 +74,11 @@ def iso_add(model, embeddings: Tensor, ids: Sequence, **kwargs) -> UpdateReport:
     """:meth:`geograph.ISORetriever.add`."""
     g = model.graph
     n, old = g.num_nodes, g.edge_index.clone()
-    vol_new = model._volumes(embeddings) if embeddings.dim() == 2 and embeddings.shape[0] else None
+    check_new_rows(embeddings, g.embeddings)  # before the projection sees them
+    vol_new = model._volumes(embeddings)
     old_phi = model.phi
     report = g.add(embeddings, ids, **kwargs)
-    model._volume = torch.cat([model._volume, vol_new.to(model._volume.device)])
+    model._volume = torch.cat([model._volume, vol_new.to(model._volume)])
     model.phi = torch.cat([old_phi, old_phi.new_zeros(report.added)])
     _update_phi(model, old, torch.arange(n, n + report.added, device=g.device))
     return report
