@@ -13,9 +13,16 @@ from geograph._io import atomic_torch_save, atomic_write_json, check_file_size, 
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
-from geograph.functional.knn_update import TopkLists
 from geograph.functional.similarity import normalize, unit_rows
-from geograph.graphs.updates import KnnState, PassageIds, UpdateReport, add_passages, remove_passages
+from geograph.graphs.updates import (
+    KnnState,
+    PassageIds,
+    UpdateReport,
+    add_passages,
+    kept_lists,
+    move_knn_state,
+    remove_passages,
+)
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
@@ -172,7 +179,7 @@ class CorpusGraph(nn.Module):
             )
             idx, seconds = lists.indices, lists.seconds
             report = {} if lists.ivf is None else lists.ivf.as_dict()
-            kept = _kept_lists(lists.values, idx, k_asked + reserve, exact=index == "exact")
+            kept = kept_lists(lists.values, idx, k_asked + reserve, exact=index == "exact")
             idx = idx[:, :k]
             del lists
         del z
@@ -357,9 +364,7 @@ class CorpusGraph(nn.Module):
     # -- updates (geograph.graphs.updates) ----------------------------------------------
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the kept lists follow the buffers
         out = super()._apply(fn, *args, **kwargs)
-        if self.knn_state is not None:
-            lists = self.knn_state.lists
-            self.knn_state.lists = TopkLists(fn(lists.values), fn(lists.indices), fn(lists.complete))
+        move_knn_state(self, fn)
         return out
 
     def set_ids(self, ids: Sequence) -> None:
@@ -389,18 +394,6 @@ class CorpusGraph(nn.Module):
         row only) when fewer than ``k`` remain; other graphs drop the removed passages' edges.
         """
         return remove_passages(self, ids)
-
-
-def _kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkLists:
-    """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages).
-    A short exact list holds every other passage; a short IVF list is what the join found."""
-    ok = torch.isfinite(values)
-    complete = ok.sum(1) < k if exact else torch.full_like(ok[:, 0], values.shape[0] - 1 < k)
-    if values.shape[1] < k:
-        pad = k - values.shape[1]
-        values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], 1)
-        indices = torch.cat([indices, indices.new_full((indices.shape[0], pad), -1)], 1)
-    return TopkLists(values, indices, complete)
 
 
 def _describe(x) -> str:

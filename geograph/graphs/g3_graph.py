@@ -24,8 +24,7 @@ from geograph.functional.gain import (
 )
 from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
-from geograph.functional.knn_update import TopkLists
-from geograph.graphs.g3_updates import G3UpdateReport, g3_add, g3_remove
+from geograph.graphs.g3_updates import G3UpdateReport, g3_add, g3_remove, move_g3_state
 from geograph.graphs.updates import PassageIds
 
 __all__ = ["G3Graph"]
@@ -427,11 +426,7 @@ class G3Graph(nn.Module):
     # -- updates (geograph.graphs.g3_updates) ------------------------------------------
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the update state follows the buffers
         out = super()._apply(fn, *args, **kwargs)
-        state = getattr(self, "update_state", None)
-        if state is not None:
-            state.raw = fn(state.raw)
-            if state.lists is not None:
-                state.lists = TopkLists(fn(state.lists.values), fn(state.lists.indices), fn(state.lists.complete))
+        move_g3_state(self, fn)
         return out
 
     def set_ids(self, ids: Sequence) -> None:

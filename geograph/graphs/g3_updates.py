@@ -74,6 +74,15 @@ class G3UpdateReport:
     seconds: float
 
 
+def move_g3_state(graph, fn) -> None:
+    """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the update state."""
+    state = getattr(graph, "update_state", None)
+    if state is not None:
+        state.raw = fn(state.raw)
+        if state.lists is not None:
+            state.lists = TopkLists(fn(state.lists.values), fn(state.lists.indices), fn(state.lists.complete))
+
+
 def _positive(s: Tensor) -> Tensor:
     return s.clamp_min(0)
 

@@ -25,7 +25,16 @@ from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.knn_update import TopkLists, lists_add, lists_edges, lists_remove, topk_lists
 from geograph.functional.similarity import normalize, unit_rows
 
-__all__ = ["PassageIds", "UpdateReport", "KnnState", "add_passages", "remove_passages", "check_new_rows", "knn_unit"]
+__all__ = [
+    "PassageIds",
+    "UpdateReport",
+    "KnnState",
+    "add_passages",
+    "remove_passages",
+    "check_new_rows",
+    "knn_unit",
+    "kept_lists",
+]
 
 
 class PassageIds:
@@ -111,6 +120,25 @@ class KnnState:
     lists: TopkLists
     k: int
     exact: bool = True
+
+
+def kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkLists:
+    """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages).
+    A short exact list holds every other passage; a short IVF list is what the join found."""
+    ok = torch.isfinite(values)
+    complete = ok.sum(1) < k if exact else torch.full_like(ok[:, 0], values.shape[0] - 1 < k)
+    if values.shape[1] < k:
+        pad = k - values.shape[1]
+        values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], 1)
+        indices = torch.cat([indices, indices.new_full((indices.shape[0], pad), -1)], 1)
+    return TopkLists(values, indices, complete)
+
+
+def move_knn_state(graph, fn) -> None:
+    """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the kept lists."""
+    if getattr(graph, "knn_state", None) is not None:
+        lists = graph.knn_state.lists
+        graph.knn_state.lists = TopkLists(fn(lists.values), fn(lists.indices), fn(lists.complete))
 
 
 def knn_unit(embeddings: Tensor) -> Tensor:
