@@ -14,7 +14,7 @@ USAGE = """usage: geograph <command> [options]
 commands:
   demo         every method side by side on the shipped corpus (or --data DIR), then a quality table
   bench        benchmarks against the slow references:
-               geograph bench {run,gpu,maniscope,ricci,iso,g3,scale,serve} [options]
+               geograph bench {run,gpu,maniscope,ricci,iso,g3,scale,serve,update} [options]
   build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG, or a G3Graph
   embed        embed a BEIR folder or JSONL file into the embedding cache (--ray: a Ray Data actor pool)
   serve        HTTP rerank/retrieve server on LitServe:
@@ -30,6 +30,7 @@ BENCH_HELP = {
     "iso": "ISO-RAG against dense on MuSiQue and SciFact, and against per-query networkx PageRank",
     "g3": "blockwise G3 graph build against the dense numpy construction, and G3RAG against dense",
     "scale": "k-NN and G3 graphs and dense retrieval at 200k-1M passages: IVF vs exact, time per stage, peak memory",
+    "update": "adding and removing passages in place against a rebuild: time share, exact equality",
     "serve": "closed-loop HTTP load on geograph serve: req/s, p50/p99 per request kind, the encoder's limit, --soak N",
 }
 

@@ -14,6 +14,7 @@ BENCHES = {
     "gpu": "geograph.bench.gpu",
     "scale": "geograph.bench.scale",
     "serve": "geograph.bench.serve",
+    "update": "geograph.bench.update",
 }
 
 

@@ -14,6 +14,15 @@ from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
 from geograph.functional.similarity import normalize, unit_rows
 from geograph.graphs.artefact import load_corpus_graph, save_graph
+from geograph.graphs.updates import (
+    KnnState,
+    PassageIds,
+    UpdateReport,
+    add_passages,
+    kept_lists,
+    move_knn_state,
+    remove_passages,
+)
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
@@ -59,6 +68,8 @@ class CorpusGraph(nn.Module):
         clean = clean_edge_index(edge_index, embeddings.shape[0])
         self.name = name
         self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in the manifest
+        self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
+        self.knn_state = None  # a k-NN graph's directed lists, kept for updates (geograph.graphs.updates.KnnState)
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("edge_index", clean)
         self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
@@ -110,6 +121,7 @@ class CorpusGraph(nn.Module):
         seed: int = 0,
         recall_target: float | None = DEFAULT_RECALL_TARGET,
         progress: bool = False,
+        reserve: int = 0,
     ) -> CorpusGraph:
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 
@@ -127,14 +139,23 @@ class CorpusGraph(nn.Module):
         installed (the same neighbours up to ties). ``k`` clamps to ``V - 1``. Ties: lowest
         index first. ``progress`` shows a bar with ETA. :attr:`build_info` records the index,
         the seconds of each stage and, for IVF, ``nprobe`` and the measured recall.
+
+        The directed lists are kept for :meth:`add` and :meth:`remove`; ``reserve`` more entries
+        a row (``k + reserve`` computed, the first ``k`` linked) spare :meth:`remove` the rescan
+        of a row until it has lost more than ``reserve`` neighbours.
         """
         check_tensor(embeddings, "embeddings", 2)
         k = check_positive_int(k, "k")
         check_positive_int(chunk_size, "chunk_size")
+        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+            raise ValueError(f"reserve must be a non-negative integer, got {reserve!r}")
         v = embeddings.shape[0]
-        k = min(k, v - 1)
+        k_asked, k = k, min(k, v - 1)
+        kept = None
         if k < 1:
-            return cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="knn")
+            graph = cls(embeddings, torch.zeros(2, 0, dtype=torch.long, device=embeddings.device), name="knn")
+            graph.build_info = {"k": k_asked}
+            return graph
         if embeddings.dtype in (torch.float16, torch.bfloat16) and embeddings.device.type == "cpu":
             z = normalize(embeddings.float())  # CPU matrix products of half floats are slow and round the scores
         else:
@@ -147,7 +168,7 @@ class CorpusGraph(nn.Module):
         else:
             lists = self_topk(
                 z,
-                k,
+                min(k + reserve, v - 1),
                 index=index,
                 ivf=IVFOptions(nlist=nlist, nprobe=nprobe, sample=sample, seed=seed, recall_target=recall_target),
                 block=chunk_size,
@@ -155,6 +176,8 @@ class CorpusGraph(nn.Module):
             )
             idx, seconds = lists.indices, lists.seconds
             report = {} if lists.ivf is None else lists.ivf.as_dict()
+            kept = kept_lists(lists.values, idx, k_asked + reserve, exact=index == "exact")
+            idx = idx[:, :k]
             del lists
         del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
@@ -164,7 +187,9 @@ class CorpusGraph(nn.Module):
         dst = idx.reshape(-1)
         ok = dst >= 0  # an IVF row with fewer than k candidates
         graph = cls(embeddings, torch.stack([src[ok], dst[ok]]), name=f"knn{k}")
-        graph.build_info = {"index": index, "seconds": seconds, **report}
+        graph.build_info = {"index": index, "k": k_asked, "seconds": seconds, **report}
+        if kept is not None:
+            graph.knn_state = KnnState(kept, k_asked, exact=index == "exact")
         return graph
 
     @classmethod
@@ -298,6 +323,40 @@ class CorpusGraph(nn.Module):
     ) -> CorpusGraph:
         """:meth:`from_pretrained` without the encoder and corpus checks."""
         return cls.from_pretrained(directory, device=device, corpus_shape=corpus_shape)
+
+    # -- updates (geograph.graphs.updates) ----------------------------------------------
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the kept lists follow the buffers
+        out = super()._apply(fn, *args, **kwargs)
+        move_knn_state(self, fn)
+        return out
+
+    def set_ids(self, ids: Sequence) -> None:
+        """Name the passages (``str`` or ``int``, one per row, unique) for :meth:`add` and :meth:`remove`
+        (default: ``0 .. V-1``)."""
+        ids = list(ids)
+        if len(ids) != self.num_nodes:
+            raise ValueError(f"ids: {len(ids)} ids for {self.num_nodes} passages")
+        self.passage_ids = PassageIds(ids)
+
+    def add(self, embeddings: Tensor, ids: Sequence, *, groups: Iterable[Sequence] | None = None) -> UpdateReport:
+        """Add passages in place, appended in order; the graph equals a rebuild on the new corpus.
+
+        A k-NN graph computes the new rows' lists by the exact tiled scan and merges them into
+        the existing rows' lists where they rank above the last entry (one batched block of
+        new x old similarities), then makes the union graph again (see
+        :mod:`geograph.graphs.updates`). A groups graph takes the new ``groups`` (lists of
+        ids). Other graphs are refused. ``embeddings``: ``(M, D)`` in the corpus's dtype and
+        device; ``ids``: ``M`` new ids.
+        """
+        return add_passages(self, embeddings, ids, groups=groups)
+
+    def remove(self, ids: Iterable) -> UpdateReport:
+        """Remove passages in place (the rest keep their order); equal to a rebuild without them.
+
+        A k-NN row that lost a neighbour keeps the rest of its list and is scanned again (that
+        row only) when fewer than ``k`` remain; other graphs drop the removed passages' edges.
+        """
+        return remove_passages(self, ids)
 
 
 def _faiss_knn(z: Tensor, k: int) -> Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +24,8 @@ from geograph.functional.gain import (
 from geograph.functional.knn_build import self_topk
 from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
 from geograph.graphs.artefact import load_g3_graph, save_graph
+from geograph.graphs.g3_updates import G3UpdateReport, g3_add, g3_remove, move_g3_state
+from geograph.graphs.updates import PassageIds
 
 __all__ = ["G3Graph"]
 
@@ -146,6 +148,8 @@ class G3Graph(nn.Module):
         self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
         self.build_info: dict = {}
+        self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
+        self.update_state = None  # density sums and cosine lists kept for updates (geograph.graphs.g3_updates)
         self._update_width()
         self.register_load_state_dict_post_hook(_update_width_after_load)  # (a function: the module pickles)
 
@@ -351,6 +355,30 @@ class G3Graph(nn.Module):
     ) -> G3Graph:
         """:meth:`from_pretrained` without the encoder and corpus checks."""
         return cls.from_pretrained(directory, device=device, corpus_shape=corpus_shape)
+
+    # -- updates (geograph.graphs.g3_updates) ------------------------------------------
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the update state follows the buffers
+        out = super()._apply(fn, *args, **kwargs)
+        move_g3_state(self, fn)
+        return out
+
+    def set_ids(self, ids: Sequence) -> None:
+        """Name the passages (``str`` or ``int``, one per row, unique; default ``0 .. N-1``)."""
+        ids = list(ids)
+        if len(ids) != self.num_nodes:
+            raise ValueError(f"ids: {len(ids)} ids for {self.num_nodes} passages")
+        self.passage_ids = PassageIds(ids)
+
+    def add(self, embeddings: Tensor, ids: Sequence) -> G3UpdateReport:
+        """Add passages in place (appended in order); ``T`` and ``density`` equal the exact build's
+        on the new corpus up to float rounding. The density sums move by the new x old block, the
+        rows' cosine lists by :func:`~geograph.functional.knn_update.lists_add`, and ``T`` is made
+        from the lists, rows they cannot prove recomputed (see :mod:`geograph.graphs.g3_updates`)."""
+        return g3_add(self, embeddings, ids)
+
+    def remove(self, ids: Iterable) -> G3UpdateReport:
+        """Remove passages in place (the rest keep their order), as :meth:`add` keeps ``T`` exact."""
+        return g3_remove(self, ids)
 
     def extra_repr(self) -> str:
         return (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +21,9 @@ from geograph.functional.knn_policy import (
     resolve_index,
 )
 from geograph.functional.similarity import normalize, unit_rows
+from geograph.graphs.updates import UpdateReport
 from geograph.outputs import RetrievalOutput
+from geograph.retrievers.dense_updates import dense_add, dense_remove, labels_to_rows
 
 log = logging.getLogger("geograph.dense")
 
@@ -120,6 +123,8 @@ class DenseRetriever(nn.Module):
         self.sample = check_ivf(n, self.nlist, probe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
         self.seed = seed
         self._ivf = None  # the faiss index, built on first use from the embeddings buffer
+        self._ivf_rows = None  # faiss label -> row once an update renumbered the rows (dense_updates)
+        self.passage_ids = None  # the passages' ids once updated (geograph.graphs.updates.PassageIds)
         self.register_load_state_dict_post_hook(_drop_index)
         self.register_buffer("embeddings", unit_rows(embeddings), persistent=bool(persistent))
 
@@ -145,7 +150,7 @@ class DenseRetriever(nn.Module):
         return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the index follows the new buffers
-        self._ivf = None
+        self._ivf = self._ivf_rows = None
         return super()._apply(fn, *args, **kwargs)
 
     def _search_ivf(self, q: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -158,7 +163,7 @@ class DenseRetriever(nn.Module):
             self.nprobe = self._calibrate()
         self._ivf.nprobe = self.nprobe
         _, ids = self._ivf.search(q.detach().float().cpu().contiguous().numpy(), k)
-        ids = torch.from_numpy(ids).to(q.device)
+        ids = labels_to_rows(self, torch.from_numpy(ids)).to(q.device)
         ok = ids >= 0
         scores = torch.einsum("bd,bkd->bk", q, self.embeddings[ids.clamp_min(0)]).masked_fill(~ok, float("-inf"))
         vals, ids = sort_topk(scores, ids)
@@ -184,7 +189,7 @@ class DenseRetriever(nn.Module):
         nprobe, recall = 1, 0.0
         while True:
             self._ivf.nprobe = nprobe
-            ids = torch.from_numpy(self._ivf.search(qn, k + 1)[1])
+            ids = labels_to_rows(self, torch.from_numpy(self._ivf.search(qn, k + 1)[1]))
             ids = ids.masked_fill(ids == own, -1)  # the passage itself is not one of its neighbours
             recall = sample_recall(ids, torch.arange(len(ids)), exact)
             if recall >= self.recall_target or nprobe >= self.nlist:
@@ -232,6 +237,17 @@ class DenseRetriever(nn.Module):
 
         return load_dense(cls, source, corpus=corpus, encoder=encoder, device=device)
 
+    def add(self, embeddings: Tensor, ids: Sequence) -> UpdateReport:
+        """Add passages in place (appended in order; ``ids``: one new ``str`` or ``int`` id a row; a
+        corpus built without ids names its passages ``0 .. V-1``). Exact: the same module as one
+        built on the new corpus. IVF: a built index keeps its cells and takes the new vectors
+        (see :mod:`geograph.retrievers.dense_updates`)."""
+        return dense_add(self, embeddings, ids)
+
+    def remove(self, ids: Iterable) -> UpdateReport:
+        """Remove passages in place (the rest keep their order); a built IVF index drops them."""
+        return dense_remove(self, ids)
+
     def extra_repr(self) -> str:
         probe = "'auto'" if self.nprobe is None else self.nprobe
         ivf = f", index='ivf', nlist={self.nlist}, nprobe={probe}" if self.index == "ivf" else ""
@@ -241,6 +257,6 @@ class DenseRetriever(nn.Module):
 def _drop_index(module: DenseRetriever, _incompatible) -> None:
     """After ``load_state_dict`` the IVF index is rebuilt (and ``nprobe="auto"`` chosen again)
     from the loaded corpus on first use."""
-    module._ivf = None
+    module._ivf = module._ivf_rows = None
     if module._auto:
         module.nprobe, module.calibration = None, None

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-import torch  # noqa: F401 - the doctests run in this namespace
+import torch
 from torch import Tensor, nn
 
 from geograph.functional.g3 import _retrieve, check_g3_options
 from geograph.graphs.g3_graph import DEFAULT_MAX_DEGREE, G3Graph
+from geograph.graphs.g3_updates import G3UpdateReport
+from geograph.graphs.updates import passage_ids
 from geograph.outputs import RetrievalOutput
 from geograph.retrievers.dense import DenseRetriever
 
@@ -115,6 +117,28 @@ class G3Retriever(nn.Module):
             query_texts=query_texts,
             owner="the G3Retriever",
         )
+
+    @torch.no_grad()
+    def add(self, embeddings: Tensor, ids: Sequence) -> G3UpdateReport:
+        """Add passages to the graph in place (:meth:`G3Graph.add`); the dense index follows."""
+        report = self.graph.add(embeddings, ids)
+        self._follow()
+        return report
+
+    @torch.no_grad()
+    def remove(self, ids: Iterable) -> G3UpdateReport:
+        """Remove passages from the graph in place (:meth:`G3Graph.remove`); the dense index follows.
+        The corpus must keep at least ``candidates`` passages."""
+        ids = [ids] if isinstance(ids, (str, int)) else list(ids)
+        left = self.graph.num_nodes - int(passage_ids(self.graph).rows(ids).numel())
+        if left < self.candidates:
+            raise ValueError(f"ids: removing them leaves {left} passages, fewer than candidates={self.candidates}")
+        report = self.graph.remove(ids)
+        self._follow()
+        return report
+
+    def _follow(self) -> None:
+        self.dense = DenseRetriever(self.graph.embeddings, chunk_size=self.dense.chunk_size, persistent=False)
 
     def extra_repr(self) -> str:
         return f"candidates={self.candidates}, seeds={self.seeds}"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import torch
 from torch import Tensor, nn
 
 from geograph.functional.iso import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
 from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.graphs.updates import UpdateReport
 from geograph.outputs import LocalSubgraph, RetrievalOutput
 from geograph.projection import IdentityPoincare
 from geograph.retrievers.dense import DenseRetriever
+from geograph.retrievers.iso_updates import iso_add, iso_remove
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
 
@@ -139,6 +143,7 @@ class ISORetriever(nn.Module):
             setattr(self, name, value)
         self.register_buffer("phi", torch.empty(0), persistent=False)
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
+        self.register_buffer("_volume", torch.empty(0, dtype=torch.float64), persistent=False)  # for add / remove
         self.refresh()
         self.register_load_state_dict_post_hook(_refresh_after_load)
 
@@ -158,6 +163,16 @@ class ISORetriever(nn.Module):
         kw = {} if old is None else {"chunk_size": old.chunk_size}
         self.dense = DenseRetriever(emb, persistent=False, **kw)  # derived from the graph: not in state_dict()
         self._max_degree = int(g.degree().max()) if g.num_nodes else 0
+        vol = self._volumes(emb, chunk_size)
+        self._volume = vol.to(emb.device)
+        self.phi = isoperimetric_ratio(g.edge_index, vol.to(emb.device), g.num_nodes).to(emb.dtype)
+        kept = compatible_edges(g.edge_index, self.phi, beta=self.beta)
+        ei = g.edge_index[:, kept]
+        self.kept_keys = torch.sort(ei[0] * g.num_nodes + ei[1]).values
+        self.pruned_share = 1.0 - float(kept.float().mean()) if kept.numel() else 0.0
+
+    def _volumes(self, emb: Tensor, chunk_size: int = 65536) -> Tensor:
+        """``(V,)`` float64 conformal volumes of passages ``emb`` under the projection."""
         # the projection's dtype; the identity signal (whose only parameter is geoopt's float32
         # curvature) keeps the embeddings' dtype
         params = [] if isinstance(self.projection, IdentityPoincare) else list(self.projection.parameters())
@@ -166,18 +181,26 @@ class ISORetriever(nn.Module):
         was_training = self.projection.training
         self.projection.eval()
         z = torch.cat(
-            [self.projection(emb[s : s + chunk_size].to(dev, dtype)) for s in range(0, g.num_nodes, chunk_size)]
+            [self.projection(emb[s : s + chunk_size].to(dev, dtype)) for s in range(0, emb.shape[0], chunk_size)]
         )
         self.projection.train(was_training)
         c = float(getattr(self.projection, "c", 1.0))
         if not bool(torch.isfinite(z).all()):
             raise ValueError("the projection produced NaN/inf for some passages")
-        vol = conformal_volume(z.double(), p=self.p, c=c)
-        self.phi = isoperimetric_ratio(g.edge_index, vol.to(emb.device), g.num_nodes).to(emb.dtype)
-        kept = compatible_edges(g.edge_index, self.phi, beta=self.beta)
-        ei = g.edge_index[:, kept]
-        self.kept_keys = torch.sort(ei[0] * g.num_nodes + ei[1]).values
-        self.pruned_share = 1.0 - float(kept.float().mean()) if kept.numel() else 0.0
+        return conformal_volume(z.double(), p=self.p, c=c)
+
+    @torch.no_grad()
+    def add(self, embeddings: Tensor, ids: Sequence, **kwargs) -> UpdateReport:
+        """Add passages to the graph in place (:meth:`CorpusGraph.add`, ``kwargs`` passed on) and
+        recompute ``phi`` only where it can change (see :mod:`geograph.retrievers.iso_updates`):
+        the same ``phi``, kept edges and answers as a retriever built on the updated graph.
+        The projection is applied to the new passages only."""
+        return iso_add(self, embeddings, ids, **kwargs)
+
+    @torch.no_grad()
+    def remove(self, ids: Iterable) -> UpdateReport:
+        """Remove passages from the graph in place, ``phi`` recomputed where it can change (as :meth:`add`)."""
+        return iso_remove(self, ids)
 
     def local(self, query: Tensor) -> LocalSubgraph:
         """The batch's padded local subgraphs (:func:`geograph.functional.iso_local_subgraph`; exposed for

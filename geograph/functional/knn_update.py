@@ -1,0 +1,206 @@
+"""Exact per-row top-``K`` lists kept up to date as rows are added and removed, without a full rescan.
+
+Each row ``i`` holds :class:`TopkLists`: its ``depth`` best other rows, best first, ranked by
+``transform(s_ij)`` (default: the inner product ``s_ij``; ties: lowest row index first, the
+rule of :func:`~geograph.functional.allpairs.tiled_pairs`). The list is exact: it is the row's
+true top-``depth`` over the current rows. A row is **complete** when its list holds every other
+row of finite rank (fewer than ``K`` exist).
+
+- :func:`lists_add` appends rows: the new rows' lists come from the tiled scan against every
+  row; an old row's list changes only when a new row ranks strictly above its last entry (new
+  rows have higher indices, so a tie stays with the old entry), which one batched
+  ``(old x new)`` block per row tile decides. Merging keeps the list exact and lets it grow
+  back to ``K``: every row of rank above the old last entry is known.
+- :func:`lists_remove` drops rows and renumbers the rest (order kept, so the tie rule is
+  unchanged); a row that lost entries keeps an exact, shorter list, and only rows left with
+  fewer than ``need`` entries (and not complete) are scanned again, restricted to those rows.
+
+So after any sequence of updates each row's first ``need`` entries equal those of a scan of
+the final rows (:func:`topk_lists`), up to float rounding of the inner products (a pair's
+product may be computed in a block of another shape than the rebuild's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
+from geograph.functional.knn_exact import pair_score
+from geograph.functional.knn_policy import Transform
+
+__all__ = ["TopkLists", "ListsChange", "topk_lists", "scan_rows", "lists_add", "lists_remove", "lists_edges"]
+
+
+@dataclass(frozen=True)
+class TopkLists:
+    """Every row's exact top-``depth`` other rows.
+
+    Attributes:
+        values: ``(N, K)`` ranks best first, ``-inf`` past a row's depth.
+        indices: ``(N, K)`` long row ids, ``-1`` past a row's depth.
+        complete: ``(N,)`` bool, the list holds every other row of finite rank.
+    """
+
+    values: Tensor
+    indices: Tensor
+    complete: Tensor
+
+    @property
+    def width(self) -> int:
+        return int(self.values.shape[1])
+
+    def to(self, device) -> TopkLists:
+        return TopkLists(self.values.to(device), self.indices.to(device), self.complete.to(device))
+
+    def depth(self) -> Tensor:
+        """``(N,)`` entries held by each row."""
+        return torch.isfinite(self.values).sum(1)
+
+
+@dataclass(frozen=True)
+class ListsChange:
+    """:func:`lists_add` / :func:`lists_remove`: the new lists and which old rows they touched.
+
+    Attributes:
+        lists: the lists over the new rows.
+        changed: ``(C,)`` rows (new numbering) whose list changed, the rescanned ones included.
+        rescanned: ``(R,)`` rows (new numbering) whose list was computed by a scan.
+    """
+
+    lists: TopkLists
+    changed: Tensor
+    rescanned: Tensor
+
+
+def scan_rows(
+    z: Tensor, rows: Tensor | None, width: int, *, transform: Transform | None = None, block: int = DEFAULT_BLOCK
+) -> TopkLists:
+    """The exact lists of ``rows`` (all rows for ``None``) against every other row of ``z``, ``width`` wide."""
+    n = z.shape[0]
+    q = z if rows is None else z[rows]
+    k = min(width, n - 1)
+    v, i, _ = tiled_pairs(
+        q, z, k, block=block, exclude=True if rows is None else rows, score=pair_score(transform, None)
+    )
+    ok = torch.isfinite(v)
+    i = torch.where(ok, i, torch.full_like(i, -1))
+    complete = ok.sum(1) < width
+    if k < width:
+        v = torch.cat([v, v.new_full((v.shape[0], width - k), float("-inf"))], 1)
+        i = torch.cat([i, i.new_full((i.shape[0], width - k), -1)], 1)
+    return TopkLists(v, i, complete)
+
+
+def topk_lists(z: Tensor, width: int, *, transform: Transform | None = None, block: int = DEFAULT_BLOCK) -> TopkLists:
+    """Every row's exact top-``width`` other rows of ``z`` by the tiled scan (:func:`scan_rows`).
+
+    Example:
+        >>> out = topk_lists(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]), 1)
+        >>> out.indices.flatten().tolist(), out.complete.tolist()
+        ([1, 0, 1], [False, False, False])
+    """
+    if width < 1:
+        raise ValueError(f"width must be at least 1, got {width}")
+    return scan_rows(z, None, width, transform=transform, block=block)
+
+
+def lists_add(
+    z: Tensor, lists: TopkLists, *, transform: Transform | None = None, block: int = DEFAULT_BLOCK
+) -> ListsChange:
+    """The lists of ``z`` (``(N + M, D)``: the ``N`` rows of ``lists`` then ``M`` new ones).
+
+    New rows: :func:`scan_rows` against all ``N + M`` rows. Old rows: one ``(tile x M)`` block
+    of ranks per tile of ``block`` old rows; a row merges the new rows ranked strictly above its
+    last entry (every rank for a complete row) and keeps its top ``K``.
+
+    Example:
+        >>> z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+        >>> out = lists_add(z, topk_lists(z[:2], 1))
+        >>> out.lists.indices.flatten().tolist(), out.changed.tolist()
+        ([2, 2, 0], [0, 1, 2])
+    """
+    n, width = lists.values.shape[0], lists.width
+    m = z.shape[0] - n
+    new_ids = torch.arange(n, n + m, device=z.device)
+    fresh = scan_rows(z, new_ids, width, transform=transform, block=block)
+    values, indices, complete = lists.values.clone(), lists.indices.clone(), lists.complete.clone()
+    depth = lists.depth()
+    last = values.gather(1, (depth - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
+    threshold = torch.where(complete | (depth == 0), torch.full_like(last, float("-inf")), last)
+    score = pair_score(transform, None)
+    changed = []
+    zn = z[n:]
+    for r0 in range(0, n, block):
+        s = z[r0 : min(r0 + block, n)] @ zn.T
+        s = s if score is None else score(s, new_ids)
+        hit = (s > threshold[r0 : r0 + block, None]) & torch.isfinite(s)
+        rows = hit.any(1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        s = s[rows].masked_fill(~hit[rows], float("-inf"))
+        g = rows + r0
+        cand_v = torch.cat([values[g], s], 1)
+        cand_i = torch.cat([indices[g], new_ids.expand(len(rows), -1)], 1)
+        count = torch.isfinite(cand_v).sum(1)
+        v, i = sort_topk(*merge_topk(cand_v, cand_i.masked_fill(~torch.isfinite(cand_v), z.shape[0]), width))
+        values[g], indices[g] = v, i.masked_fill(~torch.isfinite(v), -1)
+        complete[g] = complete[g] & (count <= width)
+        changed.append(g)
+    out = TopkLists(
+        torch.cat([values, fresh.values]), torch.cat([indices, fresh.indices]), torch.cat([complete, fresh.complete])
+    )
+    changed.append(new_ids)
+    return ListsChange(out, torch.cat(changed), new_ids)
+
+
+def lists_remove(
+    z: Tensor,
+    lists: TopkLists,
+    keep: Tensor,
+    need: int,
+    *,
+    transform: Transform | None = None,
+    block: int = DEFAULT_BLOCK,
+) -> ListsChange:
+    """The lists of the kept rows ``z`` (``keep``: ``(N,)`` bool over the rows of ``lists``).
+
+    Rows are renumbered in order. A kept row that lost entries keeps the rest (still its exact
+    top); rows left with fewer than ``need`` entries (``need`` clamps to the other rows) and not
+    complete are scanned again (:func:`scan_rows` on those rows only).
+
+    Example:
+        >>> z = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.8, 0.6], [0.0, 1.0]])
+        >>> keep = torch.tensor([True, False, True, True])
+        >>> out = lists_remove(z[keep], topk_lists(z, 1), keep, 1)
+        >>> out.lists.indices.flatten().tolist(), out.rescanned.tolist()
+        ([1, 0, 1], [0])
+    """
+    n_new = z.shape[0]
+    pos = torch.cumsum(keep.long(), 0) - 1
+    values, indices, complete = lists.values[keep], lists.indices[keep], lists.complete[keep]
+    valid = indices >= 0
+    lost = valid & ~keep[indices.clamp_min(0)]
+    affected = lost.any(1).nonzero().squeeze(1)
+    indices = torch.where(valid & ~lost, pos[indices.clamp_min(0)], torch.full_like(indices, -1))
+    values = values.masked_fill(indices < 0, float("-inf"))
+    if affected.numel():
+        v, i = sort_topk(values[affected], indices[affected].masked_fill(indices[affected] < 0, n_new))
+        values[affected], indices[affected] = v, i.masked_fill(~torch.isfinite(v), -1)
+    need = min(need, n_new - 1)
+    depth = torch.isfinite(values).sum(1)
+    redo = ((depth < need) & ~complete).nonzero().squeeze(1)
+    if redo.numel():
+        fresh = scan_rows(z, redo, lists.width, transform=transform, block=block)
+        values[redo], indices[redo], complete[redo] = fresh.values, fresh.indices, fresh.complete
+    return ListsChange(TopkLists(values, indices, complete), affected, redo)
+
+
+def lists_edges(lists: TopkLists, k: int) -> Tensor:
+    """``(2, E)`` directed edges from each row to the first ``k`` entries of its list."""
+    idx = lists.indices[:, :k]
+    src = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1).expand_as(idx)
+    ok = idx >= 0
+    return torch.stack([src[ok], idx[ok]])

@@ -1,0 +1,271 @@
+"""Adding and removing passages of a built :class:`~geograph.CorpusGraph` in place, equal to a rebuild.
+
+A k-NN graph (:meth:`~geograph.CorpusGraph.from_knn`) keeps every row's directed top-``k``
+lists (:class:`~geograph.functional.knn_update.TopkLists`); an update changes only the lists it
+must (:func:`~geograph.functional.knn_update.lists_add`,
+:func:`~geograph.functional.knn_update.lists_remove`) and the union graph is made again from
+the lists. Other graphs (groups, mentions, given edges) lose a removed passage's edges, which
+is what their builders give on the remaining passages; adding to them takes the new edges
+(``groups``) or is refused. Passages are named by ids (``str`` or ``int``); a graph built
+without ids names its passages ``0 .. V-1``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from geograph._checks import check_tensor
+from geograph.functional.allpairs import DEFAULT_BLOCK
+from geograph.functional.graphs import clean_edge_index, csr_rowptr
+from geograph.functional.knn_update import TopkLists, lists_add, lists_edges, lists_remove, topk_lists
+from geograph.functional.similarity import normalize, unit_rows
+
+__all__ = [
+    "PassageIds",
+    "UpdateReport",
+    "KnnState",
+    "add_passages",
+    "remove_passages",
+    "check_new_rows",
+    "knn_unit",
+    "kept_lists",
+]
+
+
+class PassageIds:
+    """The ids of a corpus's passages, in row order, and each id's row.
+
+    Example:
+        >>> ids = PassageIds(["a", "b"])
+        >>> ids.check_new(["c"]), ids.rows(["b"]).tolist()
+        (['c'], [1])
+    """
+
+    def __init__(self, ids: Iterable) -> None:
+        self.ids: list = list(ids)
+        self.row = {x: i for i, x in enumerate(self.ids)}
+        if len(self.row) != len(self.ids):
+            raise ValueError("ids must be unique")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def check_new(self, ids: Iterable) -> list:
+        """``ids`` as a list, or a one-line error for a bad or duplicate id."""
+        if isinstance(ids, (str, bytes, int)):
+            raise ValueError(f"ids must be a sequence of str or int ids, got {ids!r}")
+        new = list(ids.tolist() if isinstance(ids, Tensor) else ids)
+        for x in new:
+            if isinstance(x, bool) or not isinstance(x, (str, int)):
+                raise ValueError(f"ids must be str or int, got {x!r} of type {type(x).__name__}")
+        seen: set = set()
+        for x in new:
+            if x in self.row:
+                raise ValueError(f"ids: {x!r} is already in the corpus (remove it first to edit it)")
+            if x in seen:
+                raise ValueError(f"ids: {x!r} is given twice")
+            seen.add(x)
+        return new
+
+    def rows(self, ids: Iterable) -> Tensor:
+        """The rows of ``ids`` (sorted, unique), or a one-line error naming an unknown id."""
+        if isinstance(ids, (str, bytes, int)):
+            ids = [ids]
+        out = []
+        for x in ids.tolist() if isinstance(ids, Tensor) else ids:
+            if x not in self.row:
+                raise ValueError(f"ids: {x!r} is not in the corpus")
+            out.append(self.row[x])
+        return torch.tensor(sorted(set(out)), dtype=torch.long)
+
+    def add(self, ids: list) -> None:
+        for x in ids:
+            self.row[x] = len(self.ids)
+            self.ids.append(x)
+
+    def keep(self, keep: Tensor) -> None:
+        self.ids = [x for x, k in zip(self.ids, keep.tolist()) if k]
+        self.row = {x: i for i, x in enumerate(self.ids)}
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What an update did.
+
+    Attributes:
+        added, removed: passages added and removed.
+        num_nodes: passages after the update.
+        rows_changed: existing rows whose neighbour list changed (new rows not counted).
+        rows_rescanned: rows whose list was computed by a scan against every passage (new rows included).
+        seconds: wall time.
+    """
+
+    added: int
+    removed: int
+    num_nodes: int
+    rows_changed: int
+    rows_rescanned: int
+    seconds: float
+
+
+@dataclass
+class KnnState:
+    """A k-NN graph's directed lists (``width >= k``), ``k`` and whether the lists are exact."""
+
+    lists: TopkLists
+    k: int
+    exact: bool = True
+
+
+def kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkLists:
+    """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages).
+    A short exact list holds every other passage; a short IVF list is what the join found."""
+    ok = torch.isfinite(values)
+    complete = ok.sum(1) < k if exact else torch.full_like(ok[:, 0], values.shape[0] - 1 < k)
+    if values.shape[1] < k:
+        pad = k - values.shape[1]
+        values = torch.cat([values, values.new_full((values.shape[0], pad), float("-inf"))], 1)
+        indices = torch.cat([indices, indices.new_full((indices.shape[0], pad), -1)], 1)
+    return TopkLists(values, indices, complete)
+
+
+def move_knn_state(graph, fn) -> None:
+    """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the kept lists."""
+    if getattr(graph, "knn_state", None) is not None:
+        lists = graph.knn_state.lists
+        graph.knn_state.lists = TopkLists(fn(lists.values), fn(lists.indices), fn(lists.complete))
+
+
+def knn_unit(embeddings: Tensor) -> Tensor:
+    """The unit rows :meth:`~geograph.CorpusGraph.from_knn` ranks by (half floats on the CPU in float32)."""
+    if embeddings.dtype in (torch.float16, torch.bfloat16) and embeddings.device.type == "cpu":
+        return normalize(embeddings.float())
+    return unit_rows(embeddings)
+
+
+def check_new_rows(embeddings: Tensor, like: Tensor, name: str = "embeddings") -> None:
+    """``embeddings`` must be ``(M >= 1, D)`` finite rows of ``like``'s dim, dtype and device."""
+    check_tensor(embeddings, name, 2)
+    if embeddings.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one passage, got shape {tuple(embeddings.shape)}")
+    if embeddings.shape[1] != like.shape[1]:
+        raise ValueError(f"{name} must have D={like.shape[1]} columns like the corpus, got {tuple(embeddings.shape)}")
+    if embeddings.dtype != like.dtype:
+        raise ValueError(f"{name} is {embeddings.dtype}, the corpus is {like.dtype}: convert it first")
+    if embeddings.device != like.device:
+        raise ValueError(f"{name} is on {embeddings.device}, the corpus is on {like.device}: move it first")
+
+
+def passage_ids(graph) -> PassageIds:
+    if getattr(graph, "passage_ids", None) is None:
+        graph.passage_ids = PassageIds(range(graph.num_nodes))
+    return graph.passage_ids
+
+
+def knn_state(graph, block: int = DEFAULT_BLOCK) -> KnnState | None:
+    """The graph's k-NN lists; made by one exact scan when a k-NN graph has none (e.g. loaded)."""
+    state = getattr(graph, "knn_state", None)
+    if state is not None and state.lists.values.device != graph.device:  # the graph was moved with .to()
+        state.lists = state.lists.to(graph.device)
+    if state is not None or not graph.name.startswith("knn"):
+        return state
+    k = int(graph.build_info.get("k", graph.name[3:] or 0))
+    state = KnnState(topk_lists(knn_unit(graph.embeddings), k, block=block), k)
+    graph.knn_state = state
+    return state
+
+
+def _set(graph, embeddings: Tensor, edge_index: Tensor) -> None:
+    clean = clean_edge_index(edge_index, embeddings.shape[0])
+    graph.embeddings = embeddings
+    graph.edge_index = clean
+    graph.rowptr = csr_rowptr(clean[0], embeddings.shape[0])
+    graph.build_info = {**graph.build_info, "version": int(graph.build_info.get("version", 0)) + 1}
+
+
+def add_passages(
+    graph, embeddings: Tensor, ids: Sequence, *, groups: Iterable[Sequence] | None = None, block: int = DEFAULT_BLOCK
+) -> UpdateReport:
+    """:meth:`geograph.CorpusGraph.add`."""
+    t0 = time.perf_counter()
+    check_new_rows(embeddings, graph.embeddings)
+    known = passage_ids(graph)
+    new = known.check_new(ids)
+    if len(new) != embeddings.shape[0]:
+        raise ValueError(f"ids: {len(new)} ids for {embeddings.shape[0]} embeddings rows")
+    n, m = graph.num_nodes, len(new)
+    state = knn_state(graph, block)
+    emb = torch.cat([graph.embeddings, embeddings])
+    changed = rescanned = 0
+    if state is not None:
+        if groups is not None:
+            raise ValueError("groups: a k-NN graph takes its edges from the embeddings, not from groups")
+        change = lists_add(knn_unit(emb), state.lists, block=block)
+        state.lists = change.lists
+        changed, rescanned = int(change.changed.numel()) - m, int(change.rescanned.numel())
+        ei = lists_edges(state.lists, state.k)
+    elif graph.name == "groups":
+        known.add(new)
+        try:
+            ei = torch.cat([graph.edge_index, _clique_edges(groups, known, emb.device)], 1)
+        except ValueError:
+            known.keep(torch.arange(n + m) < n)
+            raise
+        _set(graph, emb, ei)
+        return UpdateReport(m, 0, n + m, 0, 0, time.perf_counter() - t0)
+    else:
+        raise ValueError(
+            f"add: a {graph.name!r} graph cannot be extended from embeddings alone; build it again "
+            "(k-NN graphs and groups graphs take additions)"
+        )
+    known.add(new)
+    _set(graph, emb, ei)
+    return UpdateReport(m, 0, n + m, changed, rescanned, time.perf_counter() - t0)
+
+
+def _clique_edges(groups: Iterable[Sequence] | None, known: PassageIds, device) -> Tensor:
+    if groups is None:
+        raise ValueError("groups: a groups graph needs the groups of the new passages (lists of ids)")
+    src, dst = [], []
+    for group in groups:
+        g = known.rows(group) if len(group) else torch.zeros(0, dtype=torch.long)
+        a, b = torch.meshgrid(g, g, indexing="ij")
+        src.append(a.reshape(-1))
+        dst.append(b.reshape(-1))
+    if not src:
+        return torch.zeros(2, 0, dtype=torch.long, device=device)
+    return torch.stack([torch.cat(src), torch.cat(dst)]).to(device)
+
+
+def remove_passages(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> UpdateReport:
+    """:meth:`geograph.CorpusGraph.remove`."""
+    t0 = time.perf_counter()
+    known = passage_ids(graph)
+    rows = known.rows(ids)
+    n = graph.num_nodes
+    if rows.numel() == n:
+        raise ValueError(f"ids: removing all {n} passages would leave an empty corpus")
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[rows] = False
+    keep_d = keep.to(graph.device)
+    emb = graph.embeddings[keep_d]
+    state = knn_state(graph, block)
+    changed = rescanned = 0
+    if state is not None:
+        change = lists_remove(knn_unit(emb), state.lists, keep_d, state.k, block=block)
+        state.lists = change.lists
+        changed, rescanned = int(change.changed.numel()), int(change.rescanned.numel())
+        ei = lists_edges(state.lists, state.k)
+    else:  # every other builder's edges between kept passages do not depend on the removed ones
+        src, dst = graph.edge_index
+        ok = keep_d[src] & keep_d[dst]
+        pos = torch.cumsum(keep_d.long(), 0) - 1
+        ei = torch.stack([pos[src[ok]], pos[dst[ok]]])
+    known.keep(keep)
+    _set(graph, emb, ei)
+    return UpdateReport(0, int(rows.numel()), n - int(rows.numel()), changed, rescanned, time.perf_counter() - t0)
