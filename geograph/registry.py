@@ -321,6 +321,9 @@ def _build_iso(corpus, params, graph, projection) -> nn.Module:
 
 def _build_g3(corpus, params, graph, projection) -> nn.Module:
     params = dict(params)
+    if "candidates" not in params:  # the default pool, not a configured one, shrinks to a small corpus
+        size = graph.num_nodes if graph is not None else corpus.shape[0]
+        params["candidates"] = min(inspect.signature(G3Retriever.__init__).parameters["candidates"].default, size)
     if graph is not None:
         model = G3Retriever(graph, **params)
         return model if corpus is None else model.to(corpus.device)
