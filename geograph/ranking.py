@@ -176,6 +176,11 @@ class Ranker:
     def method(self) -> str:
         return self.spec.name
 
+    @property
+    def params(self) -> dict[str, Any]:
+        """The method's parameters as the module holds them (a configuration that makes it again)."""
+        return _module_params(self.spec, self.module)
+
     def __repr__(self) -> str:
         return f"Ranker({self.module!r})"
 
@@ -272,6 +277,7 @@ class Retriever:
     ) -> None:
         self.spec, module = _spec(method, params, "retriever")
         self.encoder = LazyEncoder(encoder)
+        self._params = dict(params)
         if isinstance(corpus, Mapping):
             if ids is not None:
                 raise ValueError("ids: the corpus is a mapping id -> text already")
@@ -306,6 +312,11 @@ class Retriever:
     @property
     def method(self) -> str:
         return self.spec.name
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameters given by name (build parameters included), or those a given module holds."""
+        return dict(self._params) if self._params else _module_params(self.spec, self.module)
 
     def __repr__(self) -> str:
         return f"Retriever({self.spec.name}, passages={self.size})"
@@ -350,3 +361,12 @@ def _corpus_size(module: nn.Module) -> int:
     if graph is not None:
         return int(graph.num_nodes)
     return int(module.embeddings.shape[0])  # type: ignore[union-attr]
+
+
+def _module_params(spec: MethodSpec, module: nn.Module) -> dict[str, Any]:
+    out = {}
+    for p in spec.params:
+        value = getattr(module, p.name, None)
+        if p.accepts(value):
+            out[p.name] = value
+    return out
