@@ -84,11 +84,15 @@ def test_reference_and_ranker_agree_on_one_query(name):
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_documented(name):
+    """The method's page exists, is the one its registry entry generates, and lists what the entry declares."""
+    from geograph.commands.method_pages import page as make_page
+
     spec = get(name)
     page = ROOT / "docs" / "methods" / f"{name}.md"
-    assert page.is_file(), f"{page} is missing"
+    assert page.is_file(), f"{page} is missing: run python -m geograph.commands.method_pages"
     text = page.read_text()
-    assert text.startswith(f"# {spec.label} (`{name}`)")
+    assert text == make_page(spec), f"{page} is stale: run python -m geograph.commands.method_pages"
+    assert text.startswith(f"# {spec.label} (`{name}`)") and spec.about and spec.about in text
     assert spec.paper is None or spec.paper in text
     defaults = spec.defaults()
     for p in spec.build_params + spec.params:
