@@ -4,6 +4,7 @@ from geograph import functional
 from geograph.graphs import CorpusGraph, G3Graph
 from geograph.outputs import RerankOutput, RetrievalOutput
 from geograph.projection import PoincareProjection
+from geograph.ranking import Ranker, Retriever
 from geograph.rerankers import Maniscope, RicciFiltration
 from geograph.retrievers import BM25Retriever, DenseRetriever, G3Retriever, ISORetriever
 from geograph.scorers import CrossEncoderScorer
@@ -12,6 +13,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "functional",
+    "Ranker",
+    "Retriever",
     "RerankOutput",
     "RetrievalOutput",
     "Maniscope",

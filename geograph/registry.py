@@ -179,6 +179,9 @@ class MethodSpec:
         reference: ``"module:function"`` of the slow reference the benchmark times (``None``: none).
         reference_name: the reference's name in the benchmark's table.
         baseline: a comparison row (dense), not one of the geometric methods.
+        about: what the method does and its formula, in a few lines of Markdown (its page under
+            ``docs/methods/`` is generated from the entry: ``python -m geograph.commands.method_pages``).
+        example: one line of Python with the method, as its page shows it.
     """
 
     name: str
@@ -199,6 +202,8 @@ class MethodSpec:
     reference: str | None = None
     reference_name: str | None = None
     baseline: bool = False
+    about: str = ""
+    example: str = ""
     _by_name: dict[str, Param] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -321,6 +326,9 @@ def _build_iso(corpus, params, graph, projection) -> nn.Module:
 
 def _build_g3(corpus, params, graph, projection) -> nn.Module:
     params = dict(params)
+    if "candidates" not in params:  # the default pool, not a configured one, shrinks to a small corpus
+        size = graph.num_nodes if graph is not None else corpus.shape[0]
+        params["candidates"] = min(inspect.signature(G3Retriever.__init__).parameters["candidates"].default, size)
     if graph is not None:
         model = G3Retriever(graph, **params)
         return model if corpus is None else model.to(corpus.device)
@@ -372,6 +380,14 @@ _SPECS = (
         score_range=_maniscope_range,
         reference="geograph.bench.reference:maniscope_ranker_reference",
         reference_name="sklearn + scipy Dijkstra",
+        about="""Reranks the top-M dense candidates of a query by geodesic distance on their k-NN graph, mixed
+with cosine. Each candidate links to its `k` nearest other candidates (undirected, length `1 - cos`);
+the anchor is the candidate closest to the query; `d_geo` is the shortest-path distance from it.
+
+    score_j = alpha * cos(q, c_j) + (1 - alpha) / (1 + d_geo(anchor, c_j))      (0 when unreachable)
+
+Scores lie in `[-alpha, 1]`; the relevance in [0, 1] is `(score + alpha) / (1 + alpha)`.""",
+        example='ranked = geograph.Ranker("maniscope", k=5, alpha=0.3).rank(query, documents, top_k=5)',
     ),
     MethodSpec(
         name="ricci",
@@ -399,6 +415,17 @@ _SPECS = (
         score_range=_cosine_range,
         reference="geograph.bench.reference:ricci_ranker_reference",
         reference_name="GraphRicciCurvature 0.6.1",
+        about="""Drops candidates whose query edge is stretched by the normalised discrete Ricci flow. Graph per
+query: the query and its candidates, `r_ij = 1 - cos`, an edge where `r_ij` is at or above the
+`percentile`-th percentile (query edges forced). Ollivier-Ricci curvature with lazy measures
+(`alpha`, `exp_power`), then `iterations` flow steps
+
+    w <- w - step * kappa * w,   rescaled to mean length 1,
+
+stopping once `max kappa - min kappa < delta`; a candidate is kept iff its final query-edge length
+is at most `eta`. Kept candidates are ordered by cosine (scores in `[-1, 1]`, relevance
+`(cos + 1) / 2`); the dropped ones are listed apart (`RankedResults.dropped`).""",
+        example='ranked = geograph.Ranker("ricci").rank(query, documents)  # ranked.dropped: the positions it removed',
     ),
     MethodSpec(
         name="iso",
@@ -428,6 +455,16 @@ _SPECS = (
         k_range=_iso_k,
         reference="geograph.bench.reference:iso_ranker_reference",
         reference_name="numpy + networkx PageRank",
+        about="""Prunes corpus-graph edges by a hyperbolic Cheeger ratio, then runs personalised PageRank on a
+query-local subgraph. `phi_u = V(dS_u) / V(S_u)` with volumes `lambda(z)^p` of the (optionally
+projected) points in the Poincare ball; an edge is kept iff `min(phi_u, phi_v) / max(phi_u, phi_v) >= beta`.
+Per query: `m` seeds, the top-`L` dense passages and the `hops`-hop neighbourhood (at most
+`max_nodes`), `pi = (1 - alpha) r + alpha W pi` with `r = softmax(tau * s)` on the seeds, and
+
+    score = lambda_g * minmax(pi) + lambda_d * minmax(s)
+
+`knn` is the k of the k-NN corpus graph built when no saved graph is given.""",
+        example='passages = geograph.Retriever("iso", corpus=texts, knn=10).retrieve(query, k=5)',
     ),
     MethodSpec(
         name="g3",
@@ -450,6 +487,12 @@ _SPECS = (
         k_range=_g3_k,
         reference="geograph.bench.reference:g3_ranker_reference",
         reference_name="dense numpy T",
+        about="""Builds a zero-token geometric gain graph over the corpus and diffuses one step from seed
+passages. For `x = S_ij` inside `band`: `W_ij = x sqrt(1 - x^2) exp(-beta rho_j)` (`rho` the
+normalised density), at most `max_degree` edges a row, `T` = row-normalised `W`. Per query: the
+dense top-`candidates`, `seeds` of them as seeds, `y = p T` one step from the uniform seed vector,
+the seeds first, then the best of `y`.""",
+        example='passages = geograph.Retriever("g3", corpus=texts).retrieve(query, k=5)',
     ),
     MethodSpec(
         name="dense",
@@ -472,6 +515,9 @@ _SPECS = (
         build=_build_dense,
         k_range=_dense_k,
         baseline=True,
+        about="""The baseline every benchmark row is compared with: exact top-k cosine by a tiled matmul on the
+device, or an IVF-Flat index (faiss, optional extra) re-scored exactly for corpora past memory.""",
+        example='passages = geograph.Retriever("dense", corpus=texts).retrieve(query, k=5)',
     ),
 )
 

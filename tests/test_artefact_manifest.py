@@ -258,7 +258,7 @@ def test_serve_refuses_a_graph_of_another_corpus_or_encoder(tmp_path):
 
 
 def test_integrations_refuse_a_module_of_another_encoder_or_corpus(tmp_path):
-    from geograph.integrations._common import check_artefacts
+    from geograph.text import check_artefacts
 
     G3Graph.build(X, max_degree=4).save_pretrained(tmp_path / "g", encoder=MINILM)
     module = G3Retriever(G3Graph.from_pretrained(tmp_path / "g"))

@@ -3,7 +3,9 @@
 A LangChain chain (retriever, then the compressor), a LlamaIndex query engine over nodes
 (retriever, then the postprocessor) and a Haystack ``Pipeline`` (retriever, then the ranker):
 each answers in the module's own order on the same inputs, with exactly one module call per
-query (counted with a forward hook on the module the component holds).
+query (counted with a forward hook on the module the component holds). Every component is made
+without ``encoder=``, as the docs show it: the default encoder is the offline all-MiniLM-L6-v2
+that the expected answers are computed with.
 """
 
 import asyncio
@@ -62,8 +64,8 @@ def test_langchain_retriever_chain_and_compressor(demo):
     iso, iso_calls = counted(ISORetriever(CorpusGraph.from_knn(demo["emb"], 10)))
     man, man_calls = counted(Maniscope())
     corpus = [Document(page_content=t, metadata={"row": i}) for i, t in enumerate(demo["passages"])]
-    retriever = GeographRetriever(module=iso, corpus=corpus, encoder=demo["enc"], k=8)
-    compressor = GeographCompressor(module=man, encoder=demo["enc"], top_n=5)
+    retriever = GeographRetriever(module=iso, corpus=corpus, k=8)
+    compressor = GeographCompressor(module=man, top_n=5)
     chain = RunnableParallel(docs=retriever, query=RunnablePassthrough()) | RunnableLambda(
         lambda x: compressor.compress_documents(x["docs"], x["query"])
     )
@@ -74,6 +76,8 @@ def test_langchain_retriever_chain_and_compressor(demo):
         order, scores = reranked(Maniscope(), q, demo["emb"][rows])
         assert [d.metadata["row"] for d in got] == [rows[j] for j in order[:5]]
         assert [d.metadata["geograph_score"] for d in got] == pytest.approx(scores[:5], abs=1e-6)
+        want = [(s + 0.3) / 1.3 for s in scores[:5]]  # Maniscope's range [-alpha, 1] onto [0, 1]
+        assert [d.metadata["relevance_score"] for d in got] == pytest.approx(want, abs=1e-6)
         assert iso_calls == [1] * n and man_calls == [1] * n  # one call per query, all its documents in it
     docs = retriever.invoke(demo["queries"][0])
     got = asyncio.run(compressor.acompress_documents(docs, demo["queries"][0]))
@@ -81,6 +85,17 @@ def test_langchain_retriever_chain_and_compressor(demo):
     assert compressor.compress_documents([], "q") == []
     with pytest.raises(ValueError, match="top_n"):
         GeographCompressor(module=man, top_n=0)
+    with pytest.raises(ValueError, match="unknown key 'beta' for method maniscope"):
+        GeographCompressor(params={"beta": 0.4})
+    # by name, every default: G3RAG over the texts, Maniscope
+    by_name = GeographRetriever(method="g3", corpus=demo["passages"])
+    q = demo["enc"].encode([demo["queries"][0]])
+    rows, _ = retrieved(G3Retriever(demo["emb"]), q, 4)
+    got = by_name.invoke(demo["queries"][0])
+    assert [d.page_content for d in got] == [demo["passages"][j] for j in rows]
+    order, _ = reranked(Maniscope(), q, demo["emb"][rows])
+    got = GeographCompressor().compress_documents(got, demo["queries"][0])
+    assert [d.page_content for d in got] == [demo["passages"][rows[j]] for j in order]
 
 
 def test_llamaindex_query_engine_over_nodes(demo, monkeypatch):
@@ -98,9 +113,9 @@ def test_llamaindex_query_engine_over_nodes(demo, monkeypatch):
     ricci, ricci_calls = counted(RicciFiltration())
     nodes = [TextNode(text=t, id_=str(i)) for i, t in enumerate(demo["passages"])]
     engine = RetrieverQueryEngine(  # no LLM: the answer is the retrieved, postprocessed nodes
-        GeographRetriever(g3, nodes, encoder=demo["enc"], k=10),
+        GeographRetriever(g3, nodes, k=10),
         response_synthesizer=get_response_synthesizer(response_mode="no_text"),
-        node_postprocessors=[GeographPostprocessor(module=ricci, encoder=demo["enc"])],
+        node_postprocessors=[GeographPostprocessor(module=ricci)],
     )
     for n, query in enumerate(demo["queries"], 1):
         got = engine.query(query).source_nodes
@@ -118,10 +133,14 @@ def test_llamaindex_query_engine_over_nodes(demo, monkeypatch):
         NodeWithScore(node=TextNode(text=demo["passages"][i], id_=str(i), embedding=vecs[i].tolist()))
         for i in range(12)
     ]
-    pp = GeographPostprocessor(module=Maniscope(), encoder=demo["enc"], top_n=6)
+    pp = GeographPostprocessor(method="maniscope", top_n=6)
     got = pp.postprocess_nodes(with_emb, QueryBundle("ignored", embedding=qv.tolist()))
     order, _ = reranked(Maniscope(), qv[None], vecs)
     assert [int(x.node.node_id) for x in got] == order[:6]
+    # by name over nodes with embeddings: the nodes' vectors are the corpus
+    by_name = GeographRetriever("dense", [TextNode(text=f"n{i}", embedding=vecs[i].tolist()) for i in range(12)], k=3)
+    got = by_name.retrieve(QueryBundle("ignored", embedding=qv.tolist()))
+    assert [x.node.get_content() for x in got] == [f"n{i}" for i in (vecs @ qv).topk(3).indices.tolist()]
 
 
 def test_haystack_pipeline_retriever_then_ranker(demo):
@@ -134,8 +153,8 @@ def test_haystack_pipeline_retriever_then_ranker(demo):
     ricci, ricci_calls = counted(RicciFiltration())
     docs = [Document(content=t, id=str(i)) for i, t in enumerate(demo["passages"])]
     pipe = Pipeline()
-    pipe.add_component("retriever", GeographRetriever(iso, docs, encoder=demo["enc"], top_k=12))
-    pipe.add_component("ranker", GeographRanker(ricci, encoder=demo["enc"], top_k=4))
+    pipe.add_component("retriever", GeographRetriever(iso, docs, top_k=12))
+    pipe.add_component("ranker", GeographRanker(ricci, top_k=4))
     pipe.connect("retriever.documents", "ranker.documents")
     for n, query in enumerate(demo["queries"], 1):
         got = pipe.run({"retriever": {"query": query}, "ranker": {"query": query}})["ranker"]["documents"]
@@ -152,7 +171,39 @@ def test_haystack_pipeline_retriever_then_ranker(demo):
         Document(content=demo["passages"][i], id=str(i), embedding=vecs[i].tolist() if i % 2 else None)
         for i in range(9)
     ]
-    got = GeographRanker(Maniscope(), encoder=demo["enc"]).run(query=demo["queries"][0], documents=mixed)["documents"]
+    got = GeographRanker().run(query=demo["queries"][0], documents=mixed)["documents"]
     rows = torch.stack([vecs[i] if i % 2 else demo["emb"][i] for i in range(9)])
     order, _ = reranked(Maniscope(), demo["enc"].encode([demo["queries"][0]]), rows)
     assert [int(d.id) for d in got] == order
+
+
+def test_haystack_components_round_trip_through_to_dict(demo):
+    require("haystack")
+    from haystack import Document, Pipeline
+
+    from geograph.integrations.haystack import GeographRanker, GeographRetriever
+
+    docs = [Document(content=t, id=str(i)) for i, t in enumerate(demo["passages"][:40])]
+    pipe = Pipeline()
+    pipe.add_component("retriever", GeographRetriever("g3", docs, top_k=8, params={"seeds": 3, "beta": 0.7}))
+    pipe.add_component("ranker", GeographRanker("maniscope", top_k=5, params={"k": 3, "alpha": 0.5}))
+    pipe.connect("retriever.documents", "ranker.documents")
+    again = Pipeline.loads(pipe.dumps(), allowed_modules=["geograph.integrations.haystack"])
+    ranker = again.get_component("ranker")
+    assert ranker.ranker.params == {"k": 3, "alpha": 0.5, "early_stop": True} and ranker.top_k == 5
+    assert again.get_component("retriever").retriever.params == {"seeds": 3, "beta": 0.7}
+    query = demo["queries"][1]
+    inputs = {"retriever": {"query": query}, "ranker": {"query": query}}
+    got = [d.id for d in again.run(inputs)["ranker"]["documents"]]
+    assert got == [d.id for d in pipe.run(inputs)["ranker"]["documents"]]
+    # independent: G3RAG with beta 0.7 over the 40 passages, then Maniscope(k=3, alpha=0.5)
+    emb = demo["emb"][:40]
+    q = demo["enc"].encode([query])
+    rows, _ = retrieved(G3Retriever(emb, beta=0.7, seeds=3), q, 8)
+    order, _ = reranked(Maniscope(k=3, alpha=0.5), q, emb[rows])
+    assert got == [str(rows[j]) for j in order[:5]]
+    # a module given instead of a name saves as its name and parameters
+    data = GeographRanker(RicciFiltration(percentile=40.0)).to_dict()
+    assert data["init_parameters"]["method"] == "ricci" and data["init_parameters"]["params"]["percentile"] == 40.0
+    with pytest.raises(ValueError, match="cannot be saved; give the encoder as a model name"):
+        GeographRanker(encoder=lambda texts: demo["enc"].encode(texts)).to_dict()

@@ -59,6 +59,7 @@ def test_example_config_is_valid():
         ({"method": "maniscope", "corpus": DEMO, "port": "eighty"}, [], "port:"),
         ({"method": "maniscope", "corpus": DEMO, "max_batch_size": 0}, [], "max_batch_size:"),
         ({"method": "maniscope", "corpus": DEMO, "params": {"beta": 1}}, [], "unknown key 'beta' for method maniscope"),
+        ({"method": "maniscope", "corpus": DEMO}, ["--param", "alpha=2"], "alpha must be a float in [0, 1], got 2"),
         ({"method": "nope", "corpus": DEMO}, [], "method:"),
         ({"method": "maniscope", "corpus": "/no/such/dir"}, [], "corpus:"),
         ({"method": "maniscope", "corpus": DEMO, "graph": DEMO}, [], "graph applies to iso and g3"),
@@ -98,7 +99,7 @@ def test_cli_config_errors_exit_2_with_one_line(tmp_path):
 
 @pytest.mark.integration
 def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
-    """Bad parameter values (the module's own check) and artefacts that do not match the corpus."""
+    """Artefacts that do not match the corpus (bad parameter values are config errors: the registry's bounds)."""
     from geograph import CorpusGraph
 
     small = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(7, 384), dim=1), 2)
@@ -110,7 +111,6 @@ def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
     other = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(111, 384), dim=1), 2)
     other.save_pretrained(tmp_path / "e5", encoder=e5, ids=load_demo().doc_ids)
     cases = [
-        (["--method", "maniscope", "--param", "alpha=2"], "params: alpha must lie in [0, 1]"),
         (["--method", "iso", "--graph", str(tmp_path / "graph")], "graph: "),
         (["--method", "iso", "--graph", str(tmp_path / "e5")], "; the encoder in use is sentence-transformers/"),
         (["--method", "iso", "--projection", write(tmp_path, "not a checkpoint", "p.pt")], "projection: cannot read"),

@@ -322,3 +322,104 @@ def iso_reference_prepare(
     z = expmap0_reference(emb, c) if z is None else z
     phi, nxg = iso_reference_phi(len(emb), edges, z, p=p, c=c)
     return nxg, iso_reference_kept(nxg, phi, beta)
+
+
+# --- per-query reference rankers of the benchmark table ---------------------------------------
+# One signature for every method the registry names (MethodSpec.reference):
+#   factory(corpus (V, D) tensor, params, cfg, cache, **artefacts) -> ref(query (D,), candidates (M,))
+# where ``ref`` returns the corpus indices the method returns for that query, best first (int64);
+# ``params`` are the grid point's method parameters, ``cfg`` the method's bench section (``k``, ...),
+# ``cache`` a dict kept per data set for per-corpus work done once (outside the timed loop).
+
+
+def maniscope_ranker_reference(corpus, params: dict, cfg: dict, cache: dict):
+    """Maniscope with scikit-learn's k-NN graph and scipy's Dijkstra, one query at a time."""
+    x = corpus.double().cpu().numpy()
+    opts = {name: params[name] for name in ("k", "alpha") if name in params}
+
+    def ref(q, c):
+        c = np.asarray(c)
+        return c[maniscope_reference(q.double().cpu().numpy(), x[c], **opts)[2]]
+
+    return ref
+
+
+def ricci_ranker_reference(corpus, params: dict, cfg: dict, cache: dict):
+    """Ricci-Filtration with the query graph built in numpy (:func:`ricci_graph_reference`) and
+    GraphRicciCurvature's 20-step flow; the kept candidates ordered by cosine."""
+    x = corpus.double().cpu().numpy()
+    percentile, eta = params.get("percentile", 50.0), params.get("eta", 1.0)
+
+    def ref(q, c):
+        c = np.asarray(c)
+        qv, d = q.double().cpu().numpy(), x[c]
+        edges = ricci_graph_reference(qv, d, percentile=percentile)
+        n = len(c) + 1
+        _, lengths = ricci_reference(edges, n, iterations=params.get("iterations", 20))
+        kept = np.flatnonzero([lengths[(0, j)] <= eta for j in range(1, n)])
+        cos = d @ qv / (np.linalg.norm(d, axis=1) * np.linalg.norm(qv))
+        return c[kept[np.argsort(-cos[kept], kind="stable")]]
+
+    return ref
+
+
+def iso_ranker_reference(corpus, params: dict, cfg: dict, cache: dict, *, projection=None):
+    """ISO-RAG in numpy + networkx from the raw inputs: the corpus, the k-NN edge list (``cfg["knn"]``,
+    default 10) and, with a trained ``projection``, the projected points (never the module's phi)."""
+    import torch
+
+    from geograph.graphs.corpus_graph import CorpusGraph
+
+    knn = cfg.get("knn", 10)
+    if ("knn", knn) not in cache:
+        cache[("knn", knn)] = CorpusGraph.from_knn(corpus, min(knn, corpus.shape[0] - 1))
+    edges = cache[("knn", knn)].edge_index.cpu().numpy()
+    emb = corpus.double().cpu().numpy()
+    z, c = None, 1.0
+    if projection is not None:
+        with torch.no_grad():
+            mlp = projection.eval().mlp(corpus.to(next(projection.parameters()).dtype))
+        z, c = expmap0_reference(mlp.double().cpu().numpy(), projection.c), projection.c
+    beta = params.get("beta", 0.4)
+    key = ("iso-reference", projection is not None, knn, beta)
+    if key not in cache:  # the per-corpus part, once per beta
+        cache[key] = iso_reference_prepare(emb, edges, z=z, c=c, beta=beta)
+    kwargs = {name: value for name, value in params.items() if name != "beta"}
+
+    def ref(q, cands):
+        out = iso_reference(
+            emb, edges, q.double().cpu().numpy(), cfg["k"], beta=beta, c=c, prepared=cache[key], **kwargs
+        )
+        return np.asarray(out[0], dtype=np.int64)
+
+    return ref
+
+
+def g3_ranker_reference(corpus, params: dict, cfg: dict, cache: dict):
+    """G3RAG with the dense numpy transition matrix (:func:`g3_dense_reference`); ``band``, ``beta``
+    from ``params``, ``max_degree`` from ``cfg`` (default: all edges up to 2000 passages, else 128)."""
+    band = params.get("band", (0.1, 0.7))
+    band = tuple(band) if band is not None else None
+    beta = params.get("beta", 0.4)
+    max_degree = cfg.get("max_degree", None if corpus.shape[0] <= 2000 else 128)
+    x = corpus.double().cpu().numpy()
+    key = ("g3-reference", band, beta, max_degree)
+    if key not in cache:
+        cache[key] = g3_dense_reference(x, band, beta, max_degree)[0]
+    seeds = params.get("seeds", cfg.get("seeds", 2))
+
+    def ref(q, c):
+        out = g3_retrieve_reference(
+            x, cache[key], q.double().cpu().numpy(), candidates=cfg.get("candidates", 10), seeds=seeds, k=cfg["k"]
+        )
+        return np.asarray(out[0], dtype=np.int64)
+
+    return ref
+
+
+def resolve(path: str):
+    """The object named by ``"module:attribute"`` (a registry entry's ``reference``)."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,17 +1,18 @@
-"""LangChain components (``pip install 'geograph[langchain]'``: ``langchain-core`` only).
+"""LangChain components (``pip install 'geograph[langchain]'``: ``langchain-core`` only), built on
+:class:`geograph.Ranker` and :class:`geograph.Retriever`.
 
 * :class:`GeographCompressor`: a ``BaseDocumentCompressor`` that reranks a query's documents with
   Maniscope or Ricci-Filtration in one module call (Ricci-Filtration's dropped documents are left
   out); ``compress_documents`` and ``acompress_documents``.
-* :class:`GeographRetriever`: a ``BaseRetriever`` over a corpus for ISO-RAG / G3RAG (or any
-  corpus retriever ``module(query, k)``), one module call per query.
+* :class:`GeographRetriever`: a ``BaseRetriever`` over a corpus for ISO-RAG / G3RAG / dense.
 
-Each returned ``Document`` is the input one with ``metadata["geograph_score"]``, the method's score.
+Each returned ``Document`` is the input one with ``metadata["geograph_score"]`` (the method's
+score) and ``metadata["relevance_score"]`` (for the compressor: that score mapped onto [0, 1]).
 
 Example:
-    >>> from geograph import Maniscope                                              # doctest: +SKIP
-    >>> from geograph.integrations.langchain import GeographCompressor              # doctest: +SKIP
-    >>> GeographCompressor(module=Maniscope(), top_n=3).compress_documents(docs, "query")  # doctest: +SKIP
+    >>> from geograph.integrations.langchain import GeographCompressor, GeographRetriever  # doctest: +SKIP
+    >>> retriever = GeographRetriever(method="g3", corpus=texts, k=8)                       # doctest: +SKIP
+    >>> GeographCompressor(method="maniscope", top_n=3).compress_documents(retriever.invoke(q), q)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,21 +29,36 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "geograph.integrations.langchain needs the langchain extra: pip install 'geograph[langchain]'"
     ) from e
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from geograph.integrations._common import check_top, cut, embed, rerank, resolve_encoder, retrieve
+from geograph.ranking import Ranker, Retriever
+from geograph.text import check_top
 
 
-def _scored(doc: Document, score: float) -> Document:
-    return Document(page_content=doc.page_content, metadata={**doc.metadata, "geograph_score": score}, id=doc.id)
+def _scored(doc: Document, score: float, relevance: float | None = None) -> Document:
+    meta = {**doc.metadata, "geograph_score": score}
+    if relevance is not None:
+        meta["relevance_score"] = relevance
+    return Document(page_content=doc.page_content, metadata=meta, id=doc.id)
+
+
+def _module_alias(data: Any) -> Any:
+    """``module=`` (a built module) is accepted for ``method=``."""
+    if isinstance(data, dict) and "module" in data:
+        data = dict(data)
+        if "method" in data:
+            raise ValueError("give method or module, not both")
+        data["method"] = data.pop("module")
+    return data
 
 
 class GeographCompressor(BaseDocumentCompressor):
     """Rerank a query's documents with a geograph reranker (one padded module call).
 
     Args:
-        module: :class:`~geograph.Maniscope` or :class:`~geograph.RicciFiltration`.
-        encoder: embeds the query and the documents' ``page_content`` (a
+        method: ``"maniscope"`` or ``"ricci"`` (or a built reranker module; ``module=`` is accepted too).
+        params: the method's parameters (e.g. ``{"k": 5, "alpha": 0.3}``).
+        encoder: embeds the query and the documents' ``page_content`` (a model name, a
             :class:`geograph.data.Encoder`, a LangChain ``Embeddings``, or a callable); default
             the offline all-MiniLM-L6-v2.
         top_n: keep at most this many (``None``: all the method keeps).
@@ -50,30 +66,32 @@ class GeographCompressor(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    module: Any
+    method: Any = "maniscope"
+    params: dict[str, Any] = Field(default_factory=dict)
     encoder: Any = None
     top_n: int | None = Field(None)
-    _encoder: Any = PrivateAttr(None)
+    _ranker: Any = PrivateAttr(None)
+
+    _alias = model_validator(mode="before")(_module_alias)
 
     @field_validator("top_n")
     @classmethod
     def _top(cls, v):
         return check_top(v, "top_n")
 
-    def _enc(self):
-        return resolve_encoder(self)
+    def model_post_init(self, context: Any) -> None:
+        self._ranker = Ranker(self.method, encoder=self.encoder, **self.params)
+
+    @property
+    def ranker(self) -> Ranker:
+        return self._ranker
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
         documents = list(documents)
-        if not documents:
-            return []
-        enc = self._enc()
-        q = embed(enc, [query], query=True)
-        docs = embed(enc, [d.page_content for d in documents]).to(q)
-        [ranked] = rerank(self.module, q, [docs])
-        return [_scored(documents[j], s) for j, s in cut(ranked, self.top_n)]
+        ranked = self._ranker.rank(query, [d.page_content for d in documents], top_k=self.top_n)
+        return [_scored(documents[r.index], r.score, r.relevance) for r in ranked]
 
     async def acompress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
@@ -82,23 +100,29 @@ class GeographCompressor(BaseDocumentCompressor):
 
 
 class GeographRetriever(BaseRetriever):
-    """Retrieve from a corpus with ISO-RAG / G3RAG (any ``module(query (B, D), k)`` retriever).
+    """Retrieve from a corpus with ISO-RAG / G3RAG / dense.
 
     Args:
-        module: :class:`~geograph.ISORetriever`, :class:`~geograph.G3Retriever`, or
-            :class:`~geograph.retrievers.DenseRetriever`, built over the corpus embeddings.
+        method: ``"iso"``, ``"g3"`` or ``"dense"`` (built over the corpus at construction), or a
+            retriever module built over the corpus embeddings (``module=`` is accepted too).
         corpus: the corpus as ``Document`` s (or strings), row ``i`` of the module's corpus first.
-        encoder: embeds queries (the corpus's model); default the offline all-MiniLM-L6-v2.
+        params: the method's parameters (build parameters included).
+        encoder: embeds the corpus and the queries; default the offline all-MiniLM-L6-v2.
+        embeddings: ``(V, D)`` corpus embeddings to use instead of embedding the corpus.
         k: passages per query (G3: at least its ``seeds``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    module: Any
+    method: Any
     corpus: list[Document]
+    params: dict[str, Any] = Field(default_factory=dict)
     encoder: Any = None
+    embeddings: Any = None
     k: int = 4
-    _encoder: Any = PrivateAttr(None)
+    _retriever: Any = PrivateAttr(None)
+
+    _alias = model_validator(mode="before")(_module_alias)
 
     @field_validator("corpus", mode="before")
     @classmethod
@@ -110,6 +134,18 @@ class GeographRetriever(BaseRetriever):
     def _k(cls, v):
         return check_top(v, "k")
 
+    def model_post_init(self, context: Any) -> None:
+        self._retriever = Retriever(
+            self.method,
+            corpus=[d.page_content for d in self.corpus],
+            encoder=self.encoder,
+            embeddings=self.embeddings,
+            **self.params,
+        )
+
+    @property
+    def retriever(self) -> Retriever:
+        return self._retriever
+
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        [ranked] = retrieve(self.module, embed(resolve_encoder(self, len(self.corpus)), [query], query=True), self.k)
-        return [_scored(self.corpus[j], s) for j, s in ranked]
+        return [_scored(self.corpus[r.index], r.score) for r in self._retriever.retrieve(query, self.k)]

@@ -32,7 +32,7 @@ class ServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["maniscope", "ricci", "iso", "g3"]
+    method: Literal[METHODS]  # type: ignore[valid-type]  # every registered method
     corpus: str = Field(description="BEIR-format folder (corpus.jsonl)")
     params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
     graph: str | None = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")

@@ -26,11 +26,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from geograph import registry
+
 #: Limits set by :func:`set_limits` (``dim``, ``ids``, ``num_docs``, ``max_candidates``, ``max_k``,
 #: ``method``, ``default_candidates``, ``k_min``, ``k_max``).
 LIMITS: dict[str, Any] = {}
 
-RERANKERS = ("maniscope", "ricci")
+RERANKERS = registry.RERANKERS
 
 
 def set_limits(**limits: Any) -> None:

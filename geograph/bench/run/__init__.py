@@ -41,10 +41,10 @@ from geograph.bench.run.methods import (
     Context,
     Method,
     Ranker,
+    RegistryMethod,
     chain_ranker,
     chain_reference,
     reranker,
-    ricci_filtration_reference,
 )
 from geograph.bench.run.plot import figure
 from geograph.bench.run.protocol import environment, evaluate_run, run, speed, tune
@@ -65,7 +65,7 @@ __all__ = [
     "chain_ranker",
     "chain_reference",
     "reranker",
-    "ricci_filtration_reference",
+    "RegistryMethod",
     "speed",
     "tune",
     "evaluate_run",

@@ -16,16 +16,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from geograph import registry
 from geograph.bench.common import Split
+from geograph.bench.reference import resolve
+from geograph.registry import MethodSpec
 
+#: the table's name of every row: the registered methods' labels, and the rows of the bench's own
 LABELS = {
-    "dense": "dense",
+    **{spec.name: spec.label for spec in registry.METHODS.values()},
     "bm25": "BM25",
-    "maniscope": "Maniscope",
-    "ricci": "Ricci-Filtration",
-    "iso": "ISO-RAG",
     "iso_trained": "ISO-RAG + f_theta",
-    "g3": "G3RAG",
 }
 Ranker = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -47,10 +47,18 @@ class Context:
 
 
 class Method:
-    """A row of the table: a grid, a ranker per grid point and, where one exists, a reference."""
+    """A row of the table: a grid, a ranker per grid point and, where one exists, a reference.
+
+    A registered method's row (:class:`RegistryMethod`) takes its reference from the registry
+    entry (``spec.reference``, a factory of :mod:`geograph.bench.reference`).
+    """
 
     kind = "rerank"
-    reference_name: str | None = None
+    spec: MethodSpec | None = None
+
+    @property
+    def reference_name(self) -> str | None:
+        return None if self.spec is None else self.spec.reference_name
 
     def ranker(self, ctx: Context, params: dict, cfg: dict) -> Ranker:
         raise NotImplementedError
@@ -58,7 +66,30 @@ class Method:
     def reference(self, ctx: Context, params: dict, cfg: dict) -> Callable[[Tensor, Tensor], Any] | None:
         """The slow reference for one query: ``(query (D,), candidate indices (M,))`` to the
         corpus indices it returns, best first (a 1-D int64 array)."""
-        return None
+        if self.spec is None or self.spec.reference is None:
+            return None
+        return resolve(self.spec.reference)(ctx.corpus, params, cfg, ctx.cache)
+
+
+class RegistryMethod(Method):
+    """A registered method, its module made by the registry (``spec.create``) for each grid point:
+    a reranker over the dense candidates, or a retriever over the corpus."""
+
+    def __init__(self, spec: MethodSpec) -> None:
+        self.spec = spec
+        self.kind = "rerank" if spec.is_reranker else "retrieve"
+
+    def ranker(self, ctx, params, cfg):
+        spec = self.spec
+        if spec.is_reranker:
+            return reranker(spec.create(params=params), ctx.corpus)
+        model = spec.create(ctx.corpus, params)
+
+        def run(q, c):
+            out = model(q, cfg["k"])
+            return out.indices, out.scores
+
+        return run
 
 
 class Dense(Method):
@@ -120,62 +151,9 @@ def reranker(model, corpus: Tensor) -> Ranker:
     return run
 
 
-class ManiscopeMethod(Method):
-    reference_name = "sklearn + scipy Dijkstra"
+class ISOMethod(RegistryMethod):
+    """ISO-RAG with the k-NN graph, phi and an optional trained projection made once per data set."""
 
-    def ranker(self, ctx, params, cfg):
-        from geograph.rerankers import Maniscope
-
-        return reranker(Maniscope(**params), ctx.corpus)
-
-    def reference(self, ctx, params, cfg):
-        from geograph.bench.reference import maniscope_reference
-
-        corpus = ctx.corpus.double().numpy()
-
-        def ref(q, c):
-            c = np.asarray(c)
-            return c[maniscope_reference(q.double().numpy(), corpus[c], **params)[2]]
-
-        return ref
-
-
-class RicciMethod(Method):
-    reference_name = "GraphRicciCurvature 0.6.1"
-
-    def ranker(self, ctx, params, cfg):
-        from geograph.rerankers import RicciFiltration
-
-        return reranker(RicciFiltration(**params), ctx.corpus)
-
-    def reference(self, ctx, params, cfg):
-        return lambda q, c: np.asarray(c)[ricci_filtration_reference(q, ctx.corpus[torch.as_tensor(c)], **params)]
-
-
-def ricci_filtration_reference(
-    query: Tensor, docs: Tensor, *, percentile: float = 50.0, eta: float = 1.0, **flow
-) -> np.ndarray:
-    """Ricci-Filtration for one query with GraphRicciCurvature's 20-step flow: kept candidates by cosine.
-
-    The query graph is built in numpy (:func:`geograph.bench.reference.ricci_graph_reference`,
-    independent of ours); curvature and flow are GraphRicciCurvature's. Returns the kept candidate
-    positions, best first.
-    """
-    from geograph.bench.reference import ricci_graph_reference, ricci_reference
-
-    edges = ricci_graph_reference(query.double().numpy(), docs.double().numpy(), percentile=percentile)
-    n = docs.shape[0] + 1
-    _, lengths = ricci_reference(edges, n, iterations=flow.get("iterations", 20))
-    keep = np.array([lengths[(0, j)] <= eta for j in range(1, n)])
-    d = docs.double().numpy()
-    cos = d @ query.double().numpy() / (np.linalg.norm(d, axis=1) * np.linalg.norm(query.double().numpy()))
-    kept = np.flatnonzero(keep)
-    return kept[np.argsort(-cos[kept], kind="stable")]
-
-
-class ISOMethod(Method):
-    kind = "retrieve"
-    reference_name = "numpy + networkx PageRank"
     trained = False
 
     def _graph(self, ctx, cfg):
@@ -219,41 +197,16 @@ class ISOMethod(Method):
         return run
 
     def reference(self, ctx, params, cfg):
-        return iso_method_reference(ctx, params, cfg, self._graph(ctx, cfg), self._projection(ctx, cfg))
-
-
-def iso_method_reference(ctx, params, cfg, graph, projection):
-    """The numpy + networkx ISO-RAG of one grid point, from the raw inputs: the corpus
-    embeddings, the k-NN edge list and the projected points (never the module's phi)."""
-    from geograph.bench.reference import expmap0_reference, iso_reference, iso_reference_prepare
-
-    emb = ctx.corpus.double().numpy()
-    edges = graph.edge_index.cpu().numpy()
-    z, c = None, 1.0
-    if projection is not None:
-        with torch.no_grad():
-            z = expmap0_reference(
-                projection.eval().mlp(ctx.corpus.to(next(projection.parameters()).dtype)).double().numpy(), projection.c
-            )
-        c = projection.c
-    beta = params.get("beta", 0.4)
-    key = ("iso-reference", projection is not None, cfg.get("knn", 10), beta)
-    if key not in ctx.cache:  # the per-corpus part, once per beta (outside the timed loop)
-        ctx.cache[key] = iso_reference_prepare(emb, edges, z=z, c=c, beta=beta)
-    kwargs = {name: value for name, value in params.items() if name != "beta"}
-    return lambda q, cands: np.asarray(
-        iso_reference(emb, edges, q.double().numpy(), cfg["k"], beta=beta, c=c, prepared=ctx.cache[key], **kwargs)[0],
-        dtype=np.int64,
-    )
+        factory = resolve(self.spec.reference)
+        return factory(ctx.corpus, params, cfg, ctx.cache, projection=self._projection(ctx, cfg))
 
 
 class ISOTrainedMethod(ISOMethod):
     trained = True
 
 
-class G3Method(Method):
-    kind = "retrieve"
-    reference_name = "dense numpy T"
+class G3Method(RegistryMethod):
+    """G3RAG with its gain graph built once per data set and grid point of the graph's parameters."""
 
     def _graph(self, ctx, params, cfg):
         from geograph.graphs import G3Graph
@@ -281,29 +234,15 @@ class G3Method(Method):
 
         return run
 
-    def reference(self, ctx, params, cfg):
-        from geograph.bench.reference import g3_dense_reference, g3_retrieve_reference
 
-        graph = self._graph(ctx, params, cfg)
-        x = ctx.corpus.double().numpy()
-        t, _ = g3_dense_reference(x, graph.band, graph.beta, graph.max_degree)
-        seeds = params.get("seeds", cfg.get("seeds", 2))
-        return lambda q, c: np.asarray(
-            g3_retrieve_reference(
-                x, t, q.double().numpy(), candidates=cfg.get("candidates", 10), seeds=seeds, k=cfg["k"]
-            )[0],
-            dtype=np.int64,
-        )
-
-
-METHODS: dict[str, Method] = {
-    "bm25": BM25Method(),
-    "maniscope": ManiscopeMethod(),
-    "ricci": RicciMethod(),
-    "iso": ISOMethod(),
-    "iso_trained": ISOTrainedMethod(),
-    "g3": G3Method(),
-}
+#: registered methods with a row of their own making (per-data-set caches); the others are RegistryMethod
+_OWN: dict[str, type[RegistryMethod]] = {"iso": ISOMethod, "g3": G3Method}
+#: every row but dense: BM25, every registered (non-baseline) method, and ISO-RAG with a trained f_theta
+METHODS: dict[str, Method] = {"bm25": BM25Method()}
+for _name in registry.names(baseline=False):
+    METHODS[_name] = _OWN.get(_name, RegistryMethod)(registry.get(_name))
+    if _name == "iso":
+        METHODS["iso_trained"] = ISOTrainedMethod(registry.get("iso"))
 
 
 def chain_ranker(rankers: Sequence[Ranker]) -> Ranker:

@@ -1,0 +1,70 @@
+"""Write ``docs/methods/<name>.md`` for every registered method that has no page yet.
+
+The first page of a method is made from its registry entry: title and kind, the module and its
+functional twin, the paper, ``about`` (what it does, its formula), an example, where it is served
+and benched, and its parameter table as the site's ``{method-params}`` directive, which the
+documentation build fills from the registry (defaults read from the constructor, accepted
+values), so the table never goes stale. A page that exists is never overwritten: it can be
+extended by hand (results, parity figures, when the method helps).
+
+Usage: ``python -m geograph.commands.method_pages [DOCS_DIR]`` (default ``docs/methods``);
+``--check`` exits 1 naming the pages that are missing or lack the parameter directive.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from geograph.registry import METHODS, MethodSpec
+
+
+def page(spec: MethodSpec) -> str:
+    """The Markdown page of ``spec``."""
+    cls = f"{spec.module.__module__.rsplit('.', 1)[0]}.{spec.module.__name__}"
+    twin = f", functional twin `{spec.functional.__module__}.{spec.functional.__name__}`" if spec.functional else ""
+    lines = [f"# {spec.label} (`{spec.name}`)", "", f"A {spec.kind}: `{cls}`{twin}.", ""]
+    lines.append(f"Paper: {spec.paper}." if spec.paper else "Paper: none (a baseline).")
+    if spec.about:
+        lines += ["", spec.about]
+    if spec.example:
+        lines += ["", "```python", "import geograph", "", spec.example, "```"]
+    routes = "`/retrieve`, `/rerank`, `/v1/rerank`, `/v2/rerank`" if spec.is_reranker else "`/retrieve`"
+    lines += ["", f"Served by `geograph serve --method {spec.name}` ({routes})."]
+    if spec.reference:
+        lines.append(f"Benchmarked against {spec.reference_name} (`{spec.reference}`).")
+    lines += ["", "## Parameters", "", directive(spec.name), ""]
+    return "\n".join(lines)
+
+
+def directive(name: str) -> str:
+    """The site directive that writes ``name``'s parameter table from the registry."""
+    return f"```{{method-params}} {name}\n```"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    out = Path(args[0] if args else "docs/methods")
+    stale = []
+    for name, spec in METHODS.items():
+        path = out / f"{name}.md"
+        if check:
+            if not path.is_file() or directive(name) not in path.read_text():
+                stale.append(str(path))
+            continue
+        if not path.is_file():
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(page(spec))
+    if stale:
+        print(
+            f"method pages missing or without their parameter table: {', '.join(stale)} "
+            "(run python -m geograph.commands.method_pages)"
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
