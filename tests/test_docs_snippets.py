@@ -5,7 +5,9 @@ prompt, in a temporary working directory. A block of ``>>>`` lines is a doctest:
 shows are checked (``ELLIPSIS``, ``NORMALIZE_WHITESPACE``). A block preceded by an HTML comment
 ``<!-- snippet: cluster -->``, ``<!-- snippet: gpu -->`` or ``<!-- snippet: network -->`` needs
 what the suite does not have (a Ray cluster, a GPU, a running server or the network) and is only
-compiled. ``<!-- snippet: slow -->`` marks a page whose blocks take more than a few seconds (a
+compiled; so is a block marked ``<!-- snippet: file ... -->``, the content of a file of a new
+method (the developer guide's walkthrough), which imports modules that do not exist here.
+``<!-- snippet: slow -->`` marks a page whose blocks take more than a few seconds (a
 page that loads the text encoder is slow too).
 """
 
@@ -21,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^(`{3,})\s*([\w+-]*)[^\n]*$")
 MARKER = re.compile(r"^<!--\s*snippet:\s*([\w-]+)\b[^>]*-->$")
-COMPILE_ONLY = {"cluster", "gpu", "network"}
+COMPILE_ONLY = {"cluster", "gpu", "network", "file"}
 MARKERS = COMPILE_ONLY | {"slow"}
 PYTHON = {"python", "py", "pycon"}
 
