@@ -147,3 +147,18 @@ def test_helpers():
     tasks = peer_tasks(args_for(list(CONFIGS), geograph_targets=[0.9, 0.98]))
     assert [t[0] for t in tasks][:2] == ["geograph", "geograph"]  # a build per recall target, each its own process
     assert [len(t[2]) for t in tasks if t[0] == "faiss-hnsw"] == [4]  # efSearch values share one build
+
+
+def test_peers_report_writes_the_json_and_the_table(tmp_path, capsys):
+    import json
+
+    from geograph.bench.scale.generators import fit_generators
+    from geograph.bench.scale.peers_compare import peers_report
+
+    model = fit_generators(corpus(2000, d=16, seed=3), clusters=16)
+    args = args_for(["faiss-ivf"], ivf_nprobe=[1, 4], sizes=[1500], generators=["mixture"], out=str(tmp_path))
+    assert peers_report(args, model, {"threads": 1}) == 0
+    res = json.loads((tmp_path / "scale-peers.json").read_text())["peers"]["mixture-1500"]
+    assert set(res["configs"]) == {"faiss-ivf nprobe=1", "faiss-ivf nprobe=4"} and res["N"] == 1500
+    table = (tmp_path / "scale-peers.md").read_text()
+    assert "faiss-ivf nprobe=4" in table and "GFLOP/s" in table and "faiss-ivf nprobe=4" in capsys.readouterr().out
