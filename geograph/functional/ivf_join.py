@@ -45,6 +45,7 @@ from geograph.functional.faiss_ivf import train_centroids
 from geograph.functional.ivf_recall import choose_nprobe, measure_recall
 from geograph.functional.knn_exact import exact_rows, exact_self_topk, rank_pairs
 from geograph.functional.knn_policy import (
+    LADDER_DESCENT,
     IVFOptions,
     IVFReport,
     SelfTopk,
@@ -79,8 +80,9 @@ def ivf_self_topk(
     With ``options.recall_target`` and ``nprobe`` left to its default, ``recall_rows`` sampled
     rows are ranked exactly against every row; the cells of their exact neighbours say, for any
     ``nprobe``, which of them the join would meet (its cell pairs and the row's own probes), so
-    ``nprobe`` is the smallest power-of-two multiple of the default whose predicted recall
-    reaches the target (:func:`~geograph.functional.ivf_recall.choose_nprobe`; the refining round
+    ``nprobe`` is the smallest of the ladder ``default / 4, default / 2, default, 2 default, ...``
+    (:data:`~geograph.functional.knn_policy.LADDER_DESCENT`) whose predicted recall reaches the
+    target (:func:`~geograph.functional.ivf_recall.choose_nprobe`; the refining round
     only adds to it). Above ``nlist / 4`` cells (probed from both sides, a large share of all
     pairs) the rows are computed exactly instead: a simple bound, not a cost model. Either way
     ``recall_rows`` other sampled rows measure the recall of the result. Why: IVF's recall
@@ -137,6 +139,8 @@ def ivf_self_topk(
     clock("assign")
     predicted = None
 
+    flops: dict[str, float] = {}
+
     def measured(values: Tensor, indices: Tensor, probes: int | None, goal: float, *, exact: bool) -> SelfTopk:
         # the lists with the report of a recall target: their recall measured on other sampled rows
         report = measure_recall(
@@ -153,7 +157,7 @@ def ivf_self_topk(
             target=target,
         )
         clock("recall")
-        return SelfTopk(values, indices, clock.seconds, report)
+        return SelfTopk(values, indices, clock.seconds, report, flops)
 
     if recall_target is not None:
         gen = torch.Generator().manual_seed(seed + 1)
@@ -163,7 +167,9 @@ def ivf_self_topk(
         if opts.nprobe is None:
             choose_rows = choose_rows.to(z.device)
             ref = exact_rows(z, choose_rows, k, block, transform, target)
-            probe, predicted = choose_nprobe(z, choose_rows, ref, centroids, assign, nprobe, float(recall_target))
+            probe, predicted = choose_nprobe(
+                z, choose_rows, ref, centroids, assign, nprobe, float(recall_target), lowest=nprobe // LADDER_DESCENT
+            )
         clock("recall")
         if probe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
             log.info(
@@ -204,8 +210,15 @@ def ivf_self_topk(
     if bar is not None:
         bar.close()
     clock("join")
-    _own_probes(
-        z, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+    d = z.shape[1]
+    size = torch.tensor(ptr[1:]) - torch.tensor(ptr[:-1])
+    flops = {"join": 2.0 * d * float(sum(int(size[a]) * int(size[b].sum()) for a, b in enumerate(pairs)))}
+    flops["own_probes"] = (
+        2.0
+        * d
+        * _own_probes(
+            z, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+        )
     )
     clock("own_probes")
     del shared
@@ -227,7 +240,7 @@ def ivf_self_topk(
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
     if recall_target is not None:
         return measured(vals, out_i, nprobe, recall_target, exact=False)
-    return SelfTopk(vals, out_i, clock.seconds, IVFReport(nprobe=nprobe, exact=False))
+    return SelfTopk(vals, out_i, clock.seconds, IVFReport(nprobe=nprobe, exact=False), flops)
 
 
 def _stage(progress: bool | str, stage: str) -> str:
@@ -331,10 +344,11 @@ def _own_probes(
     transform: Transform | None,
     target: Tensor | None,
     progress: bool | str = False,
-) -> None:
+) -> int:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
-    Rows are sorted positions; ``best_v`` / ``best_i`` are in corpus order (row ``order[r]``)."""
+    Rows are sorted positions; ``best_v`` / ``best_i`` are in corpus order (row ``order[r]``).
+    Returns the pairs of rows it scored."""
     nlist = centroids.shape[0]
     met = torch.zeros(nlist, nlist, dtype=torch.bool, device=z.device)
     for a, bs in enumerate(pairs):
@@ -344,12 +358,12 @@ def _own_probes(
     need = ~met[cell.unsqueeze(1), probes]
     rows, slot = need.nonzero(as_tuple=True)
     if rows.numel() == 0:
-        return
+        return 0
     cells = probes[rows, slot]
     by_cell = torch.sort(cells, stable=True)
     rows, cells = rows[by_cell.indices], by_cell.values
     bounds = torch.searchsorted(cells, torch.arange(nlist + 1, device=cells.device)).tolist()
-    k = best_v.shape[1]
+    k, scored = best_v.shape[1], 0
     bar = progress_bar(progress, rows.numel(), "ivf join", "own probes")
     for c in range(nlist):
         if bar is not None:
@@ -360,6 +374,7 @@ def _own_probes(
         members = torch.arange(ptr[c], ptr[c + 1], device=z.device)
         ids = order[members]
         zc = z[ids]
+        scored += r.numel() * members.numel()
         step = max(1, (block * block) // members.numel())
         for r0 in range(0, r.numel(), step):
             rr = r[r0 : r0 + step]
@@ -368,3 +383,4 @@ def _own_probes(
             _merge_into(best_v, best_i, order[rr], tv, ti)
     if bar is not None:
         bar.close()
+    return scored

@@ -42,10 +42,19 @@ def _ranks(sim: Tensor) -> Tensor:
 
 
 def choose_nprobe(
-    z: Tensor, rows: Tensor, exact: Tensor, centroids: Tensor, assign: Tensor, start: int, target: float
+    z: Tensor,
+    rows: Tensor,
+    exact: Tensor,
+    centroids: Tensor,
+    assign: Tensor,
+    start: int,
+    target: float,
+    *,
+    lowest: int | None = None,
 ) -> tuple[int | None, float]:
-    """The smallest ``start x 2^j`` cells (at most ``max(start, nlist // 4)``) whose join would meet
-    at least ``target`` of the sampled rows' exact neighbours; ``None`` if none would.
+    """The smallest ``nprobe`` of the ladder ``..., start / 4, start / 2, start, 2 start, 4 start, ...``
+    (from ``lowest``, default ``start``, up to ``max(start, nlist // 4)``) whose join would meet at
+    least ``target`` of the sampled rows' exact neighbours; ``None`` if none would.
 
     A row in cell ``a`` meets a neighbour in cell ``c`` when ``c`` is among ``a``'s ``nprobe``
     nearest cells or ``a`` among ``c``'s (the join's cell pairs), or ``c`` among the row's own
@@ -58,8 +67,10 @@ def choose_nprobe(
         exact: ``(R, k)`` their exact neighbours (``-1`` = none).
         centroids: ``(nlist, D)`` the cells' centroids.
         assign: ``(N,)`` each row's cell.
-        start: the first ``nprobe`` tried.
+        start: the ``nprobe`` the ladder halves and doubles from.
         target: the recall to reach.
+        lowest: the least ``nprobe`` tried (``start // 2^j >= lowest``; default ``start``: the
+            ladder only climbs).
 
     Returns:
         ``(nprobe, predicted recall at it)``; ``(None, the recall at the largest tried)`` when
@@ -79,12 +90,18 @@ def choose_nprobe(
     need = torch.minimum(torch.minimum(cell_rank[a, c], cell_rank[c, a]), own_rank.gather(1, c))
     need = need.masked_fill(a == c, 0)[ok]
     total = max(1, need.numel())
-    p, limit, predicted = start, max(start, nlist // 4), 1.0
+    floor = start if lowest is None else max(1, min(int(lowest), start))
+    down = [start >> j for j in range(1, start.bit_length()) if start >> j >= floor]
+    limit, up = max(start, nlist // 4), []
+    p = start
     while p <= limit:
+        up.append(p)
+        p *= 2
+    predicted = 1.0
+    for p in down[::-1] + up:  # ascending; the predicted recall only grows with p
         predicted = float((need < p).sum()) / total
         if predicted >= target:
             return min(p, nlist), predicted
-        p *= 2
     return None, predicted
 
 

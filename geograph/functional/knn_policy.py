@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_POINTS_PER_CELL",
     "QUERY_POINTS_PER_CELL",
     "DEFAULT_JOIN_NPROBE",
+    "LADDER_DESCENT",
     "MIN_JOIN_ROWS",
     "Transform",
     "resolve_index",
@@ -74,6 +75,9 @@ QUERY_POINTS_PER_CELL = 256
 
 #: cells each cell of the self-join meets at least (the default ``nprobe``)
 DEFAULT_JOIN_NPROBE = 32
+#: with a recall target, the ``nprobe`` ladder descends from the default down to ``1 / LADDER_DESCENT``
+#: of it (32: 16 and 8 are tried first) when the prediction says fewer cells reach the target
+LADDER_DESCENT = 4
 #: rows each row of the self-join meets at least by default (:func:`default_join_nprobe`)
 MIN_JOIN_ROWS = 2560
 
@@ -184,7 +188,8 @@ class IVFOptions:
     Attributes:
         nlist: cells (default :func:`default_join_nlist`); ``nlist <= N``.
         nprobe: cells each cell is joined with (its own included), ``<= nlist`` (default
-            :func:`default_join_nprobe`, raised for ``recall_target``).
+            :func:`default_join_nprobe`; with ``recall_target``, the smallest of its ladder that
+            is predicted to reach it, from a quarter of the default up).
         sample: k-means training rows (default ``64 x nlist``, at most N; at least ``39 x nlist``).
         seed: the sample and the k-means seed.
         refine: one neighbours-of-neighbours round
@@ -260,12 +265,16 @@ class SelfTopk:
             ``exact``; the IVF join: ``train``, ``assign``, ``recall``, ``join``,
             ``own_probes``, ``refine``, or ``exact`` after its fall-back).
         ivf: what the IVF join chose and measured; ``None`` for the exact scan.
+        flops: floating-point operations of the pair scores of each IVF stage (``join``:
+            ``2 D`` per pair of rows its cell pairs score; ``own_probes``: the same for the rows'
+            own probes), to set against the stage's seconds; empty for the exact scan.
     """
 
     values: Tensor
     indices: Tensor
     seconds: dict[str, float]
     ivf: IVFReport | None = None
+    flops: dict[str, float] = field(default_factory=dict)
 
 
 class StageClock:

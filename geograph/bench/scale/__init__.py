@@ -28,6 +28,12 @@ wall time against the single-process build, the overhead, the tasks, and whether
 are equal (the same edges and density; weights within 1e-6). The peak RSS of a Ray build is the
 driver's only (the workers are Ray's processes).
 
+With ``--peers`` each size runs the k-NN peers comparison instead
+(:mod:`geograph.bench.scale.peers_compare`): geograph's k-NN build next to faiss HNSW, faiss
+IVF-Flat, pynndescent and usearch on the same vectors, each builder in a fresh process (seconds of
+build + all-vs-all search, peak RSS, recall@10 by numpy on the sampled rows, each builder's
+recall-time frontier, the matmul rate and the join's), written to ``scale-peers.json`` / ``.md``.
+
 Then the real sets at their own size (SciFact, MuSiQue by default): the same recalls, and
 whether ISO-RAG and G3RAG return the same top-k with IVF-built graphs as with exact ones on
 every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.knn_policy.default_nlist`).
@@ -43,7 +49,8 @@ is the realistic case and the Gaussian the hard one for an IVF index (no topics 
 # One job per module: generators (the synthetic corpora and their geometry), harness (one build in a
 # fresh process: peak RSS, stage times), references (exact rows and the errors against them), dense
 # (DenseRetriever IVF vs exact), ray_compare (the builds on Ray), synthetic (one synthetic size),
-# real_sets (the real sets at their own size), cli (the command, tables and files).
+# real_sets (the real sets at their own size), peers (the k-NN peers' builds, in the fresh process),
+# peers_compare (--peers: their recall, frontier and table), cli (the command, tables and files).
 
 from __future__ import annotations
 

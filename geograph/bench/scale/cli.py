@@ -13,6 +13,7 @@ import torch
 
 from geograph.bench.common import DEFAULT_DATA, write_json
 from geograph.bench.scale.generators import GENERATORS, fit_generators, generate, geometry
+from geograph.bench.scale.peers_compare import add_peer_args, peers_report
 from geograph.bench.scale.real_sets import real_set
 from geograph.bench.scale.synthetic import run_size
 from geograph.console import format_table, make_parser
@@ -121,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also build both graphs with their tiles on Ray (alone: a local Ray on this machine; "
         "'auto' or ray://HOST:PORT: a cluster) and report the overhead against the single-process build",
     )
+    add_peer_args(p)
     args = p.parse_args(argv)
 
     from geograph.data import Encoder, load_corpus
@@ -140,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     qcols = ["nn1 p10", "nn1 p50", "nn1 p90", "nn10 p10", "nn10 p50", "nn10 p90", "mean cos"]
     print(format_table({k: dict(zip(qcols, v["nn1"] + v["nn10"] + [v["mean_cos"]])) for k, v in geo.items()}, qcols))
 
+    if args.peers:
+        return peers_report(args, model, {"threads": torch.get_num_threads(), "geometry": geo})
     results: dict = {
         "threads": torch.get_num_threads(),
         "index": args.index,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import queue as queues
 import resource
+import sys
 import time
 
 import numpy as np
@@ -31,6 +33,7 @@ def _rss_mb() -> float:
 
 def _child(task: dict, queue) -> None:
     try:
+        sys.path[:0] = task.get("pythonpath", [])  # packages installed apart (the peers' --peer-path)
         torch.set_num_threads(task["threads"])
         x = torch.from_numpy(np.load(task["path"], mmap_mode="c"))  # mapped copy-on-write: pages read from the file
         with contextlib.ExitStack() as stack:
@@ -71,7 +74,11 @@ def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
 
 def _build(task: dict, x: torch.Tensor, out: dict) -> None:
     """One build of ``task["kind"]``; its graph arrays saved to ``task["out"]``."""
-    if task["kind"] == "knn":
+    if task["kind"] == "peer":
+        from geograph.bench.scale.peers import run_peer
+
+        run_peer(task, x.numpy(), out)
+    elif task["kind"] == "knn":
         from geograph.graphs.corpus_graph import CorpusGraph
 
         g = CorpusGraph.from_knn(x, KNN_K, index=task["index"], nprobe=task["nprobe"], progress=task["progress"])
@@ -102,7 +109,17 @@ def build_in_child(task: dict) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(task, queue))
     proc.start()
-    out = queue.get()
+    while True:  # a child killed (out of memory) reports nothing: do not wait for it forever
+        try:
+            out = queue.get(timeout=5.0)
+            break
+        except queues.Empty:
+            if not proc.is_alive():
+                try:  # its last words may have arrived since
+                    out = queue.get(timeout=1.0)
+                except queues.Empty:
+                    out = {"error": f"the process died (exit code {proc.exitcode})"}
+                break
     proc.join()
     if "error" in out:
         raise RuntimeError(f"{task['kind']} build failed: {out['error']}")
