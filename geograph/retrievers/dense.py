@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -22,12 +24,23 @@ from geograph.functional.knn_policy import (
 from geograph.functional.similarity import normalize
 from geograph.outputs import RetrievalOutput
 
+if TYPE_CHECKING:
+    import numpy as np
+
 log = logging.getLogger("geograph.dense")
 
 #: recall@:data:`DENSE_RECALL_K` ``nprobe="auto"`` asks of sampled corpus passages used as queries
 DENSE_RECALL_TARGET = 0.99
 #: the list length of that recall (the first-stage pool of the rerankers is about this size)
 DENSE_RECALL_K = 20
+
+
+class _IVFIndex(Protocol):
+    """What the retriever uses of a faiss IVF index (:func:`~geograph.functional.faiss_ivf.build_ivf_index`)."""
+
+    nprobe: int
+
+    def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class DenseRetriever(nn.Module):
@@ -80,6 +93,8 @@ class DenseRetriever(nn.Module):
         (tensor([[1, 2]]), tensor([[1.0000, 0.8000]]))
     """
 
+    embeddings: Tensor  # a buffer, registered in __init__
+
     def __init__(
         self,
         embeddings: Tensor,
@@ -112,13 +127,13 @@ class DenseRetriever(nn.Module):
             raise ValueError(f"recall_target must be in (0, 1], got {recall_target}")
         self.recall_target, self.recall_k = float(recall_target), check_positive_int(recall_k, "recall_k")
         self._auto = nprobe == "auto"
-        self.nprobe: int | None = None if self._auto else nprobe
-        self.calibration: dict | None = None  # what nprobe="auto" chose and measured
+        self.nprobe: int | None = None if self._auto else cast(int, nprobe)  # checked above
+        self.calibration: dict[str, float] | None = None  # what nprobe="auto" chose and measured
         probe = 1 if self.nprobe is None else self.nprobe
         self.sample = check_ivf(n, self.nlist, probe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
         self.seed = seed
-        self._ivf = None  # the faiss index, built on first use from the embeddings buffer
-        self.register_load_state_dict_post_hook(_drop_index)
+        self._ivf: _IVFIndex | None = None  # the faiss index, built on first use from the embeddings buffer
+        self.register_load_state_dict_post_hook(_drop_index)  # type: ignore[no-untyped-call]  # unannotated in torch
         self.register_buffer("embeddings", normalize(embeddings), persistent=bool(persistent))
 
     @property
@@ -142,9 +157,11 @@ class DenseRetriever(nn.Module):
             best_s, best_i = tiled_topk(q, self.embeddings, k, block=self.chunk_size)
         return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
 
-    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the index follows the new buffers
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> DenseRetriever:
+        # .to() / .cuda(): the index follows the new buffers
         self._ivf = None
-        return super()._apply(fn, *args, **kwargs)
+        out: DenseRetriever = super()._apply(fn, *args, **kwargs)  # type: ignore[no-untyped-call]  # unannotated in torch
+        return out
 
     def _search_ivf(self, q: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """faiss IVF-Flat candidates (``k`` per query from ``nprobe`` lists), re-scored exactly and
@@ -179,10 +196,11 @@ class DenseRetriever(nn.Module):
         exact = exact_rows(self.embeddings, rows, k, block=self.chunk_size).cpu()
         qn = self.embeddings[rows].detach().float().cpu().contiguous().numpy()
         own = rows.cpu().unsqueeze(1)
+        ivf = cast(_IVFIndex, self._ivf)  # built by _search_ivf, the only caller
         nprobe, recall = 1, 0.0
         while True:
-            self._ivf.nprobe = nprobe
-            ids = torch.from_numpy(self._ivf.search(qn, k + 1)[1])
+            ivf.nprobe = nprobe
+            ids = torch.from_numpy(ivf.search(qn, k + 1)[1])
             ids = ids.masked_fill(ids == own, -1)  # the passage itself is not one of its neighbours
             recall = sample_recall(ids, torch.arange(len(ids)), exact)
             if recall >= self.recall_target or nprobe >= self.nlist:
@@ -218,7 +236,7 @@ class DenseRetriever(nn.Module):
         return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}{ivf}"
 
 
-def _drop_index(module: DenseRetriever, _incompatible) -> None:
+def _drop_index(module: DenseRetriever, _incompatible: object) -> None:
     """After ``load_state_dict`` the IVF index is rebuilt (and ``nprobe="auto"`` chosen again)
     from the loaded corpus on first use."""
     module._ivf = None

@@ -91,7 +91,7 @@ class G3Retriever(nn.Module):
         self.graph = graph
         self.candidates, self.seeds = check_g3_options(candidates, seeds, graph.num_nodes)
         self.dense = DenseRetriever(graph.embeddings, persistent=False)  # the unit embeddings, derived from the graph
-        self.register_load_state_dict_post_hook(_rebuild_dense_after_load)
+        self.register_load_state_dict_post_hook(_rebuild_dense_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def forward(
         self,
@@ -120,6 +120,6 @@ class G3Retriever(nn.Module):
         return f"candidates={self.candidates}, seeds={self.seeds}"
 
 
-def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys) -> None:
+def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys: object) -> None:
     """``load_state_dict`` post hook: the dense index follows the loaded graph's embeddings."""
     module.dense = DenseRetriever(module.graph.embeddings, chunk_size=module.dense.chunk_size, persistent=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict, cast
+
 import torch
 from torch import Tensor, nn
 
@@ -13,6 +15,24 @@ from geograph.projection import IdentityPoincare
 from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
+
+
+class _LocalOptions(TypedDict):
+    """The options of :func:`~geograph.functional.iso._local_subgraph` an :class:`ISORetriever` holds."""
+
+    max_degree: int
+    m: int
+    L: int
+    hops: int
+    max_nodes: int
+    tau: float
+    chunk_size: int
+
+
+class _DenseKeywords(TypedDict, total=False):
+    """The :class:`DenseRetriever` options kept across a :meth:`ISORetriever.refresh`."""
+
+    chunk_size: int
 
 
 class ISORetriever(nn.Module):
@@ -93,6 +113,22 @@ class ISORetriever(nn.Module):
         torch.Size([2, 3])
     """
 
+    # set in __init__ from check_iso_options
+    m: int
+    L: int
+    hops: int
+    max_nodes: int
+    beta: float
+    p: float
+    tau: float
+    alpha: float
+    lambda_g: float
+    lambda_d: float
+    max_iter: int
+    # buffers, registered in __init__
+    phi: Tensor
+    kept_keys: Tensor
+
     def __init__(
         self,
         graph: CorpusGraph,
@@ -140,7 +176,7 @@ class ISORetriever(nn.Module):
         self.register_buffer("phi", torch.empty(0), persistent=False)
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
         self.refresh()
-        self.register_load_state_dict_post_hook(_refresh_after_load)
+        self.register_load_state_dict_post_hook(_refresh_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     @torch.no_grad()
     def refresh(self, chunk_size: int = 65536) -> None:
@@ -154,8 +190,8 @@ class ISORetriever(nn.Module):
         """
         g = self.graph
         emb = g.embeddings
-        old = self._modules.get("dense")
-        kw = {} if old is None else {"chunk_size": old.chunk_size}
+        old = cast("DenseRetriever | None", self._modules.get("dense"))
+        kw: _DenseKeywords = {} if old is None else {"chunk_size": old.chunk_size}
         self.dense = DenseRetriever(emb, persistent=False, **kw)  # derived from the graph: not in state_dict()
         self._max_degree = int(g.degree().max()) if g.num_nodes else 0
         # the projection's dtype; the identity signal (whose only parameter is geoopt's float32
@@ -187,7 +223,7 @@ class ISORetriever(nn.Module):
             query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys, **self._local_options()
         )
 
-    def _local_options(self) -> dict:
+    def _local_options(self) -> _LocalOptions:
         return dict(
             max_degree=self._max_degree,
             m=self.m,
@@ -226,6 +262,6 @@ class ISORetriever(nn.Module):
         )
 
 
-def _refresh_after_load(module: ISORetriever, incompatible_keys) -> None:
+def _refresh_after_load(module: ISORetriever, incompatible_keys: object) -> None:
     """``load_state_dict`` post hook: the derived state follows the loaded graph and projection."""
     module.refresh()
