@@ -26,11 +26,13 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m geograph demo
 
 # pytest exits 5 when it collected no test: that is a failure, not a pass.
-# ruff (lint and format), codespell and import-linter's layers; `make test` runs it first
+# ruff (lint and format), codespell, mypy (strict on the packages of [tool.mypy]) and import-linter's layers;
+# `make test` runs it first
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/codespell $$(git ls-files 2>/dev/null || find . -path ./.venv -prune -o -type f -print)
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 format: $(STAMP)

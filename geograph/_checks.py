@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -36,6 +37,12 @@ def check_tensor(x: Tensor, name: str, ndim: int, *, finite: bool = True) -> Non
         raise ValueError(f"{name} of shape {tuple(x.shape)} contains NaN or inf")
 
 
+@overload
+def check_mask(mask: Tensor, shape: Sequence[int], name: str = ...) -> Tensor: ...
+@overload
+def check_mask(mask: None, shape: Sequence[int], name: str = ...) -> None: ...
+@overload
+def check_mask(mask: Tensor | None, shape: Sequence[int], name: str = ...) -> Tensor | None: ...
 def check_mask(mask: Tensor | None, shape: Sequence[int], name: str = "mask") -> Tensor | None:
     """Return ``mask`` as a bool tensor of ``shape``, or raise naming both shapes."""
     if mask is None:
@@ -90,7 +97,7 @@ def check_finite_float(value: float, name: str) -> float:
     return out
 
 
-def check_same_device(x: Tensor, name: str, device: torch.device, owner: str = "the module") -> None:
+def check_same_device(x: Tensor | None, name: str, device: torch.device, owner: str = "the module") -> None:
     """Raise if ``x`` is not on ``device`` (one device per call), naming both devices."""
     if isinstance(x, Tensor) and x.device != device:
         raise ValueError(f"{name} is on {x.device} but {owner} is on {device}: move one of them with .to() first")

@@ -27,7 +27,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 import torch
 from torch import Tensor, nn
@@ -272,8 +272,11 @@ class MethodSpec:
         self.check_params(params, graph=graph)
         if graph is not None and self.graph is None:
             raise ValueError(f"graph applies to {', '.join(names(with_graph=True))}, not {self.name}")
+        # (self.graph is not None here: a method without one raised above)
         if graph is not None and not isinstance(graph, self.graph):  # type: ignore[arg-type]
-            raise ValueError(f"graph: method {self.name} takes a {self.graph.__name__}, got {type(graph).__name__}")
+            raise ValueError(
+                f"graph: method {self.name} takes a {self.graph.__name__}, got {type(graph).__name__}"  # type: ignore[union-attr]
+            )
         if projection is not None and not self.projection:
             raise ValueError(
                 f"projection applies to {', '.join(s.name for s in METHODS.values() if s.projection)}, not {self.name}"
@@ -299,22 +302,37 @@ class MethodSpec:
 
 # --- the entries -----------------------------------------------------------------------------
 
-_UNIT = dict(low=0.0, high=1.0)
-_POS_INT = dict(low=1)
+
+class _Bounds(TypedDict, total=False):
+    """Bounds shared by several :class:`Param` declarations."""
+
+    low: float
+    high: float
 
 
-def _build_maniscope(corpus, params, graph, projection) -> nn.Module:
+_UNIT: _Bounds = dict(low=0.0, high=1.0)
+_POS_INT: _Bounds = dict(low=1)
+
+
+def _build_maniscope(
+    corpus: Tensor | None, params: Mapping[str, Any], graph: nn.Module | None, projection: nn.Module | None
+) -> nn.Module:
     return Maniscope(**params)
 
 
-def _build_ricci(corpus, params, graph, projection) -> nn.Module:
+def _build_ricci(
+    corpus: Tensor | None, params: Mapping[str, Any], graph: nn.Module | None, projection: nn.Module | None
+) -> nn.Module:
     return RicciFiltration(**params)
 
 
-def _build_iso(corpus, params, graph, projection) -> nn.Module:
+def _build_iso(
+    corpus: Tensor | None, params: Mapping[str, Any], graph: CorpusGraph | None, projection: nn.Module | None
+) -> nn.Module:
     params = dict(params)
     knn = params.pop("knn", 10)
     if graph is None:
+        corpus = cast(Tensor, corpus)  # create() checked: a corpus or a graph is given
         graph = CorpusGraph.from_knn(corpus, min(knn, corpus.shape[0] - 1))
     if projection is not None and projection.in_dim != graph.embeddings.shape[1]:
         raise ValueError(
@@ -324,10 +342,12 @@ def _build_iso(corpus, params, graph, projection) -> nn.Module:
     return model if corpus is None else model.to(corpus.device)
 
 
-def _build_g3(corpus, params, graph, projection) -> nn.Module:
+def _build_g3(
+    corpus: Tensor | None, params: Mapping[str, Any], graph: G3Graph | None, projection: nn.Module | None
+) -> nn.Module:
     params = dict(params)
     if "candidates" not in params:  # the default pool, not a configured one, shrinks to a small corpus
-        size = graph.num_nodes if graph is not None else corpus.shape[0]
+        size = graph.num_nodes if graph is not None else cast(Tensor, corpus).shape[0]
         params["candidates"] = min(inspect.signature(G3Retriever.__init__).parameters["candidates"].default, size)
     if graph is not None:
         model = G3Retriever(graph, **params)
@@ -335,16 +355,18 @@ def _build_g3(corpus, params, graph, projection) -> nn.Module:
     if params.get("band") is not None:
         params["band"] = tuple(params["band"])
     with torch.no_grad():
-        return G3Retriever(corpus, **params)
+        return G3Retriever(cast(Tensor, corpus), **params)  # create() checked: a corpus or a graph is given
 
 
-def _build_dense(corpus, params, graph, projection) -> nn.Module:
+def _build_dense(
+    corpus: Tensor, params: Mapping[str, Any], graph: nn.Module | None, projection: nn.Module | None
+) -> nn.Module:
     return DenseRetriever(corpus, **params)
 
 
 def _maniscope_range(model: nn.Module) -> tuple[float, float]:
     # alpha * cos + (1 - alpha) / (1 + d_geo): cos in [-1, 1], the geodesic term in [0, 1]
-    return -float(model.alpha), 1.0
+    return -float(cast(Maniscope, model).alpha), 1.0
 
 
 def _cosine_range(model: nn.Module) -> tuple[float, float]:
@@ -352,11 +374,11 @@ def _cosine_range(model: nn.Module) -> tuple[float, float]:
 
 
 def _iso_k(model: nn.Module, num_docs: int) -> tuple[int, int | None, str]:
-    return 1, int(model.max_k), "the guaranteed ISO local set size min(max(L, m), max_nodes, V)"
+    return 1, int(cast(ISORetriever, model).max_k), "the guaranteed ISO local set size min(max(L, m), max_nodes, V)"
 
 
 def _g3_k(model: nn.Module, num_docs: int) -> tuple[int, int | None, str]:
-    return int(model.seeds), num_docs, "the corpus size"
+    return int(cast(G3Retriever, model).seeds), num_docs, "the corpus size"
 
 
 def _dense_k(model: nn.Module, num_docs: int) -> tuple[int, int | None, str]:

@@ -42,7 +42,16 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from typing_extensions import ParamSpec
+
+if TYPE_CHECKING:
+    from numba.core.caching import FunctionCache
+    from numba.core.decorators import _JITOptions
+    from numba.core.dispatcher import Dispatcher
+    from typing_extensions import Unpack
 
 __all__ = ["cache_info", "jit", "locked", "warmup", "sources_digest", "KERNEL_SOURCES"]
 
@@ -54,6 +63,18 @@ KERNEL_LOCK = threading.Lock()
 #: the files (in this package) whose code or constants a compiled kernel may hold: every module
 #: with a kernel, and the modules they read constants from (the module docstring's "Freshness")
 KERNEL_SOURCES = ("_numba.py", "_simplex_numba.py", "_ricci_numba.py", "_grc.py", "_simplex_stats.py")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class LockedKernel(Protocol[_P, _R]):
+    """What :func:`locked` returns: the entry point, and the compiled kernel behind it."""
+
+    kernel: Dispatcher[Callable[_P, _R]]
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
 
 @functools.cache
@@ -68,7 +89,7 @@ def sources_digest() -> str:
 
 
 @functools.cache
-def _kernel_cache_class():
+def _kernel_cache_class() -> type[FunctionCache]:
     """numba's per-function disk cache, keyed also on :func:`sources_digest`.
 
     ``FunctionCache._index_key(sig, codegen)`` is numba's (private) key of one compiled
@@ -79,8 +100,9 @@ def _kernel_cache_class():
     from numba.core.caching import FunctionCache
 
     class KernelCache(FunctionCache):
-        def _index_key(self, sig, codegen):
-            return (*super()._index_key(sig, codegen), sources_digest())
+        def _index_key(self, sig: object, codegen: object) -> tuple[object, ...]:
+            key = super()._index_key(sig, codegen)  # type: ignore[no-untyped-call]  # numba's private, untyped
+            return (*key, sources_digest())
 
     return KernelCache
 
@@ -127,7 +149,8 @@ def _choose() -> tuple[str, str | None]:
     import numba
 
     package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
-    explicit = numba.config.CACHE_DIR  # $NUMBA_CACHE_DIR, read when numba was imported
+    # $NUMBA_CACHE_DIR, read when numba was imported
+    explicit: str | None = numba.config.CACHE_DIR  # type: ignore[attr-defined]  # numba.config sets its attributes from the environment at import
     if explicit:
         if _writable(explicit):
             return "NUMBA_CACHE_DIR", explicit
@@ -142,7 +165,7 @@ def _choose() -> tuple[str, str | None]:
     try:
         from numba.misc.appdirs import AppDirs
 
-        user = AppDirs(appname="numba", appauthor=False).user_cache_dir
+        user = AppDirs(appname="numba", appauthor=False).user_cache_dir  # type: ignore[no-untyped-call]  # numba's vendored appdirs is untyped
     except Exception:  # noqa: BLE001 - numba internals moved: skip this candidate
         user = None
     if user and _writable(user):
@@ -153,7 +176,7 @@ def _choose() -> tuple[str, str | None]:
     return "none", None
 
 
-def cache_info() -> dict:
+def cache_info() -> dict[str, str | None]:
     """Where geograph's numba kernels are cached: ``{"source": ..., "directory": ...}``.
 
     ``source`` is ``"NUMBA_CACHE_DIR"``, ``"package"``, ``"GEOGRAPH_CACHE"``, ``"user"``,
@@ -191,18 +214,18 @@ def _log_choice() -> None:
 
 
 @contextlib.contextmanager
-def _cache_dir(path: str):
+def _cache_dir(path: str) -> Iterator[None]:
     import numba
 
-    old = numba.config.CACHE_DIR
-    numba.config.CACHE_DIR = path
+    old = numba.config.CACHE_DIR  # type: ignore[attr-defined]  # numba.config sets its attributes from the environment at import
+    numba.config.CACHE_DIR = path  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        numba.config.CACHE_DIR = old
+        numba.config.CACHE_DIR = old  # type: ignore[attr-defined]
 
 
-def jit(**flags) -> Callable:
+def jit(**flags: Unpack[_JITOptions]) -> Callable[[_F], Dispatcher[_F]]:
     """``numba.njit(**flags)`` with the on-disk cache of :func:`cache_info` (or none), keyed also on
     :func:`sources_digest`."""
     from numba import njit
@@ -210,35 +233,38 @@ def jit(**flags) -> Callable:
     source, directory = _choose()
     _log_choice()
 
-    def decorate(fn):
+    def decorate(fn: _F) -> Dispatcher[_F]:
         kernel = njit(cache=False, **flags)(fn)
         if directory is None:
             return kernel
         # numba's enable_caching() with the digest in the key; the locator is picked here
         with _cache_dir(directory) if source != "package" else contextlib.nullcontext():
-            kernel._cache = _kernel_cache_class()(kernel.py_func)
+            kernel._cache = _kernel_cache_class()(kernel.py_func)  # type: ignore[attr-defined]  # numba's private
         return kernel
 
     return decorate
 
 
-def locked(kernel) -> Callable:
+def locked(kernel: Dispatcher[Callable[_P, _R]]) -> LockedKernel[_P, _R]:
     """A Python entry point that runs the compiled ``kernel`` under :data:`KERNEL_LOCK`.
 
     The kernel should be compiled with ``nogil=True``: waiting threads then sleep on the lock
     without holding the GIL, and the running one does not hold it either.
     """
 
+    run = cast("Callable[..., _R]", kernel)
+
     @functools.wraps(kernel.py_func)
-    def call(*args):
+    def call(*args: Any) -> _R:
         with KERNEL_LOCK:
-            return kernel(*args)
+            return run(*args)
 
-    call.kernel = kernel
-    return call
+    entry = cast("LockedKernel[_P, _R]", call)
+    entry.kernel = kernel
+    return entry
 
 
-def warmup() -> dict:
+def warmup() -> dict[str, object]:
     """Compile (or load from the cache) every numba kernel geograph runs, on tiny inputs.
 
     Runs the exact Ricci flow, the exact Ollivier-Ricci curvature and the exact batched OT
@@ -272,7 +298,7 @@ def warmup() -> dict:
     emd(c, half, half)
     return {
         "seconds": time.perf_counter() - t0,
-        "threading_layer": numba.threading_layer(),
+        "threading_layer": numba.threading_layer(),  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         "threads": numba.get_num_threads(),
         **cache_info(),
     }

@@ -32,6 +32,7 @@ from geograph.functional._numba import jit, locked
 from geograph.functional._simplex_numba import (
     STATUS_OK,
     WarmStore,
+    Workspace,
     _load_hint,
     _save_basis,
     _simplex,
@@ -114,7 +115,19 @@ def curvature_batch(
 
 # --- the compiled kernels --------------------------------------------------------------------------------------------
 @jit(parallel=True, nogil=True)
-def _flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, max_pivots, warm_start, nchunk):
+def _flow_batch(
+    w0: np.ndarray,
+    adj: np.ndarray,
+    node_mask: np.ndarray,
+    alpha: float,
+    exp_power: float,
+    iterations: int,
+    step: float,
+    delta: float,
+    max_pivots: int,
+    warm_start: bool,
+    nchunk: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The whole normalized Ricci flow of every graph (see ``flow.ricci_flow``) in one call.
 
     Per graph: ``kappa(w)``; then up to ``iterations`` times ``w <- w - step * kappa * w``,
@@ -125,6 +138,8 @@ def _flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, m
     Returns lengths ``(B, n, n)``, curvature ``(B, n, n)``, steps ``(B,)``, converged ``(B,)``,
     stuck ``(B,)`` (problems left at the pivot cap) and the per-chunk statistics ``(chunks, 4)``.
     """
+    nb: int
+    n: int
     nb, n, _ = w0.shape
     # the edges of every graph: graph g owns edges first[g] .. first[g + 1]
     first = _edge_offsets(adj, node_mask)
@@ -192,7 +207,16 @@ def _flow_batch(w0, adj, node_mask, alpha, exp_power, iterations, step, delta, m
 
 
 @jit(parallel=True, nogil=True)
-def _curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nchunk):
+def _curvature_batch(
+    w: np.ndarray,
+    adj: np.ndarray,
+    node_mask: np.ndarray,
+    edges: np.ndarray,
+    alpha: float,
+    exp_power: float,
+    max_pivots: int,
+    nchunk: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ollivier-Ricci curvature of every edge ``(g, x, y)`` of a batch of graphs.
 
     Kantorovich-Rubinstein: ``W1(m_x, m_y)`` is the transport of the positive part of
@@ -224,13 +248,13 @@ def _curvature_batch(w, adj, node_mask, edges, alpha, exp_power, max_pivots, nch
 _run_flow = locked(_flow_batch)
 _run_curvature = locked(_curvature_batch)
 # the compiled kernel behind each entry point (its signatures and compile options, for tests)
-flow_batch.kernel = _flow_batch
-curvature_batch.kernel = _curvature_batch
+flow_batch.kernel = _flow_batch  # type: ignore[attr-defined]  # attributes set on the functions, for tests
+curvature_batch.kernel = _curvature_batch  # type: ignore[attr-defined]
 
 
 # --- per graph: edge lists, flow updates, distances and measures -----------------------------------------------------
 @jit(nogil=True)
-def _edge_offsets(adj, node_mask):
+def _edge_offsets(adj: np.ndarray, node_mask: np.ndarray) -> np.ndarray:
     """``(B + 1,)`` offsets of each graph's edges ``i < j`` between real nodes in one edge list."""
     nb, n, _ = adj.shape
     first = np.zeros(nb + 1, dtype=np.int64)
@@ -246,7 +270,9 @@ def _edge_offsets(adj, node_mask):
 
 
 @jit(nogil=True)
-def _list_edges(g, adj, node_mask, e, graph_of, ex, ey):
+def _list_edges(
+    g: int, adj: np.ndarray, node_mask: np.ndarray, e: int, graph_of: np.ndarray, ex: np.ndarray, ey: np.ndarray
+) -> None:
     """Graph ``g``'s edges ``(x, y)``, ``x < y``, into the edge list from position ``e``."""
     n = adj.shape[0]
     for i in range(n):
@@ -260,7 +286,7 @@ def _list_edges(g, adj, node_mask, e, graph_of, ex, ey):
 
 
 @jit(nogil=True)
-def _spread(ke, e0, e1):
+def _spread(ke: np.ndarray, e0: int, e1: int) -> float:
     """``max - min`` of the curvatures ``ke[e0:e1]`` of one graph."""
     lo = np.inf
     hi = -np.inf
@@ -271,7 +297,7 @@ def _spread(ke, e0, e1):
 
 
 @jit(nogil=True)
-def _flow_step(w, ke, e0, e1, ex, ey, step):
+def _flow_step(w: np.ndarray, ke: np.ndarray, e0: int, e1: int, ex: np.ndarray, ey: np.ndarray, step: float) -> None:
     """One graph's update ``w <- w - step * kappa * w``, then ``w <- w * |E| / sum(w)``; the torch
     loop's twin is ``geograph.functional.flow._flow_step`` (tested equal in ``tests/test_flow.py``)."""
     total = 0.0
@@ -287,7 +313,15 @@ def _flow_step(w, ke, e0, e1, ex, ey, step):
 
 
 @jit(nogil=True)
-def _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas):
+def _apsp_measures(
+    w: np.ndarray,
+    adj: np.ndarray,
+    node_mask: np.ndarray,
+    alpha: float,
+    exp_power: float,
+    dist: np.ndarray,
+    meas: np.ndarray,
+) -> None:
     """Floyd-Warshall distances and lazy measures of one graph (see ``curvature._measures``)."""
     n = w.shape[0]
     for i in range(n):
@@ -328,7 +362,17 @@ def _apsp_measures(w, adj, node_mask, alpha, exp_power, dist, meas):
 
 # --- per edge: compaction, warm start from the store, solve, store ---------------------------------------------------
 @jit(nogil=True)
-def _edge_kappa(ws, store, stats, dist, meas, x, y, e, max_pivots):
+def _edge_kappa(
+    ws: Workspace,
+    store: WarmStore,
+    stats: np.ndarray,
+    dist: np.ndarray,
+    meas: np.ndarray,
+    x: int,
+    y: int,
+    e: int,
+    max_pivots: int,
+) -> tuple[float, int]:
     """Curvature ``1 - W1(m_x, m_y) / d(x, y)`` of edge ``e = (x, y)`` of one graph, and its status.
 
     With a non-empty ``store``, the simplex starts from the edge's basis of the previous call
@@ -359,7 +403,9 @@ def _edge_kappa(ws, store, stats, dist, meas, x, y, e, max_pivots):
 
 
 @jit(nogil=True)
-def _kr_compact(ws, dist, meas, x, y, dxy):
+def _kr_compact(
+    ws: Workspace, dist: np.ndarray, meas: np.ndarray, x: int, y: int, dxy: float
+) -> tuple[int, int, float, float]:
     """Kantorovich-Rubinstein compaction of ``W1(m_x, m_y)`` into a problem in ``ws``.
 
     Rows: the nodes where ``m_x - m_y > 0`` (supplies normalised to 1), columns: where it is

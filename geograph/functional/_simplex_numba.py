@@ -237,7 +237,7 @@ class WarmStore(NamedTuple):
 
 
 @jit(nogil=True)
-def _workspace(n):
+def _workspace(n: int) -> Workspace:
     """A :class:`Workspace` for problems with ``nr + nc <= n`` (layout in the module docstring)."""
     i8 = np.int64
     return Workspace(
@@ -274,7 +274,7 @@ def _workspace(n):
 
 
 @jit(nogil=True)
-def _warm_store(ne, n):
+def _warm_store(ne: int, n: int) -> WarmStore:
     """A :class:`WarmStore` for ``ne`` edges of graphs of ``n`` nodes, every edge without a basis."""
     return WarmStore(
         np.full(ne, -1, dtype=np.int64),
@@ -287,7 +287,9 @@ def _warm_store(ne, n):
 
 # --- the compiled kernel ---------------------------------------------------------------------------------------------
 @jit(parallel=True, nogil=True)
-def _emd_batch(a, b, cost, max_pivots, nchunk):
+def _emd_batch(
+    a: np.ndarray, b: np.ndarray, cost: np.ndarray, max_pivots: int, nchunk: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact OT cost of every problem ``(a[e], b[e], cost[e])``; zero-mass entries are skipped.
 
     Args: ``a (E, R)``, ``b (E, C)``, ``cost (E, R, C)`` float64, C-contiguous.
@@ -313,12 +315,12 @@ def _emd_batch(a, b, cost, max_pivots, nchunk):
 
 _run_emd = locked(_emd_batch)
 # the compiled kernel behind the entry point (its signatures and compile options, for tests)
-emd_batch.kernel = _emd_batch
+emd_batch.kernel = _emd_batch  # type: ignore[attr-defined]  # an attribute set on the function, for tests
 
 
 # --- per problem: dense compaction; a warm start from the store, and the store's update ------------------------------
 @jit(nogil=True)
-def _compact_dense(ws, a, b, cost, e):
+def _compact_dense(ws: Workspace, a: np.ndarray, b: np.ndarray, cost: np.ndarray, e: int) -> tuple[int, int]:
     """The positive entries of ``a[e] (R,)`` and ``b[e] (C,)`` as rows and columns of a problem
     in ``ws``, with their block of ``cost[e] (R, C)``. Returns ``(nr, nc)``."""
     supply, demand, row_node, col_node, sub = ws.supply, ws.demand, ws.row_node, ws.col_node, ws.cost
@@ -341,7 +343,7 @@ def _compact_dense(ws, a, b, cost, e):
 
 
 @jit(nogil=True)
-def _load_hint(ws, store, e, nr, nc):
+def _load_hint(ws: Workspace, store: WarmStore, e: int, nr: int, nc: int) -> None:
     """``hint_u``, ``hint_v``: edge ``e``'s previous potentials on this problem's nodes.
 
     A node new to the supports gets the tightest dual-feasible value against the nodes that
@@ -369,7 +371,7 @@ def _load_hint(ws, store, e, nr, nc):
 
 
 @jit(nogil=True)
-def _warm_basis(ws, store, e, nr, nc):
+def _warm_basis(ws: Workspace, store: WarmStore, e: int, nr: int, nc: int) -> bool:
     """A spanning tree of this problem in ``cell_row``, ``cell_col`` from edge ``e``'s stored basis.
 
     The stored cells whose row and column are still a row and a column here are kept (a
@@ -425,7 +427,7 @@ def _warm_basis(ws, store, e, nr, nc):
 
 
 @jit(nogil=True, inline="always")
-def _find(root, x):
+def _find(root: np.ndarray, x: int) -> int:
     """Union-find root of ``x`` (path halving)."""
     while root[x] != x:
         root[x] = root[root[x]]
@@ -434,7 +436,7 @@ def _find(root, x):
 
 
 @jit(nogil=True)
-def _save_basis(ws, store, e, nr, nc):
+def _save_basis(ws: Workspace, store: WarmStore, e: int, nr: int, nc: int) -> None:
     """Edge ``e``'s optimal basis (in graph node ids) and potentials into the store."""
     row_node, col_node, cell_row, cell_col, pot = ws.row_node, ws.col_node, ws.cell_row, ws.cell_col, ws.pot
     kb = nr + nc - 1
@@ -464,7 +466,7 @@ def _save_basis(ws, store, e, nr, nc):
 # loaded machine: 0.93-1.13x, the flows and curvature 0.93-1.05x).
 # ---------------------------------------------------------------------------------------------
 @jit(nogil=True)
-def _simplex(ws, nr, nc, max_pivots, warm_start):
+def _simplex(ws: Workspace, nr: int, nc: int, max_pivots: int, warm_start: bool) -> tuple[float, int, int, bool, int]:
     """Exact min-cost transport of ``supply[:nr]`` to ``demand[:nc]`` at ``cost[:nr, :nc]``.
 
     With ``warm_start``, ``cell_row``, ``cell_col`` hold a spanning tree to start from and
@@ -489,7 +491,7 @@ def _simplex(ws, nr, nc, max_pivots, warm_start):
 
 
 @jit(nogil=True)
-def _single_line(ws, nr, nc):
+def _single_line(ws: Workspace, nr: int, nc: int) -> float:
     """A problem with one row or one column: every cell is basic and its flow forced; the
     potentials are 0 on the single line. Returns the total cost."""
     supply, demand, cost, pot = ws.supply, ws.demand, ws.cost, ws.pot
@@ -512,7 +514,7 @@ def _single_line(ws, nr, nc):
 
 
 @jit(nogil=True)
-def _cold_start(ws, nr, nc, hinted):
+def _cold_start(ws: Workspace, nr: int, nc: int, hinted: bool) -> None:
     """Matrix-minimum rule: a spanning-tree basic feasible solution in ``cell_*``.
 
     With ``hinted``, cells are taken in order of their reduced cost ``C_ij - hint_u_i - hint_v_j``
@@ -569,7 +571,7 @@ def _cold_start(ws, nr, nc, hinted):
 
 
 @jit(nogil=True)
-def _tree_flows(ws, nr, nc):
+def _tree_flows(ws: Workspace, nr: int, nc: int) -> bool:
     """Flows of the basis ``cell_row``, ``cell_col`` that meet the supplies and demands (leaf
     peeling; some may be < 0). Returns False when the cells do not form a spanning tree."""
     cell_row, cell_col, cell_flow = ws.cell_row, ws.cell_col, ws.cell_flow
@@ -623,7 +625,7 @@ def _tree_flows(ws, nr, nc):
 
 
 @jit(nogil=True)
-def _dual_repair(ws, nr, nc, max_steps):
+def _dual_repair(ws: Workspace, nr: int, nc: int, max_steps: int) -> int:
     """Dual simplex steps until the basis ``cell_*`` is primal feasible.
 
     Returns the number of steps taken, or -1 when it is not feasible after ``max_steps``.
@@ -665,7 +667,7 @@ def _dual_repair(ws, nr, nc, max_steps):
 
 
 @jit(nogil=True)
-def _primal_simplex(ws, nr, nc, max_pivots):
+def _primal_simplex(ws: Workspace, nr: int, nc: int, max_pivots: int) -> tuple[float, int, int]:
     """Pivots from the basic feasible solution ``cell_*`` to an optimal one.
 
     Dantzig's rule for ``max_pivots`` pivots, then Bland's for at most
@@ -709,7 +711,7 @@ def _primal_simplex(ws, nr, nc, max_pivots):
 
 # per pivot: plain arrays only, inlined (argument order: sizes and scalars, then arrays)
 @jit(nogil=True, inline="always")
-def _entering_cell(nr, nc, tol, bland, cost, pot):
+def _entering_cell(nr: int, nc: int, tol: float, bland: bool, cost: np.ndarray, pot: np.ndarray) -> tuple[int, int]:
     """Pricing: the cell of most negative reduced cost below ``-tol`` (Dantzig), or with
     ``bland`` the first such cell in row-major order; ``(-1, -1)`` when the basis is optimal."""
     best = -tol
@@ -731,7 +733,9 @@ def _entering_cell(nr, nc, tol, bland, cost, pot):
 
 
 @jit(nogil=True, inline="always")
-def _entering_across(nr, nc, side_a, cost, pot, side):
+def _entering_across(
+    nr: int, nc: int, side_a: int, cost: np.ndarray, pot: np.ndarray, side: np.ndarray
+) -> tuple[int, int]:
     """The cell from a row of ``B`` to a column of ``A`` (sides ``!= side_a`` and ``== side_a``)
     of least reduced cost, ``(-1, -1)`` if none is finite."""
     best = np.inf
@@ -752,7 +756,20 @@ def _entering_across(nr, nc, side_a, cost, pot, side):
 
 
 @jit(nogil=True, inline="always")
-def _root_tree(nr, nc, cost, cell_row, cell_col, pot, degree, start, incident, bfs_order, parent, depth):
+def _root_tree(
+    nr: int,
+    nc: int,
+    cost: np.ndarray,
+    cell_row: np.ndarray,
+    cell_col: np.ndarray,
+    pot: np.ndarray,
+    degree: np.ndarray,
+    start: np.ndarray,
+    incident: np.ndarray,
+    bfs_order: np.ndarray,
+    parent: np.ndarray,
+    depth: np.ndarray,
+) -> None:
     """Root the basic tree at row 0: ``pot`` (``u_i + v_j = C_ij``), ``parent``, ``depth`` and
     ``bfs_order`` (and the CSR arrays of :func:`_build_tree`)."""
     nn = nr + nc
@@ -782,7 +799,15 @@ def _root_tree(nr, nc, cost, cell_row, cell_col, pot, degree, start, incident, b
 
 
 @jit(nogil=True, inline="always")
-def _build_tree(nr, nn, cell_row, cell_col, degree, start, incident):
+def _build_tree(
+    nr: int,
+    nn: int,
+    cell_row: np.ndarray,
+    cell_col: np.ndarray,
+    degree: np.ndarray,
+    start: np.ndarray,
+    incident: np.ndarray,
+) -> None:
     """CSR adjacency (``start``, ``incident``) of the ``nn - 1`` basic cells over the tree nodes."""
     for x in range(nn + 1):
         degree[x] = 0
@@ -803,7 +828,16 @@ def _build_tree(nr, nn, cell_row, cell_col, degree, start, incident):
 
 
 @jit(nogil=True, inline="always")
-def _split_sides(k, nr, nn, cell_row, cell_col, bfs_order, parent, side):
+def _split_sides(
+    k: int,
+    nr: int,
+    nn: int,
+    cell_row: np.ndarray,
+    cell_col: np.ndarray,
+    bfs_order: np.ndarray,
+    parent: np.ndarray,
+    side: np.ndarray,
+) -> int:
     """``side``: 1 for the nodes below cell ``k`` in the rooted tree, 0 for the others.
     Returns the side of the part ``A`` that holds cell ``k``'s row."""
     for q in range(nn):  # BFS order visits parents first
@@ -814,11 +848,22 @@ def _split_sides(k, nr, nn, cell_row, cell_col, bfs_order, parent, side):
             side[x] = 1
         else:
             side[x] = side[_other_end(cell_row, cell_col, parent[x], x, nr)]
-    return 1 - side[nr + cell_col[k]]
+    side_a: int = 1 - side[nr + cell_col[k]]
+    return side_a
 
 
 @jit(nogil=True, inline="always")
-def _trace_cycle(ie, je, nr, cell_row, cell_col, parent, depth, cycle, cycle_minus):
+def _trace_cycle(
+    ie: int,
+    je: int,
+    nr: int,
+    cell_row: np.ndarray,
+    cell_col: np.ndarray,
+    parent: np.ndarray,
+    depth: np.ndarray,
+    cycle: np.ndarray,
+    cycle_minus: np.ndarray,
+) -> int:
     """The cycle that cell ``(ie, je)`` closes on the rooted tree, into ``cycle[:length]``.
 
     Climbs from row ``ie`` and column ``je`` to their common ancestor (the deeper side first);
@@ -847,7 +892,16 @@ def _trace_cycle(ie, je, nr, cell_row, cell_col, parent, depth, cycle, cycle_min
 
 
 @jit(nogil=True, inline="always")
-def _ratio_test(length, nc, bland, cycle, cycle_minus, cell_row, cell_col, cell_flow):
+def _ratio_test(
+    length: int,
+    nc: int,
+    bland: bool,
+    cycle: np.ndarray,
+    cycle_minus: np.ndarray,
+    cell_row: np.ndarray,
+    cell_col: np.ndarray,
+    cell_flow: np.ndarray,
+) -> tuple[float, int]:
     """The largest mass the traced cycle can move, and the cell that leaves: the losing cell of
     least flow (ties: the first in climbing order, or with ``bland`` the smallest cell
     ``row * nc + col``). ``(inf, -1)`` when no losing cell has a finite flow."""
@@ -866,7 +920,7 @@ def _ratio_test(length, nc, bland, cycle, cycle_minus, cell_row, cell_col, cell_
 
 
 @jit(nogil=True, inline="always")
-def _augment(length, theta, cycle, cycle_minus, cell_flow):
+def _augment(length: int, theta: float, cycle: np.ndarray, cycle_minus: np.ndarray, cell_flow: np.ndarray) -> None:
     """Moves ``theta`` around the traced cycle (the entering cell's own flow is set by the caller)."""
     for q in range(length):
         kk = cycle[q]
@@ -877,7 +931,7 @@ def _augment(length, theta, cycle, cycle_minus, cell_flow):
 
 
 @jit(nogil=True, inline="always")
-def _other_end(cell_row, cell_col, k, x, nr):
+def _other_end(cell_row: np.ndarray, cell_col: np.ndarray, k: int, x: int, nr: int) -> int:
     """The tree node at the other end of basic cell ``k`` from node ``x``."""
-    r = cell_row[k]
+    r: int = cell_row[k]
     return nr + cell_col[k] if x == r else r

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -107,7 +107,15 @@ def sort_topk_(values: Tensor, ids: Tensor, *, empty: int | None = None) -> tupl
     return values, ids
 
 
-def progress_bar(progress: bool | str, total: int, label: str, stage: str | None = None):
+class ProgressBar(Protocol):
+    """What :func:`progress_bar` returns (a tqdm bar): advanced by ``update``, ended by ``close``."""
+
+    def update(self, n: float = 1) -> bool | None: ...
+
+    def close(self) -> None: ...
+
+
+def progress_bar(progress: bool | str, total: int, label: str, stage: str | None = None) -> ProgressBar | None:
     """A tqdm bar with ETA over ``total`` rows when ``progress`` is truthy (a string names it,
     else ``label``; ``stage`` is appended), else ``None``."""
     if not progress:
@@ -115,11 +123,14 @@ def progress_bar(progress: bool | str, total: int, label: str, stage: str | None
     from tqdm.auto import tqdm
 
     desc = progress if isinstance(progress, str) else label
-    return tqdm(total=total, desc=f"{desc}: {stage}" if stage else desc, unit="row", leave=False)
+    bar: ProgressBar = tqdm(total=total, desc=f"{desc}: {stage}" if stage else desc, unit="row", leave=False)
+    return bar
 
 
 #: ``executor(fn, shared, items)`` yields ``(item, fn(shared, item))`` for every item, in any order
-TileExecutor = Callable[[Callable[[dict, Any], Any], dict, Sequence[Any]], Iterator[tuple[Any, Any]]]
+TileExecutor = Callable[
+    [Callable[[dict[str, Any], Any], Any], dict[str, Any], Sequence[Any]], Iterator[tuple[Any, Any]]
+]
 
 _EXECUTOR: ContextVar[TileExecutor | None] = ContextVar("geograph_tile_executor", default=None)
 
@@ -147,7 +158,9 @@ def current_executor() -> TileExecutor | None:
     return None if _checks.tracing() else _EXECUTOR.get()
 
 
-def map_tiles(fn: Callable[[dict, Any], Any], shared: dict, items: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
+def map_tiles(
+    fn: Callable[[dict[str, Any], Any], Any], shared: dict[str, Any], items: Sequence[Any]
+) -> Iterator[tuple[Any, Any]]:
     """``(item, fn(shared, item))`` for every item: one after another here, or by the executor of an
     enclosing :func:`tile_executor` block (in any order). ``fn`` is a module-level function and
     ``shared`` holds what every tile reads (tensors, options), so an executor can ship both once.
@@ -244,7 +257,7 @@ def tiled_pairs(
         if k:
             out_v[r0 : r0 + rows], out_i[r0 : r0 + rows] = best_v, best_i
         if sums is not None:
-            sums[r0 : r0 + rows] = tile_sums
+            sums[r0 : r0 + rows] = cast(Tensor, tile_sums)  # a tile has row sums when the call asked for them
         if bar is not None:
             bar.update(rows)
 
@@ -259,7 +272,7 @@ def tiled_pairs(
     return out_v, out_i, sums
 
 
-def pairs_rows(shared: dict, r0: int) -> tuple[Tensor, Tensor, Tensor | None]:
+def pairs_rows(shared: dict[str, Any], r0: int) -> tuple[Tensor, Tensor, Tensor | None]:
     """One query-row tile of :func:`tiled_pairs`: rows ``r0 : r0 + block`` against every key tile.
 
     ``shared`` holds :func:`tiled_pairs`' inputs (``query``, ``keys``, ``k``, ``block``,

@@ -364,7 +364,7 @@ def _pot_kappa(dist: np.ndarray, meas: np.ndarray, edge: np.ndarray) -> float:
     from geograph.functional.transport import pot_emd
 
     g, x, y = (int(v) for v in edge.tolist())
-    d_xy = dist[g, x, y]
+    d_xy: float = dist[g, x, y]
     if d_xy < _DIST_EPS:
         return 0.0
     cost = np.where(np.isfinite(dist[g]), dist[g], 0.0)

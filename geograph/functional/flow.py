@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -12,6 +13,9 @@ from torch import Tensor
 from geograph._checks import check_cert_tol, check_positive_int, tracing
 from geograph.functional._simplex_stats import SimplexStats
 from geograph.functional.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
+
+if TYPE_CHECKING:
+    from geograph.functional._ricci_numba import FlowResult
 
 __all__ = ["ricci_flow", "RicciFlowOutput", "exact_flow_stats", "SimplexStats"]
 
@@ -252,7 +256,7 @@ def exact_flow_stats(
     ).stats
 
 
-def _check_finite(**values) -> None:
+def _check_finite(**values: float) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -260,7 +264,7 @@ def _check_finite(**values) -> None:
         raise ValueError(f"delta must be non-negative, got {values['delta']!r}")
 
 
-def _validated_flow_graph(adj, lengths, mask) -> tuple[Tensor, Tensor, Tensor]:
+def _validated_flow_graph(adj: Tensor, lengths: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`validate_graph` with ``lengths=None`` meaning 1 on every edge (float32)."""
     if lengths is None:
         if not isinstance(adj, Tensor) or adj.dim() != 3:
@@ -280,7 +284,7 @@ def _compiled_flow(
     alpha: float,
     exp_power: float,
     warm_start: bool = True,
-):
+) -> FlowResult:
     """The compiled flow (:func:`~geograph.functional._ricci_numba.flow_batch`) on validated tensors: its
     ``FlowResult`` (numpy, float64)."""
     from geograph.functional._ricci_numba import flow_batch
@@ -300,28 +304,41 @@ def _compiled_flow(
     )
 
 
+class _SolveOptions(TypedDict):
+    """The keyword arguments of :func:`ollivier_ricci_solve` that stay fixed along the flow."""
+
+    alpha: float
+    exp_power: float
+    solver: str
+    reg: float
+    tol: float | None
+    relaxation: float
+    validated: bool
+    cert_tol: float | None
+
+
 def _torch_flow(
-    w,
-    adj,
-    node_mask,
+    w: Tensor,
+    adj: Tensor,
+    node_mask: Tensor,
     *,
-    iterations,
-    step,
-    delta,
-    alpha,
-    exp_power,
-    solver,
-    reg,
-    max_iter,
-    warm_iter,
-    relaxation,
-    cert_tol,
-    early_stop,
-    check_every,
+    iterations: int,
+    step: float,
+    delta: float,
+    alpha: float,
+    exp_power: float,
+    solver: str,
+    reg: float,
+    max_iter: int,
+    warm_iter: int,
+    relaxation: float,
+    cert_tol: float | None,
+    early_stop: bool,
+    check_every: int,
 ) -> RicciFlowOutput:
     """The flow as a torch loop over the steps, one batched curvature solve per step."""
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
-    opts = dict(
+    opts: _SolveOptions = dict(
         alpha=alpha,
         exp_power=exp_power,
         solver=solver,
@@ -410,7 +427,7 @@ def _exact_flow(
         return None  # the torch loop re-solves stuck problems with POT
     n_solves = int(steps.max()) + 1 if steps.size else 1
 
-    def back(x, dt=dtype):
+    def back(x: np.ndarray, dt: torch.dtype = dtype) -> Tensor:
         return torch.from_numpy(x).to(device=device, dtype=dt)
 
     return RicciFlowOutput(

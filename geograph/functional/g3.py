@@ -157,18 +157,18 @@ def g3_retrieve(
 
 
 def _retrieve(
-    query,
-    embeddings,
-    crow,
-    col,
-    val,
-    k,
+    query: Tensor,
+    embeddings: Tensor,
+    crow: Tensor,
+    col: Tensor,
+    val: Tensor,
+    k: int,
     *,
-    candidates,
-    seeds,
-    row_width,
-    seed_scorer,
-    query_texts,
+    candidates: int,
+    seeds: int,
+    row_width: int,
+    seed_scorer: Callable[..., Tensor] | None,
+    query_texts: Sequence[str] | None,
     owner: str = "the corpus",
 ) -> RetrievalOutput:
     """:func:`g3_retrieve` with validated options (the query and ``k`` are checked here)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict, cast
 
 import torch
 from torch import Tensor
@@ -94,7 +96,16 @@ def _raw_density_exact(z: Tensor, block: int, rows: Tensor | None = None, progre
     _, _, sums = tiled_pairs(
         q, z, 0, block=block, exclude=True if rows is None else rows, row_sum=_positive_part, progress=progress
     )
-    return sums
+    return cast(Tensor, sums)  # row_sum is given: the sums are there
+
+
+class _DensityStats(TypedDict):
+    """The fields of :class:`DensityInfo` but the density."""
+
+    sample: int
+    mean_stderr: float
+    max_stderr: float
+    exact_rows: int
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,7 @@ def gain_density_info(
     n = z.shape[0]
     if sample is None or sample >= n:
         raw = _raw_density_exact(z, block, progress=progress)
-        stats = dict(sample=0, mean_stderr=0.0, max_stderr=0.0, exact_rows=n)
+        stats: _DensityStats = dict(sample=0, mean_stderr=0.0, max_stderr=0.0, exact_rows=n)
         rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True)
     else:
         sample = check_positive_int(sample, "sample")
@@ -265,7 +276,7 @@ def gain_bound(x: Tensor, band: tuple[float, float] | None) -> Tensor:
     return torch.where((top >= lo) & (top > 0), f, torch.zeros_like(f))
 
 
-def candidate_cap(band: tuple[float, float] | None):
+def candidate_cap(band: tuple[float, float] | None) -> Callable[[Tensor], Tensor] | None:
     """The ranking of G3's cosine candidate lists: the cosine itself up to the band's ceiling ``hi``
     (pairs above it weigh 0 and are never ranked); ``None`` for ``band=None``."""
     if band is None:
@@ -274,13 +285,13 @@ def candidate_cap(band: tuple[float, float] | None):
     return lambda s: s.masked_fill(s > hi, float("-inf"))
 
 
-def gain_rank(band: tuple[float, float] | None):
+def gain_rank(band: tuple[float, float] | None) -> Callable[[Tensor], Tensor]:
     """The ranking of G3's weight candidate lists: ``f(x) = x sqrt(1 - x^2)`` inside the band, 0
     outside (times the target's penalty, applied by the caller)."""
     return lambda s: _weights(s, 1.0, band)  # in place: callers pass a fresh block of products
 
 
-def _weights(s: Tensor, penalty_cols: Tensor, band: tuple[float, float] | None) -> Tensor:
+def _weights(s: Tensor, penalty_cols: Tensor | float, band: tuple[float, float] | None) -> Tensor:
     """``x sqrt(1 - x^2) e^{-beta rho_j}`` inside the band, 0 elsewhere (in place on ``s``)."""
     ok = (s > 0) & (s < 1) if band is None else (s >= band[0]) & (s <= band[1])
     w = s.masked_fill_(~ok, 0.0)
@@ -427,8 +438,9 @@ def gain_edges(
     edges = _csr_edges(kv, ki, certified=certified, redone=redone, out=flat)
     if consume:
         del kv, ki, flat
-        x.set_()
-        ids.set_()
+        # set_() without a source empties the storage; torch's stubs lack that overload
+        x.set_()  # type: ignore[call-overload]
+        ids.set_()  # type: ignore[call-overload]
     return edges
 
 
@@ -611,7 +623,7 @@ def gain_transition_edges(
                 f"candidates must be two (N={n}, K') tensors (values, indices), got shapes "
                 f"{tuple(cv.shape)} and {tuple(ci.shape)}"
             )
-        if ci.shape[1] < min(max_degree, n - 1):
+        if ci.shape[1] < min(cast(int, max_degree), n - 1):  # candidates come with max_degree (checked above)
             raise ValueError(
                 f"candidates hold K'={ci.shape[1]} per row, fewer than max_degree={max_degree}: "
                 "raise the candidates or lower max_degree"
@@ -622,6 +634,7 @@ def gain_transition_edges(
         raise ValueError(f"density must have shape ({n},), got {tuple(rho.shape)}")
     penalty = torch.exp(-beta * rho)
     proof = None
+    edges: GainEdges | None
     if max_degree is not None and max_degree < n:
         edges = gain_edges(
             z,
@@ -666,7 +679,9 @@ def _row_normalised(crow: Tensor, vals: Tensor) -> Tensor:
     return out
 
 
-def _full_rows(z: Tensor, penalty: Tensor, band, block: int) -> tuple[Tensor, Tensor, Tensor]:
+def _full_rows(
+    z: Tensor, penalty: Tensor, band: tuple[float, float] | None, block: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Every positive weight (the authors' full ``W``), in row blocks against all columns."""
     n = z.shape[0]
     rows_out, cols_out, vals_out = [], [], []

@@ -84,7 +84,9 @@ def knn_lists(sim: Tensor, k: int, mask: Tensor | None = None) -> tuple[Tensor, 
     return topk_stable(sim.masked_fill(invalid, float("-inf")), min(k, n - 1))
 
 
-def query_graph(query: Tensor, docs: Tensor, mask: Tensor | None = None, *, percentile: float = 50.0):
+def query_graph(
+    query: Tensor, docs: Tensor, mask: Tensor | None = None, *, percentile: float = 50.0
+) -> tuple[Tensor, Tensor, Tensor]:
     r"""The Ricci-Filtration graph of each query: node 0 = query, nodes 1..N = candidates.
 
     ``r_ij = 1 - cos(z_i, z_j)``; ``tau`` is the ``percentile``-th percentile of ``r_ij`` over
@@ -178,7 +180,8 @@ def clean_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
         raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
     edge_index, _ = remove_self_loops(edge_index)
-    return coalesce(to_undirected(edge_index, num_nodes=num_nodes), num_nodes=num_nodes)
+    out: Tensor = coalesce(to_undirected(edge_index, num_nodes=num_nodes), num_nodes=num_nodes)
+    return out
 
 
 def csr_rowptr(rows: Tensor, num_nodes: int) -> Tensor:

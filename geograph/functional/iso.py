@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict, overload
+
 import torch
 from torch import Tensor
 
@@ -22,6 +24,43 @@ from geograph.outputs import LocalSubgraph, RetrievalOutput, topk_by_key, topk_s
 __all__ = ["iso_retrieve", "iso_local_subgraph", "iso_personalization", "iso_fusion", "iso_max_k", "check_iso_options"]
 
 
+class IsoQueryOptions(TypedDict, total=False):
+    """ISO-RAG's query-time hyperparameters as :func:`check_iso_options` returns them."""
+
+    m: int
+    L: int
+    hops: int
+    max_nodes: int
+    tau: float
+    alpha: float
+    lambda_g: float
+    lambda_d: float
+    max_iter: int
+
+
+class IsoOptions(IsoQueryOptions, total=False):
+    """:class:`IsoQueryOptions` with the offline ``beta`` and ``p``, when given."""
+
+    beta: float
+    p: float
+
+
+@overload
+def check_iso_options(
+    *,
+    m: int,
+    L: int,
+    hops: int,
+    max_nodes: int,
+    tau: float,
+    alpha: float,
+    lambda_g: float,
+    lambda_d: float,
+    max_iter: int,
+    beta: None = None,
+    p: None = None,
+) -> IsoQueryOptions: ...
+@overload
 def check_iso_options(
     *,
     m: int,
@@ -35,13 +74,27 @@ def check_iso_options(
     max_iter: int,
     beta: float | None = None,
     p: float | None = None,
-) -> dict:
+) -> IsoOptions: ...
+def check_iso_options(
+    *,
+    m: int,
+    L: int,
+    hops: int,
+    max_nodes: int,
+    tau: float,
+    alpha: float,
+    lambda_g: float,
+    lambda_d: float,
+    max_iter: int,
+    beta: float | None = None,
+    p: float | None = None,
+) -> IsoOptions:
     """Validate ISO-RAG's hyperparameters; returns them normalised, or raises ``ValueError``.
 
     The one check of :func:`iso_retrieve` and :class:`~geograph.ISORetriever` (``beta`` and
     ``p``, used offline, are checked when given).
     """
-    out = dict(m=check_positive_int(m, "m"), L=check_positive_int(L, "L"))
+    out: IsoOptions = dict(m=check_positive_int(m, "m"), L=check_positive_int(L, "L"))
     if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
         raise ValueError(f"hops must be a non-negative integer, got {hops!r}")
     out["hops"] = hops
@@ -170,7 +223,19 @@ def iso_local_subgraph(
 
 
 def _local_subgraph(
-    query, embeddings, rowptr, col, kept_keys, *, max_degree, m, L, hops, max_nodes, tau, chunk_size
+    query: Tensor,
+    embeddings: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    kept_keys: Tensor,
+    *,
+    max_degree: int,
+    m: int,
+    L: int,
+    hops: int,
+    max_nodes: int,
+    tau: float,
+    chunk_size: int,
 ) -> LocalSubgraph:
     """:func:`iso_local_subgraph` on a validated query and options."""
     v = embeddings.shape[0]
@@ -279,24 +344,24 @@ def iso_retrieve(
 
 
 def _retrieve(
-    query,
-    embeddings,
-    rowptr,
-    col,
-    kept_keys,
-    k,
+    query: Tensor,
+    embeddings: Tensor,
+    rowptr: Tensor,
+    col: Tensor,
+    kept_keys: Tensor,
+    k: int,
     *,
-    max_degree,
-    m,
-    L,
-    hops,
-    max_nodes,
-    tau,
-    alpha,
-    lambda_g,
-    lambda_d,
-    max_iter,
-    chunk_size,
+    max_degree: int,
+    m: int,
+    L: int,
+    hops: int,
+    max_nodes: int,
+    tau: float,
+    alpha: float,
+    lambda_g: float,
+    lambda_d: float,
+    max_iter: int,
+    chunk_size: int,
     owner: str = "the corpus",
 ) -> RetrievalOutput:
     """:func:`iso_retrieve` with validated options (``k`` and the query are checked here, in that order)."""

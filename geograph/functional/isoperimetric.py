@@ -83,7 +83,8 @@ def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, e
     ball = volume + scatter(volume[edge_index[1]], edge_index[0], dim=0, dim_size=num_nodes, reduce="sum")
     shell_idx = two_hop_shell(edge_index, num_nodes)
     shell = scatter(volume[shell_idx[1]], shell_idx[0], dim=0, dim_size=num_nodes, reduce="sum")
-    return shell / (ball + eps)
+    out: Tensor = shell / (ball + eps)
+    return out
 
 
 def compatible_edges(edge_index: Tensor, phi: Tensor, *, beta: float = 0.4) -> Tensor:
@@ -139,5 +140,5 @@ def conformal_volume(z: Tensor, *, p: float = 2.0, c: float = 1.0) -> Tensor:
         raise ValueError("points must lie strictly inside the Poincare ball (|z| < 1/sqrt(c))")
     import geoopt
 
-    lam = geoopt.PoincareBall(c=c).lambda_x(z.double())
+    lam: Tensor = geoopt.PoincareBall(c=c).lambda_x(z.double())
     return (lam**p).to(z.dtype)

@@ -52,7 +52,7 @@ class TopkLists:
     def width(self) -> int:
         return int(self.values.shape[1])
 
-    def to(self, device) -> TopkLists:
+    def to(self, device: str | torch.device) -> TopkLists:
         return TopkLists(self.values.to(device), self.indices.to(device), self.complete.to(device))
 
     def depth(self) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 import torch
 from torch import Tensor
@@ -23,6 +24,21 @@ from geograph.outputs import RerankOutput, order_by_score
 __all__ = ["ricci_filtration", "ricci_surgery", "check_ricci_options"]
 
 
+class RicciOptions(TypedDict):
+    """Ricci-Filtration's hyperparameters as :func:`check_ricci_options` returns them."""
+
+    percentile: float
+    alpha: float
+    exp_power: float
+    iterations: int
+    step: float
+    delta: float
+    eta: float
+    solver: str
+    reg: float
+    cert_tol: float | None
+
+
 def check_ricci_options(
     *,
     percentile: float,
@@ -35,7 +51,7 @@ def check_ricci_options(
     solver: str,
     reg: float,
     cert_tol: float | None,
-) -> dict:
+) -> RicciOptions:
     """Validate Ricci-Filtration's hyperparameters; returns them normalised (floats), or raises ``ValueError``.
 
     The one check of :func:`ricci_filtration` and :class:`~geograph.RicciFiltration`.

@@ -15,7 +15,8 @@ def normalize(x: Tensor, dim: int = -1) -> Tensor:
     give zeros rather than NaN.
     """
     norm = x.norm(dim=dim, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-    return x / norm
+    out: Tensor = x / norm
+    return out
 
 
 #: rows whose norms are all this close to 1 count as unit: :func:`unit_rows` uses them as they are

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from geograph._checks import check_tensor, tracing
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["sinkhorn", "SinkhornOutput", "emd", "transport_bounds", "TransportBounds"]
 
@@ -203,7 +207,9 @@ def sinkhorn_unchecked(
         if check and it >= scaling_iter and (it + 1) % check_every == 0:
             plan = _plan(f, g, cost, eps, row_pen, col_pen)
             violation = (plan.sum(2) - a).abs().amax(1).masked_fill(empty, 0.0)
-            if float(violation.max()) < tol:  # rows only: with omega = 1 the columns are exact after the g-update
+            if (
+                tol is not None and float(violation.max()) < tol
+            ):  # rows only: with omega = 1 the columns are exact after the g-update
                 break
     plan = _plan(f, g, cost, reg, row_pen, col_pen)
     plan = torch.where(empty.view(-1, 1, 1), zero, plan)
@@ -252,7 +258,7 @@ def emd(cost: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.from_numpy(out).to(device=cost.device, dtype=cost.dtype)
 
 
-def emd_numpy(cost, a, b, max_pivots: int = _MAX_PIVOTS):
+def emd_numpy(cost: np.ndarray, a: np.ndarray, b: np.ndarray, max_pivots: int = _MAX_PIVOTS) -> np.ndarray:
     """float64 numpy core of :func:`emd`: the numba kernel, POT for any problem it left stuck."""
     import numpy as np
 
@@ -265,7 +271,7 @@ def emd_numpy(cost, a, b, max_pivots: int = _MAX_PIVOTS):
     return out
 
 
-def pot_emd(a, b, cost) -> float:
+def pot_emd(a: np.ndarray, b: np.ndarray, cost: np.ndarray) -> float:
     """POT's network simplex on the positive entries of one problem (the fallback)."""
     import numpy as np
     import ot

@@ -37,6 +37,10 @@ __all__ = [
 ]
 
 
+#: a passage's id: a string or an integer
+PassageId = str | int
+
+
 class PassageIds:
     """The ids of a corpus's passages, in row order, and each id's row.
 
@@ -72,7 +76,7 @@ class PassageIds:
             seen.add(x)
         return new
 
-    def rows(self, ids: Iterable) -> Tensor:
+    def rows(self, ids: Iterable | str | int) -> Tensor:
         """The rows of ``ids`` (sorted, unique), or a one-line error naming an unknown id."""
         if isinstance(ids, (str, bytes, int)):
             ids = [ids]

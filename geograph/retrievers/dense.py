@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -21,9 +23,12 @@ from geograph.functional.knn_policy import (
     resolve_index,
 )
 from geograph.functional.similarity import normalize, unit_rows
-from geograph.graphs.updates import UpdateReport
+from geograph.graphs.updates import PassageId, PassageIds, UpdateReport
 from geograph.outputs import RetrievalOutput
 from geograph.retrievers.dense_updates import dense_add, dense_remove, labels_to_rows
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("geograph.dense")
 
@@ -31,6 +36,20 @@ log = logging.getLogger("geograph.dense")
 DENSE_RECALL_TARGET = 0.99
 #: the list length of that recall (the first-stage pool of the rerankers is about this size)
 DENSE_RECALL_K = 20
+
+
+class _IVFIndex(Protocol):
+    """What the retriever uses of a faiss IVF index (:func:`~geograph.functional.faiss_ivf.build_ivf_index`)."""
+
+    nprobe: int
+    ntotal: int
+    d: int
+
+    def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def add_with_ids(self, x: np.ndarray, ids: np.ndarray) -> None: ...
+
+    def remove_ids(self, ids: np.ndarray) -> int: ...
 
 
 class DenseRetriever(nn.Module):
@@ -85,6 +104,8 @@ class DenseRetriever(nn.Module):
         (tensor([[1, 2]]), tensor([[1.0000, 0.8000]]))
     """
 
+    embeddings: Tensor  # a buffer, registered in __init__
+
     def __init__(
         self,
         embeddings: Tensor,
@@ -117,15 +138,15 @@ class DenseRetriever(nn.Module):
             raise ValueError(f"recall_target must be in (0, 1], got {recall_target}")
         self.recall_target, self.recall_k = float(recall_target), check_positive_int(recall_k, "recall_k")
         self._auto = nprobe == "auto"
-        self.nprobe: int | None = None if self._auto else nprobe
-        self.calibration: dict | None = None  # what nprobe="auto" chose and measured
+        self.nprobe: int | None = None if self._auto else cast(int, nprobe)  # checked above
+        self.calibration: dict[str, float] | None = None  # what nprobe="auto" chose and measured
         probe = 1 if self.nprobe is None else self.nprobe
         self.sample = check_ivf(n, self.nlist, probe, sample, QUERY_POINTS_PER_CELL) if self.index == "ivf" else sample
         self.seed = seed
-        self._ivf = None  # the faiss index, built on first use from the embeddings buffer
-        self._ivf_rows = None  # faiss label -> row once an update renumbered the rows (dense_updates)
-        self.passage_ids = None  # the passages' ids once updated (geograph.graphs.updates.PassageIds)
-        self.register_load_state_dict_post_hook(_drop_index)
+        self._ivf: _IVFIndex | None = None  # the faiss index, built on first use from the embeddings buffer
+        self._ivf_rows: Tensor | None = None  # faiss label -> row once an update renumbered the rows (dense_updates)
+        self.passage_ids: PassageIds | None = None  # the passages' ids once updated (geograph.graphs.updates)
+        self.register_load_state_dict_post_hook(_drop_index)  # type: ignore[no-untyped-call]  # unannotated in torch
         self.register_buffer("embeddings", unit_rows(embeddings), persistent=bool(persistent))
 
     @property
@@ -149,9 +170,11 @@ class DenseRetriever(nn.Module):
             best_s, best_i = tiled_topk(q, self.embeddings, k, block=self.chunk_size)
         return RetrievalOutput(indices=best_i, scores=best_s.to(query.dtype))
 
-    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the index follows the new buffers
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> DenseRetriever:
+        # .to() / .cuda(): the index follows the new buffers
         self._ivf = self._ivf_rows = None
-        return super()._apply(fn, *args, **kwargs)
+        out: DenseRetriever = super()._apply(fn, *args, **kwargs)  # type: ignore[no-untyped-call]  # unannotated in torch
+        return out
 
     def _search_ivf(self, q: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """faiss IVF-Flat candidates (``k`` per query from ``nprobe`` lists), re-scored exactly and
@@ -186,10 +209,11 @@ class DenseRetriever(nn.Module):
         exact = exact_rows(self.embeddings, rows, k, block=self.chunk_size).cpu()
         qn = self.embeddings[rows].detach().float().cpu().contiguous().numpy()
         own = rows.cpu().unsqueeze(1)
+        ivf = cast(_IVFIndex, self._ivf)  # built by _search_ivf, the only caller
         nprobe, recall = 1, 0.0
         while True:
-            self._ivf.nprobe = nprobe
-            ids = labels_to_rows(self, torch.from_numpy(self._ivf.search(qn, k + 1)[1]))
+            ivf.nprobe = nprobe
+            ids = labels_to_rows(self, torch.from_numpy(ivf.search(qn, k + 1)[1]))
             ids = ids.masked_fill(ids == own, -1)  # the passage itself is not one of its neighbours
             recall = sample_recall(ids, torch.arange(len(ids)), exact)
             if recall >= self.recall_target or nprobe >= self.nlist:
@@ -219,7 +243,7 @@ class DenseRetriever(nn.Module):
             )
         return nprobe
 
-    def save_pretrained(self, directory, *, encoder=None, ids=None):
+    def save_pretrained(self, directory: str | Path, *, encoder: Any = None, ids: Sequence[str] | None = None) -> Path:
         """Write the retriever as an artefact directory: the corpus (``tensors.safetensors``), the
         trained IVF index (``ivf.faiss``, built and ``nprobe="auto"`` calibrated now if not yet)
         and a manifest of the options, the encoder (``encoder``) and the corpus fingerprint
@@ -229,7 +253,9 @@ class DenseRetriever(nn.Module):
         return save_dense(self, directory, encoder=encoder, ids=ids)
 
     @classmethod
-    def from_pretrained(cls, source, *, corpus=None, encoder=None, device=None):
+    def from_pretrained(
+        cls, source: str | Path, *, corpus: Any = None, encoder: Any = None, device: str | torch.device | None = None
+    ) -> DenseRetriever:
         """Load a retriever saved by :meth:`save_pretrained`: the corpus memory-mapped, the IVF index
         read back (not trained again), the saved ``nprobe``; it answers as the saved one did. A
         ``corpus`` or ``encoder`` other than the saved one's is refused (one line naming both)."""
@@ -237,14 +263,14 @@ class DenseRetriever(nn.Module):
 
         return load_dense(cls, source, corpus=corpus, encoder=encoder, device=device)
 
-    def add(self, embeddings: Tensor, ids: Sequence) -> UpdateReport:
+    def add(self, embeddings: Tensor, ids: Sequence[PassageId]) -> UpdateReport:
         """Add passages in place (appended in order; ``ids``: one new ``str`` or ``int`` id a row; a
         corpus built without ids names its passages ``0 .. V-1``). Exact: the same module as one
         built on the new corpus. IVF: a built index keeps its cells and takes the new vectors
         (see :mod:`geograph.retrievers.dense_updates`)."""
         return dense_add(self, embeddings, ids)
 
-    def remove(self, ids: Iterable) -> UpdateReport:
+    def remove(self, ids: Iterable[PassageId] | PassageId) -> UpdateReport:
         """Remove passages in place (the rest keep their order); a built IVF index drops them."""
         return dense_remove(self, ids)
 
@@ -254,7 +280,7 @@ class DenseRetriever(nn.Module):
         return f"num_passages={self.num_passages}, dim={self.embeddings.shape[1]}, chunk_size={self.chunk_size}{ivf}"
 
 
-def _drop_index(module: DenseRetriever, _incompatible) -> None:
+def _drop_index(module: DenseRetriever, _incompatible: object) -> None:
     """After ``load_state_dict`` the IVF index is rebuilt (and ``nprobe="auto"`` chosen again)
     from the loaded corpus on first use."""
     module._ivf = module._ivf_rows = None

@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from geograph.retrievers.dense import DenseRetriever
 
 from geograph.artefact import (
     EncoderIdentity,
@@ -34,7 +37,9 @@ _OPTIONS = ("chunk_size", "index", "nlist", "sample", "seed", "recall_target", "
 log = logging.getLogger("geograph.dense")
 
 
-def save_dense(model, directory: str | Path, *, encoder: Any = None, ids: Sequence[str] | None = None) -> Path:
+def save_dense(
+    model: DenseRetriever, directory: str | Path, *, encoder: Any = None, ids: Sequence[str] | None = None
+) -> Path:
     """Write ``model`` as an artefact directory; an IVF index is built (and ``nprobe="auto"``
     calibrated) first if the model has not been called yet."""
     side = {}
@@ -62,7 +67,14 @@ def save_dense(model, directory: str | Path, *, encoder: Any = None, ids: Sequen
     )
 
 
-def load_dense(cls, source, *, corpus=None, encoder=None, device=None):
+def load_dense(
+    cls: type[DenseRetriever],
+    source: str | Path,
+    *,
+    corpus: Any = None,
+    encoder: Any = None,
+    device: str | torch.device | None = None,
+) -> DenseRetriever:
     """A retriever from an artefact directory or hub id, its corpus memory-mapped and held as saved."""
     path = resolve_source(source, cls.__name__)
     art = read_artefact(path, "DenseRetriever", encoder=encoder, corpus=_normalised(corpus))
@@ -82,19 +94,20 @@ def load_dense(cls, source, *, corpus=None, encoder=None, device=None):
     if model.index == "ivf":
         if not (art.path / INDEX_FILE).is_file():
             raise ValueError(f"{art.path}: an IVF retriever saved without its {INDEX_FILE}")
-        model._ivf = _read_index(art.path / INDEX_FILE)
-        if model._ivf.ntotal != emb.shape[0] or model._ivf.d != emb.shape[1]:
+        index = _read_index(art.path / INDEX_FILE)
+        model._ivf = index
+        if index.ntotal != emb.shape[0] or index.d != emb.shape[1]:
             raise ValueError(
-                f"{art.path / INDEX_FILE}: an index of {model._ivf.ntotal} x {model._ivf.d}, "
+                f"{art.path / INDEX_FILE}: an index of {index.ntotal} x {index.d}, "
                 f"the embeddings are {emb.shape[0]} x {emb.shape[1]}"
             )
     if device is not None and torch.device(device).type != "cpu":
         model = model.to(device)  # (the index is rebuilt on the device on first use)
-    model.manifest = {**art.manifest, "source": str(art.path)}
+    model.manifest = {**art.manifest, "source": str(art.path)}  # type: ignore[assignment]  # nn.Module's setattr
     return model
 
 
-def _normalised(corpus):
+def _normalised(corpus: Any) -> Any:
     """The corpus in use compared as the retriever stores it: unit rows."""
     from geograph.functional.similarity import normalize
 
@@ -105,7 +118,7 @@ def _normalised(corpus):
     return corpus
 
 
-def _read_index(path: Path):
+def _read_index(path: Path) -> Any:
     faiss = import_faiss()
     try:  # the inverted lists memory-mapped, shared between processes
         return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)

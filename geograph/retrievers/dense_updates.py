@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from geograph.functional.similarity import normalize
-from geograph.graphs.updates import PassageIds, UpdateReport, check_new_rows
+from geograph.graphs.updates import PassageId, PassageIds, UpdateReport, check_new_rows
+
+if TYPE_CHECKING:
+    from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["dense_add", "dense_remove", "labels_to_rows"]
 
 
-def _ids(model) -> PassageIds:
-    if getattr(model, "passage_ids", None) is None:
+def _ids(model: DenseRetriever) -> PassageIds:
+    if model.passage_ids is None:
         model.passage_ids = PassageIds(range(model.num_passages))
     return model.passage_ids
 
 
-def labels_to_rows(model, labels: Tensor) -> Tensor:
+def labels_to_rows(model: DenseRetriever, labels: Tensor) -> Tensor:
     """The rows of faiss labels (``-1`` stays ``-1``): the identity until an update renumbers rows."""
     table = getattr(model, "_ivf_rows", None)
     if table is None:
@@ -37,7 +41,7 @@ def labels_to_rows(model, labels: Tensor) -> Tensor:
     return torch.where(labels >= 0, table[labels.clamp_min(0)], labels)
 
 
-def dense_add(model, embeddings: Tensor, ids: Sequence) -> UpdateReport:
+def dense_add(model: DenseRetriever, embeddings: Tensor, ids: Sequence[PassageId]) -> UpdateReport:
     """:meth:`geograph.DenseRetriever.add`."""
     t0 = time.perf_counter()
     check_new_rows(embeddings, model.embeddings)
@@ -59,7 +63,7 @@ def dense_add(model, embeddings: Tensor, ids: Sequence) -> UpdateReport:
     return UpdateReport(m, 0, n + m, 0, 0, time.perf_counter() - t0)
 
 
-def dense_remove(model, ids: Iterable) -> UpdateReport:
+def dense_remove(model: DenseRetriever, ids: Iterable[PassageId] | PassageId) -> UpdateReport:
     """:meth:`geograph.DenseRetriever.remove`."""
     t0 = time.perf_counter()
     known = _ids(model)

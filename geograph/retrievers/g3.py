@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from geograph.functional.g3 import _retrieve, check_g3_options
 from geograph.graphs.g3_graph import DEFAULT_MAX_DEGREE, G3Graph
 from geograph.graphs.g3_updates import G3UpdateReport
-from geograph.graphs.updates import passage_ids
+from geograph.graphs.updates import PassageId, passage_ids
 from geograph.outputs import RetrievalOutput
 from geograph.retrievers.dense import DenseRetriever
 
@@ -93,7 +93,7 @@ class G3Retriever(nn.Module):
         self.graph = graph
         self.candidates, self.seeds = check_g3_options(candidates, seeds, graph.num_nodes)
         self.dense = DenseRetriever(graph.embeddings, persistent=False)  # the unit embeddings, derived from the graph
-        self.register_load_state_dict_post_hook(_rebuild_dense_after_load)
+        self.register_load_state_dict_post_hook(_rebuild_dense_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def forward(
         self,
@@ -119,14 +119,14 @@ class G3Retriever(nn.Module):
         )
 
     @torch.no_grad()
-    def add(self, embeddings: Tensor, ids: Sequence) -> G3UpdateReport:
+    def add(self, embeddings: Tensor, ids: Sequence[PassageId]) -> G3UpdateReport:
         """Add passages to the graph in place (:meth:`G3Graph.add`); the dense index follows."""
         report = self.graph.add(embeddings, ids)
         self._follow()
         return report
 
     @torch.no_grad()
-    def remove(self, ids: Iterable) -> G3UpdateReport:
+    def remove(self, ids: Iterable[PassageId] | PassageId) -> G3UpdateReport:
         """Remove passages from the graph in place (:meth:`G3Graph.remove`); the dense index follows.
         The corpus must keep at least ``candidates`` passages."""
         ids = [ids] if isinstance(ids, (str, int)) else list(ids)
@@ -144,6 +144,6 @@ class G3Retriever(nn.Module):
         return f"candidates={self.candidates}, seeds={self.seeds}"
 
 
-def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys) -> None:
+def _rebuild_dense_after_load(module: G3Retriever, incompatible_keys: object) -> None:
     """``load_state_dict`` post hook: the dense index follows the loaded graph's embeddings."""
     module.dense = DenseRetriever(module.graph.embeddings, chunk_size=module.dense.chunk_size, persistent=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, TypedDict, cast
 
 import torch
 from torch import Tensor, nn
@@ -10,13 +11,31 @@ from torch import Tensor, nn
 from geograph.functional.iso import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
 from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.graphs.corpus_graph import CorpusGraph
-from geograph.graphs.updates import UpdateReport
+from geograph.graphs.updates import PassageId, UpdateReport
 from geograph.outputs import LocalSubgraph, RetrievalOutput
 from geograph.projection import IdentityPoincare
 from geograph.retrievers.dense import DenseRetriever
 from geograph.retrievers.iso_updates import iso_add, iso_remove
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
+
+
+class _LocalOptions(TypedDict):
+    """The options of :func:`~geograph.functional.iso._local_subgraph` an :class:`ISORetriever` holds."""
+
+    max_degree: int
+    m: int
+    L: int
+    hops: int
+    max_nodes: int
+    tau: float
+    chunk_size: int
+
+
+class _DenseKeywords(TypedDict, total=False):
+    """The :class:`DenseRetriever` options kept across a :meth:`ISORetriever.refresh`."""
+
+    chunk_size: int
 
 
 class ISORetriever(nn.Module):
@@ -97,6 +116,22 @@ class ISORetriever(nn.Module):
         torch.Size([2, 3])
     """
 
+    # set in __init__ from check_iso_options
+    m: int
+    L: int
+    hops: int
+    max_nodes: int
+    beta: float
+    p: float
+    tau: float
+    alpha: float
+    lambda_g: float
+    lambda_d: float
+    max_iter: int
+    # buffers, registered in __init__
+    phi: Tensor
+    kept_keys: Tensor
+
     def __init__(
         self,
         graph: CorpusGraph,
@@ -145,7 +180,7 @@ class ISORetriever(nn.Module):
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
         self.register_buffer("_volume", torch.empty(0, dtype=torch.float64), persistent=False)  # for add / remove
         self.refresh()
-        self.register_load_state_dict_post_hook(_refresh_after_load)
+        self.register_load_state_dict_post_hook(_refresh_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     @torch.no_grad()
     def refresh(self, chunk_size: int = 65536) -> None:
@@ -159,8 +194,8 @@ class ISORetriever(nn.Module):
         """
         g = self.graph
         emb = g.embeddings
-        old = self._modules.get("dense")
-        kw = {} if old is None else {"chunk_size": old.chunk_size}
+        old = cast("DenseRetriever | None", self._modules.get("dense"))
+        kw: _DenseKeywords = {} if old is None else {"chunk_size": old.chunk_size}
         self.dense = DenseRetriever(emb, persistent=False, **kw)  # derived from the graph: not in state_dict()
         self._max_degree = int(g.degree().max()) if g.num_nodes else 0
         vol = self._volumes(emb, chunk_size)
@@ -190,7 +225,7 @@ class ISORetriever(nn.Module):
         return conformal_volume(z.double(), p=self.p, c=c)
 
     @torch.no_grad()
-    def add(self, embeddings: Tensor, ids: Sequence, **kwargs) -> UpdateReport:
+    def add(self, embeddings: Tensor, ids: Sequence[PassageId], **kwargs: Any) -> UpdateReport:
         """Add passages to the graph in place (:meth:`CorpusGraph.add`, ``kwargs`` passed on) and
         recompute ``phi`` only where it can change (see :mod:`geograph.retrievers.iso_updates`):
         the same ``phi``, kept edges and answers as a retriever built on the updated graph.
@@ -198,7 +233,7 @@ class ISORetriever(nn.Module):
         return iso_add(self, embeddings, ids, **kwargs)
 
     @torch.no_grad()
-    def remove(self, ids: Iterable) -> UpdateReport:
+    def remove(self, ids: Iterable[PassageId] | PassageId) -> UpdateReport:
         """Remove passages from the graph in place, ``phi`` recomputed where it can change (as :meth:`add`)."""
         return iso_remove(self, ids)
 
@@ -210,7 +245,7 @@ class ISORetriever(nn.Module):
             query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys, **self._local_options()
         )
 
-    def _local_options(self) -> dict:
+    def _local_options(self) -> _LocalOptions:
         return dict(
             max_degree=self._max_degree,
             m=self.m,
@@ -249,6 +284,6 @@ class ISORetriever(nn.Module):
         )
 
 
-def _refresh_after_load(module: ISORetriever, incompatible_keys) -> None:
+def _refresh_after_load(module: ISORetriever, incompatible_keys: object) -> None:
     """``load_state_dict`` post hook: the derived state follows the loaded graph and projection."""
     module.refresh()

@@ -14,13 +14,17 @@ Volumes are kept per passage: the projection runs on the new passages only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
-from geograph.graphs.updates import UpdateReport, check_new_rows, passage_ids
+from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, passage_ids
 from geograph.retrievers.dense import DenseRetriever
+
+if TYPE_CHECKING:
+    from geograph.retrievers.iso import ISORetriever
 
 __all__ = ["iso_add", "iso_remove", "affected_phi_rows"]
 
@@ -46,7 +50,7 @@ def affected_phi_rows(old_edges: Tensor, new_edges: Tensor, new_nodes: Tensor, n
     return _closed_neighbours(new_edges, ends, n)  # an old neighbour no longer adjacent is an endpoint itself
 
 
-def _update_phi(model, old_edges: Tensor, new_nodes: Tensor) -> None:
+def _update_phi(model: ISORetriever, old_edges: Tensor, new_nodes: Tensor) -> None:
     g = model.graph
     n, ei = g.num_nodes, g.edge_index
     rows = affected_phi_rows(old_edges, ei, new_nodes, n)
@@ -70,7 +74,7 @@ def _update_phi(model, old_edges: Tensor, new_nodes: Tensor) -> None:
     model.dense = DenseRetriever(g.embeddings, persistent=False, chunk_size=model.dense.chunk_size)
 
 
-def iso_add(model, embeddings: Tensor, ids: Sequence, **kwargs) -> UpdateReport:
+def iso_add(model: ISORetriever, embeddings: Tensor, ids: Sequence[PassageId], **kwargs: Any) -> UpdateReport:
     """:meth:`geograph.ISORetriever.add`."""
     g = model.graph
     n, old = g.num_nodes, g.edge_index.clone()
@@ -84,7 +88,7 @@ def iso_add(model, embeddings: Tensor, ids: Sequence, **kwargs) -> UpdateReport:
     return report
 
 
-def iso_remove(model, ids: Iterable) -> UpdateReport:
+def iso_remove(model: ISORetriever, ids: Iterable[PassageId] | PassageId) -> UpdateReport:
     """:meth:`geograph.ISORetriever.remove`."""
     g = model.graph
     ids = list(ids) if not isinstance(ids, (str, int)) else [ids]
