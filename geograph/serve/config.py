@@ -53,7 +53,21 @@ class ServeConfig(BaseModel):
     )
     batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
     candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")
-    max_candidates: int = Field(1000, ge=1, description="largest candidate list of /rerank")
+    max_candidates: int = Field(
+        1000, ge=1, description="largest candidate list of /rerank (and /v1, /v2) and dense pool of /retrieve"
+    )
+    max_batch_candidates: int = Field(
+        4096,
+        ge=1,
+        description="a batch takes no more requests once its padded size (requests x the largest "
+        "candidate count) would exceed this; a request above it gets 422",
+    )
+    max_text_chars: int = Field(
+        20000,
+        ge=1,
+        description="request texts (query, candidates, documents) are cut to this many characters "
+        "before tokenization, then to the encoder's max_seq_length tokens",
+    )
     max_k: int = Field(1000, ge=1)
     max_payload_mb: float = Field(10.0, gt=0)
     request_timeout: float = Field(60.0, gt=0, description="seconds from a request's arrival to its answer; then 504")
@@ -148,7 +162,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-timeout", type=float, help="seconds a batch waits to fill (0.01)")
     p.add_argument("--candidates", type=int, help="default dense pool of /retrieve for maniscope, ricci (20)")
-    p.add_argument("--max-candidates", type=int, help="largest candidate list of /rerank (1000)")
+    p.add_argument(
+        "--max-candidates", type=int, help="largest candidate list of /rerank and dense pool of /retrieve (1000)"
+    )
+    p.add_argument(
+        "--max-batch-candidates",
+        type=int,
+        help="largest padded batch, requests x their largest candidate count (4096)",
+    )
+    p.add_argument(
+        "--max-text-chars", type=int, help="request texts cut to this many characters before tokenization (20000)"
+    )
     p.add_argument("--max-k", type=int, help="largest k (1000)")
     p.add_argument("--max-payload-mb", type=float, help="largest request body (10)")
     p.add_argument(
