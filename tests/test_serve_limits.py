@@ -151,10 +151,23 @@ def test_caps_are_config_keys_and_flags(tmp_path):
     base = ["--method", "maniscope", "--corpus", DEMO]
     cfg = load_config(base)
     assert (cfg.max_candidates, cfg.max_batch_candidates, cfg.max_text_chars) == (1000, 4096, 20000)
-    cfg = load_config(base + ["--max-batch-candidates", "64", "--max-text-chars", "500"])
-    assert (cfg.max_batch_candidates, cfg.max_text_chars) == (64, 500)
-    with pytest.raises(ConfigError, match="max_text_chars"):
-        load_config(base + ["--max-text-chars", "0"])
+    assert load_config(["--method", "ricci", "--corpus", DEMO]).max_candidates == 100  # auto: ricci's work is ~N^4
+    assert load_config(["--method", "ricci", "--corpus", DEMO, "--max-candidates", "300"]).max_candidates == 300
+    cfg = load_config(base + ["--max-batch-candidates", "64", "--max-text-chars", "500", "--max-candidates", "auto"])
+    assert (cfg.max_batch_candidates, cfg.max_text_chars, cfg.max_candidates) == (64, 500, 1000)
+    for flag in ("--max-text-chars", "--max-batch-candidates", "--max-candidates"):
+        with pytest.raises(ConfigError, match=flag[2:].replace("-", "_")) as e:
+            load_config(base + [flag, "0"])
+        assert "\n" not in str(e.value)
+
+
+def test_a_default_pool_above_the_caps_is_a_start_error():
+    from geograph.serve.server import StartupError, build_server
+
+    cfg = load_config(["--method", "maniscope", "--corpus", DEMO, "--candidates", "30", "--max-candidates", "25"])
+    with pytest.raises(StartupError, match="candidates: the default pool 30 exceeds max_candidates 25"):
+        build_server(cfg)
+    set_limits()
 
 
 @pytest.fixture(scope="module")

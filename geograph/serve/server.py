@@ -64,6 +64,11 @@ def build_server(cfg: ServeConfig):
     v = int(emb.shape[0])
     if cfg.method in RERANKERS and cfg.candidates > v:
         raise StartupError(f"candidates: {cfg.candidates} exceeds the corpus size {v}")
+    if cfg.method in RERANKERS and cfg.candidates > min(cfg.max_candidates, cfg.max_batch_candidates):
+        raise StartupError(
+            f"candidates: the default pool {cfg.candidates} exceeds max_candidates {cfg.max_candidates} "
+            f"or max_batch_candidates {cfg.max_batch_candidates}"
+        )
     bounds = score_bounds(cfg.method, model) if cfg.method in RERANKERS else None
     k_min, k_max, why = k_bounds(cfg.method, model, v)
     set_limits(
