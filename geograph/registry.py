@@ -40,7 +40,7 @@ from geograph.graphs import CorpusGraph, G3Graph
 from geograph.rerankers import Maniscope, RicciFiltration
 from geograph.retrievers import DenseRetriever, G3Retriever, ISORetriever
 
-__all__ = ["Param", "MethodSpec", "METHODS", "RERANKERS", "RETRIEVERS", "get", "names"]
+__all__ = ["Param", "MethodSpec", "METHODS", "RERANKERS", "RETRIEVERS", "get", "names", "linear_relevance"]
 
 Kind = Literal["reranker", "retriever"]
 _NO_DEFAULT = inspect.Parameter.empty
@@ -296,8 +296,13 @@ class MethodSpec:
         """
         if self.score_range is None:
             raise ValueError(f"method {self.name} is a {self.kind}: it has no score range")
-        lo, hi = self.score_range(module)
-        return ((scores - lo) / (hi - lo)).clamp(0.0, 1.0)
+        return linear_relevance(scores, *self.score_range(module))
+
+
+def linear_relevance(scores: Tensor, lo: float, hi: float) -> Tensor:
+    """``scores`` mapped linearly from ``[lo, hi]`` onto [0, 1], clamped against rounding (``-inf``: 0):
+    the one relevance mapping of :class:`geograph.Ranker` and of the server's rerank endpoints."""
+    return ((scores - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
 # --- the entries -----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import time
 from queue import Empty
 
 from geograph.serve.lifecycle import stop_processes, watch_workers
-from geograph.serve.schema import request_texts
+from geograph.serve.schema import request_candidates, request_texts
 
 try:
     import litserve as ls
@@ -144,11 +144,12 @@ if ls is not None:
             self._callback_runner.trigger_event(EventTypes.ON_SERVER_START.value, litserver=self)
             handler = ForgetfulHandler(lit_api, self)
             routes = getattr(lit_api, "routes", {lit_api.api_path: request_type})
+            responses = getattr(lit_api, "responses", {})
             if not lit_api.spec:
                 for path, model in routes.items():
                     self.app.add_api_route(
                         path,
-                        _endpoint(handler, model, response_type),
+                        _endpoint(handler, model, responses.get(path, response_type)),
                         methods=["POST"],
                         dependencies=[Depends(self.setup_auth(lit_api))],
                     )
@@ -192,7 +193,10 @@ if ls is not None:
         Here a worker waits for a batch's first request in one blocking call (up to
         :data:`IDLE_WAIT` s), then for more until ``batch_timeout`` after it, then takes what is
         already queued, up to ``max_batch_size`` requests, and no more once the batch's texts
-        to encode (:func:`~geograph.serve.schema.request_texts`) reach ``max_batch_texts``:
+        to encode (:func:`~geograph.serve.schema.request_texts`) reach ``max_batch_texts``, and
+        never past a padded size (requests x their largest candidate count,
+        :func:`~geograph.serve.schema.request_candidates`) of ``max_batch_candidates``: the request
+        that would pass it is held back and opens the next batch:
         encoding the request texts is most of a batch's time on the CPU and a ``/rerank``
         request with candidate texts weighs as many queries, so the bound is on the work its
         batch-mates wait for, not on a count (the requests after one with hundreds of candidate
@@ -207,18 +211,27 @@ if ls is not None:
         def get_batch_requests(self, lit_api, request_queue, transport):
             # upstream: polls the queue with get(timeout=0.001) until the batch is full or
             # batch_timeout has passed; here blocking waits, and a bound on the batch's texts
-            payloads, timed_out, texts = [], [], 0
+            payloads, timed_out, texts, widest = [], [], 0, 0
             cap = getattr(lit_api, "max_batch_texts", None)
-            try:
-                item = request_queue.get(timeout=IDLE_WAIT)
-            except Empty:
-                return payloads, timed_out
+            cells = getattr(lit_api, "max_batch_candidates", None)
+            item, self.held = getattr(self, "held", None), None
+            if item is None:
+                try:
+                    item = request_queue.get(timeout=IDLE_WAIT)
+                except Empty:
+                    return payloads, timed_out
             end = time.monotonic() + lit_api.batch_timeout
             deadline = lit_api.request_timeout not in (-1, False)
             while True:
                 if item == _SENTINEL_VALUE:
                     raise _StopLoopError()
                 queue_id, uid, arrived, body = item
+                if cells:
+                    width = max(widest, request_candidates(body))
+                    if payloads and (len(payloads) + 1) * width > cells:
+                        self.held = item  # the next batch starts with it (and acknowledges it)
+                        return payloads, timed_out
+                    widest = width
                 self.put_response(
                     transport=transport,
                     response_queue_id=queue_id,

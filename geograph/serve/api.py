@@ -23,7 +23,7 @@ from typing import Any
 
 from geograph.serve._litserve import logging_enabled
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
-from geograph.serve.schema import RerankRequest, RetrieveRequest
+from geograph.serve.schema import RerankRequest, RerankResponse, RetrieveRequest, RetrieveResponse
 
 try:
     import litserve as ls
@@ -60,10 +60,15 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.settings = dict(settings)
         self.method = settings["method"]
         self.max_batch_texts = settings.get("max_batch_texts")  # None: batches are bounded by count only
+        #: a batch's padded size (requests x their largest candidate count) stays within this (None: no bound)
+        self.max_batch_candidates = settings.get("max_batch_candidates")
         #: route -> request model; the server registers one POST route for each
         self.routes = {"/retrieve": RetrieveRequest}
+        #: route -> response model (the 200 schema of the route in the OpenAPI document)
+        self.responses = {"/retrieve": RetrieveResponse}
         if self.method in RERANKERS:
             self.routes["/rerank"] = RerankRequest
+            self.responses["/rerank"] = RerankResponse
 
     def setup(self, device) -> None:
         import torch
@@ -85,6 +90,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             passage_prefix=s["passage_prefix"],
             cache=s["cache"],
             memory=s["text_cache_size"],
+            max_chars=s.get("max_text_chars"),
         )
         self.corpus = self.encoder.corpus(self.dataset.passages()).to(self.device)
         self.encoder.warm()  # the worker reports ready only once it can encode a request text

@@ -14,13 +14,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from geograph.console import make_parser
 from geograph.serve.models import METHODS, check_params
 
 #: The environment variable read for the API key when neither the flag nor the file sets it.
 API_KEY_ENV = "GEOGRAPH_API_KEY"
+
+
+#: ``max_candidates: auto`` per method (else :data:`DEFAULT_MAX_CANDIDATES`): Ricci-Filtration's work grows
+#: with about the fourth power of the candidates (docs/guide/serving-limits.md), 100 took seconds
+AUTO_MAX_CANDIDATES = {"ricci": 100}
+DEFAULT_MAX_CANDIDATES = 1000
 
 
 class ConfigError(ValueError):
@@ -53,7 +59,23 @@ class ServeConfig(BaseModel):
     )
     batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
     candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")
-    max_candidates: int = Field(1000, ge=1, description="largest candidate list of /rerank")
+    max_candidates: int | Literal["auto"] = Field(
+        "auto",
+        description="largest candidate list of /rerank (and /v1, /v2) and dense pool of /retrieve "
+        f"(auto: {', '.join(f'{m} {n}' for m, n in AUTO_MAX_CANDIDATES.items())}, else {DEFAULT_MAX_CANDIDATES})",
+    )
+    max_batch_candidates: int = Field(
+        4096,
+        ge=1,
+        description="a batch takes no more requests once its padded size (requests x the largest "
+        "candidate count) would exceed this; a request above it gets 422",
+    )
+    max_text_chars: int = Field(
+        20000,
+        ge=1,
+        description="request texts (query, candidates, documents) are cut to this many characters "
+        "before tokenization, then to the encoder's max_seq_length tokens",
+    )
     max_k: int = Field(1000, ge=1)
     max_payload_mb: float = Field(10.0, gt=0)
     request_timeout: float = Field(60.0, gt=0, description="seconds from a request's arrival to its answer; then 504")
@@ -79,7 +101,13 @@ class ServeConfig(BaseModel):
         default_factory=list, description="endpoint groups open without the key"
     )
 
-    @field_validator("threads", "workers_per_device")
+    @model_validator(mode="after")
+    def _auto_max_candidates(self):
+        if self.max_candidates == "auto":
+            self.max_candidates = AUTO_MAX_CANDIDATES.get(self.method, DEFAULT_MAX_CANDIDATES)
+        return self
+
+    @field_validator("threads", "workers_per_device", "max_candidates")
     @classmethod
     def _threads(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
@@ -148,7 +176,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-timeout", type=float, help="seconds a batch waits to fill (0.01)")
     p.add_argument("--candidates", type=int, help="default dense pool of /retrieve for maniscope, ricci (20)")
-    p.add_argument("--max-candidates", type=int, help="largest candidate list of /rerank (1000)")
+    p.add_argument(
+        "--max-candidates",
+        help="largest candidate list of /rerank and dense pool of /retrieve, or auto (ricci 100, else 1000)",
+    )
+    p.add_argument(
+        "--max-batch-candidates",
+        type=int,
+        help="largest padded batch, requests x their largest candidate count (4096)",
+    )
+    p.add_argument(
+        "--max-text-chars", type=int, help="request texts cut to this many characters before tokenization (20000)"
+    )
     p.add_argument("--max-k", type=int, help="largest k (1000)")
     p.add_argument("--max-payload-mb", type=float, help="largest request body (10)")
     p.add_argument(
@@ -230,7 +269,7 @@ def load_config(argv: Sequence[str] | None = None) -> ServeConfig:
             raise ConfigError(f"--param {item!r}: the value is not valid YAML") from None
     if params or "params" in values:
         values["params"] = params
-    for name in ("threads", "workers_per_device"):
+    for name in ("threads", "workers_per_device", "max_candidates"):
         if name in args and args[name] != "auto":
             try:
                 args[name] = int(args[name])

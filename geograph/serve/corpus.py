@@ -72,6 +72,9 @@ class TextEncoder:
         group: pad request texts to their bucket and encode each bucket together (on the CPU,
             with one thread: a vector is bitwise the same whatever its batch-mates); ``False``:
             one at a time, unpadded.
+        max_chars: request texts (queries and candidates, prefix excluded) are cut to this many
+            characters before they are tokenized (then to the model's ``max_seq_length`` tokens), so
+            a text of megabytes costs what one of ``max_chars`` does; ``None``: no cut.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class TextEncoder:
         memory: int = 4096,
         device: str | None = None,
         group: bool = True,
+        max_chars: int | None = None,
     ) -> None:
         from geograph.data.cache import Encoder, MemoryCache
 
@@ -92,6 +96,7 @@ class TextEncoder:
         self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device, **prefixes)
         self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False, device=device)
         self.group = group
+        self.max_chars = max_chars
 
     @property
     def identity(self):
@@ -122,28 +127,38 @@ class TextEncoder:
         return self.request_encoder
 
     def truncate(self, texts: Sequence[str], max_tokens: int | None) -> list[str]:
-        """``texts`` each cut after its first ``max_tokens`` tokens (``None``: unchanged).
+        """``texts`` each cut after its first ``max_tokens`` tokens (``None``: only the character cap).
 
         The cut is made in the text, at the end of the last kept token (the tokenizer's
         character offsets, no special tokens, no prefix), so the truncated text is embedded
         and cached like any other. The encoder's own limit (``max_seq_length``) still applies.
+        Texts are first cut to ``max_chars`` characters, and tokenized no further than
+        ``max_tokens + 1`` tokens.
         """
+        texts = self.cap(texts)
         if max_tokens is None:
-            return list(texts)
+            return texts
         tok = self._shared().model.tokenizer
-        enc = tok(list(texts), add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+        enc = tok(
+            texts, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_tokens + 1
+        )
         return [
             t if len(offsets) <= max_tokens else t[: offsets[max_tokens - 1][1]]
             for t, offsets in zip(texts, enc["offset_mapping"])
         ]
 
+    def cap(self, texts: Sequence[str]) -> list[str]:
+        """``texts`` each cut to its first ``max_chars`` characters (``None``: unchanged)."""
+        n = self.max_chars
+        return list(texts) if n is None else [t if len(t) <= n else t[:n] for t in texts]
+
     def queries(self, texts: Sequence[str]):
-        """``(B, D)`` query vectors; in memory only."""
-        return self.encode_requests([self.query_prefix + t for t in texts])
+        """``(B, D)`` query vectors (texts cut to ``max_chars``); in memory only."""
+        return self.encode_requests([self.query_prefix + t for t in self.cap(texts)])
 
     def passages(self, texts: Sequence[str]):
-        """``(N, D)`` candidate-text vectors; in memory only."""
-        return self.encode_requests([self.passage_prefix + t for t in texts])
+        """``(N, D)`` candidate-text vectors (texts cut to ``max_chars``); in memory only."""
+        return self.encode_requests([self.passage_prefix + t for t in self.cap(texts)])
 
     def grouped(self) -> bool:
         """Whether request texts are encoded in padded buckets (``group`` and a CPU model)."""

@@ -1,7 +1,9 @@
 """The de facto rerank API on ``geograph serve``: ``POST /v2/rerank`` (Cohere v2) and ``POST /v1/rerank``
 (Cohere v1, Jina).
 
-Both paths have one handler. It validates the request (:class:`InteropRequest`), turns it into
+Both paths have one handler. FastAPI validates the request (:class:`CohereV1Request`,
+:class:`CohereV2Request`: the routes' typed bodies in the OpenAPI document, as is the answer,
+:class:`CohereResponse`); the handler turns it into
 the native :class:`~geograph.serve.schema.RerankRequest` and hands that to the native
 ``/rerank`` endpoint's own LitServe handler, so the request joins the same queue and batches,
 is counted by the same metrics and stops with the same lifecycle; the answer is then written
@@ -43,16 +45,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from geograph.serve.schema import LIMITS, RerankRequest
+from geograph.serve.schema import RerankRequest, count_limit
 
-try:  # at module level: FastAPI resolves the routes' `request: Request` annotation in these globals
-    from fastapi import HTTPException, Request
+try:
+    from fastapi import HTTPException
 except ImportError:  # pragma: no cover - exercised only without the serve extra
-    HTTPException = Request = None
+    HTTPException = None
 
 PATHS = ("/v1/rerank", "/v2/rerank")
 
@@ -64,13 +66,19 @@ def relevance_score(score: float, lo: float, hi: float) -> float:
         >>> relevance_score(0.0, -1.0, 1.0), relevance_score(1.0, -0.3, 1.0), relevance_score(-0.3, -0.3, 1.0)
         (0.5, 1.0, 0.0)
     """
-    return min(1.0, max(0.0, (score - lo) / (hi - lo)))
+    import torch
+
+    from geograph.registry import linear_relevance
+
+    return float(linear_relevance(torch.tensor(float(score), dtype=torch.float64), lo, hi))
 
 
 class InteropRequest(BaseModel):
-    """A ``/v1/rerank`` or ``/v2/rerank`` body (validate with ``context={"version": 1 or 2}``)."""
+    """A ``/v1/rerank`` or ``/v2/rerank`` body (:class:`CohereV1Request`, :class:`CohereV2Request`; this
+    base takes ``context={"version": 1 or 2}``, default 1)."""
 
     model_config = ConfigDict(extra="forbid")
+    version: ClassVar[int | None] = None
 
     model: str | None = Field(None, description="the served method's name, or omitted")
     query: str = Field(min_length=1, max_length=10000)
@@ -84,7 +92,7 @@ class InteropRequest(BaseModel):
 
     @model_validator(mode="after")
     def _validate(self, info: ValidationInfo):
-        version = (info.context or {}).get("version", 1)
+        version = self.version or (info.context or {}).get("version", 1)
         kinds = {isinstance(d, str) for d in self.documents}
         if len(kinds) > 1:
             raise ValueError("documents mixes strings and objects: give all as strings or all as objects")
@@ -93,9 +101,9 @@ class InteropRequest(BaseModel):
             raise ValueError("documents must be strings on /v2/rerank (objects are a /v1/rerank form)")
         if self.rank_fields is not None and not objects:
             raise ValueError("rank_fields applies to documents given as objects")
-        limit = LIMITS.get("max_candidates", 1000)
-        if len(self.documents) > limit:
-            raise ValueError(f"documents has {len(self.documents)} entries; at most {limit} per request")
+        over = count_limit(len(self.documents))
+        if over is not None:
+            raise ValueError(f"documents has {len(self.documents)} entries; at most {over[0]} per request ({over[1]})")
         for i, text in enumerate(self.texts()):
             if not text:
                 raise ValueError(f"documents[{i}] is empty" + (" (no text, or none of rank_fields)" if objects else ""))
@@ -134,11 +142,63 @@ class InteropRequest(BaseModel):
         return RerankRequest(**kw)
 
 
-def error_message(e: ValidationError) -> str:
-    """One line per pydantic error, ``loc: msg``, with the native names of the interop fields."""
+class CohereV1Request(InteropRequest):
+    """``POST /v1/rerank`` (Cohere v1, Jina): documents as strings or objects."""
+
+    version: ClassVar[int | None] = 1
+
+
+class CohereV2Request(InteropRequest):
+    """``POST /v2/rerank`` (Cohere v2): documents as strings."""
+
+    version: ClassVar[int | None] = 2
+    documents: list[str] = Field(min_length=1)
+
+    @field_validator("documents", mode="before")
+    @classmethod
+    def _strings(cls, v):
+        if isinstance(v, list) and any(not isinstance(d, str) for d in v):
+            raise ValueError("documents must be strings on /v2/rerank (objects are a /v1/rerank form)")
+        return v
+
+
+class CohereResult(BaseModel):
+    index: int = Field(description="position in documents")
+    relevance_score: float = Field(description="the score mapped from the method's range onto [0, 1]")
+    score: float = Field(description="the method's raw score")
+    document: dict[str, Any] | None = Field(None, description="with return_documents: the document")
+
+
+class CohereMeta(BaseModel):
+    api_version: dict[str, str]
+    dropped: list[int] = Field(description="Ricci-Filtration: documents it dropped")
+    batch_size: int
+
+
+class CohereResponse(BaseModel):
+    """The ``/v1`` and ``/v2/rerank`` answer (``document`` left out unless ``return_documents``)."""
+
+    id: str
+    model: str
+    results: list[CohereResult]
+    meta: CohereMeta
+    usage: dict[str, int]
+
+
+def error_message(e: ValidationError | list[dict]) -> str:
+    """One line per pydantic error, ``loc: msg``, with the native names of the interop fields
+    (``e``: the error, or its ``errors()`` as FastAPI gives them, located under ``body``)."""
     parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()))
+    for err in e.errors() if isinstance(e, ValidationError) else e:
+        where = list(err.get("loc", ()))
+        where = where[1:] if where[:1] == ["body"] else where
+        if err.get("type") == "json_invalid":
+            parts.append(f"body: not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))})")
+            continue
+        if err.get("type") == "model_attributes_type" and not where:
+            parts.append(f"body: expected a JSON object, got {type(err.get('input')).__name__}")
+            continue
+        loc = ".".join(str(x) for x in where)
         loc = loc.replace("candidates", "documents") if not loc.startswith("candidate_embeddings") else loc
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
         msg = msg.replace("candidates[", "documents[").replace("candidates (", "documents (")
@@ -200,17 +260,7 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
     if native is None:
         raise RuntimeError("the /rerank endpoint must be registered before the interop routes")
 
-    async def handle(request: Request, version: int):
-        try:
-            body = json.loads(await request.body())
-        except ValueError as e:
-            return _error(422, f"body: not valid JSON ({e})")
-        if not isinstance(body, dict):
-            return _error(422, f"body: expected a JSON object, got {type(body).__name__}")
-        try:
-            req = InteropRequest.model_validate(body, context={"version": version})
-        except ValidationError as e:
-            return _error(422, error_message(e))
+    async def handle(req: InteropRequest, version: int):
         if req.model is not None and req.model != method:
             return _error(
                 404, f"model: {req.model!r} is not served here; this server serves {method!r} (or omit model)"
@@ -225,14 +275,15 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
             return _error(e.status_code, e.detail if isinstance(e.detail, str) else json.dumps(e.detail))
         return answer(req, out, method=method, bounds=bounds, version=version)
 
-    async def rerank_v1(request: Request):
-        return await handle(request, 1)
+    async def rerank_v1(body: CohereV1Request) -> CohereResponse:
+        return await handle(body, 1)
 
-    async def rerank_v2(request: Request):
-        return await handle(request, 2)
+    async def rerank_v2(body: CohereV2Request) -> CohereResponse:
+        return await handle(body, 2)
 
-    app.add_api_route("/v1/rerank", rerank_v1, methods=["POST"], summary="Cohere v1 / Jina rerank")
-    app.add_api_route("/v2/rerank", rerank_v2, methods=["POST"], summary="Cohere v2 rerank")
+    common = {"methods": ["POST"], "response_model_exclude_none": True, "responses": {404: {"description": "model"}}}
+    app.add_api_route("/v1/rerank", rerank_v1, summary="Cohere v1 / Jina rerank", **common)
+    app.add_api_route("/v2/rerank", rerank_v2, summary="Cohere v2 rerank", **common)
 
 
 class MessageErrorMiddleware:

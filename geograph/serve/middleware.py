@@ -81,10 +81,20 @@ class JSONOnlyMiddleware:
 
 def validation_error(request, exc):
     """422 with each error's location and message only: the default echoes the input, which
-    cannot be rendered as JSON when it holds NaN, and can be megabytes long."""
+    cannot be rendered as JSON when it holds NaN, and can be megabytes long. On ``/v1`` and
+    ``/v2/rerank`` the body is ``{"message": "<field>: <problem>"}``, as Cohere's clients read it;
+    on ``/rerank`` the dialect's tag (``geograph``, ``tei``) is left out of the location."""
     from fastapi.responses import JSONResponse
 
-    errors = [
-        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")} for e in exc.errors()
-    ]
+    from geograph.serve.interop import PATHS, error_message
+    from geograph.serve.tei import DIALECTS
+
+    if request.url.path in PATHS:
+        return JSONResponse(status_code=422, content={"message": error_message(exc.errors())})
+    errors = []
+    for e in exc.errors():
+        loc = list(e.get("loc", ()))
+        if request.url.path == "/rerank" and len(loc) > 1 and loc[0] == "body" and loc[1] in DIALECTS:
+            del loc[1]
+        errors.append({"loc": loc, "msg": str(e.get("msg", "")), "type": e.get("type")})
     return JSONResponse(status_code=422, content={"detail": errors})

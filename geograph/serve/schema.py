@@ -10,10 +10,12 @@ Checks, per field:
 * ``query`` / ``query_embedding``: exactly one; text 1..10000 characters; an embedding has
   ``D`` finite values and is not the zero vector (it has no direction, so every cosine is 0).
 * ``candidates`` / ``candidate_embeddings`` / ``candidate_ids`` (``/rerank``): exactly one,
-  1..``max_candidates`` entries, rows like ``query_embedding``, ids known to the corpus.
-* ``k`` (``/retrieve``): ``1 <= k``; rerankers: ``k <= candidates`` (the request's own dense
-  pool, default ``--candidates``, at most the corpus size); ISO: ``k <=`` the guaranteed local
-  set size; G3: ``seeds <= k <=`` corpus size; every method: ``k <= max_k``.
+  1..``max_candidates`` entries (and at most ``max_batch_candidates``), rows like
+  ``query_embedding``, ids known to the corpus.
+* ``candidates`` (``/retrieve``, rerankers): the request's own dense pool (default
+  ``--candidates``), at most ``max_candidates``, ``max_batch_candidates`` and the corpus size.
+* ``k`` (``/retrieve``): ``1 <= k``; rerankers: ``k <= candidates``; ISO: ``k <=`` the guaranteed
+  local set size; G3: ``seeds <= k <=`` corpus size; every method: ``k <= max_k``.
 * ``top_n`` (``/rerank``): ``1 <= top_n <=`` the number of candidates.
 * ``max_tokens_per_doc`` (``/rerank``): ``>= 1``; only with ``candidates`` (texts), each cut to
   its first ``max_tokens_per_doc`` tokens of the encoder's tokenizer before it is embedded.
@@ -28,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from geograph import registry
 
-#: Limits set by :func:`set_limits` (``dim``, ``ids``, ``num_docs``, ``max_candidates``, ``max_k``,
-#: ``method``, ``default_candidates``, ``k_min``, ``k_max``).
+#: Limits set by :func:`set_limits` (``dim``, ``ids``, ``num_docs``, ``max_candidates``,
+#: ``max_batch_candidates``, ``max_k``, ``method``, ``default_candidates``, ``k_min``, ``k_max``).
 LIMITS: dict[str, Any] = {}
 
 RERANKERS = registry.RERANKERS
@@ -39,6 +41,23 @@ def set_limits(**limits: Any) -> None:
     """Replace :data:`LIMITS` (called once at start, before the API servers fork)."""
     LIMITS.clear()
     LIMITS.update(limits)
+
+
+def count_limit(n: int) -> tuple[int, str] | None:
+    """``(limit, flag)`` of the first of ``max_candidates`` and ``max_batch_candidates`` that ``n``
+    candidates exceed (a request must fit in one batch), else ``None``.
+
+    Example:
+        >>> set_limits(max_candidates=50, max_batch_candidates=4096)
+        >>> count_limit(50), count_limit(100)
+        (None, (50, '--max-candidates'))
+        >>> set_limits()
+    """
+    for key, flag in (("max_candidates", "--max-candidates"), ("max_batch_candidates", "--max-batch-candidates")):
+        limit = LIMITS.get(key, 1000 if key == "max_candidates" else None)
+        if limit is not None and n > limit:
+            return limit, flag
+    return None
 
 
 def check_vector(v: list | None, name: str) -> None:
@@ -89,6 +108,10 @@ class RetrieveRequest(_Request):
             raise ValueError(f"k must be <= {max_k} (--max-k), got {self.k}")
         if method in RERANKERS:
             pool = self.candidates if self.candidates is not None else LIMITS.get("default_candidates", 20)
+            self.candidates = pool  # resolved here: the worker (another process) has no LIMITS
+            over = count_limit(pool)
+            if over is not None:
+                raise ValueError(f"candidates must be <= {over[0]} ({over[1]}), got {pool}")
             n = LIMITS.get("num_docs")
             if n is not None and pool > n:
                 raise ValueError(f"candidates must be <= {n} (the corpus size), got {pool}")
@@ -126,9 +149,9 @@ class RerankRequest(_Request):
         if len(given) != 1:
             raise ValueError("give exactly one of candidates, candidate_embeddings and candidate_ids")
         items = getattr(self, given[0])
-        limit = LIMITS.get("max_candidates", 1000)
-        if len(items) > limit:
-            raise ValueError(f"{given[0]} has {len(items)} entries; at most {limit} per request")
+        over = count_limit(len(items))
+        if over is not None:
+            raise ValueError(f"{given[0]} has {len(items)} entries; at most {over[0]} per request ({over[1]})")
         for i, t in enumerate(self.candidates or []):
             if len(t) == 0:
                 raise ValueError(f"candidates[{i}] is empty")
@@ -151,6 +174,46 @@ class RerankRequest(_Request):
             if items is not None:
                 return len(items)
         return 0
+
+
+class RetrieveResponse(BaseModel):
+    """``POST /retrieve``'s answer: passages best first, and Ricci-Filtration's dropped ones."""
+
+    ids: list[str] = Field(description="corpus ids, best first (at most k)")
+    scores: list[float] = Field(description="the method's score of each id")
+    dropped: list[str] = Field(description="Ricci-Filtration: pool ids it dropped, in corpus order")
+    batch_size: int = Field(description="requests of this endpoint in the module call that answered")
+
+
+class RerankResponse(BaseModel):
+    """``POST /rerank``'s answer (this server's dialect): candidate positions best first."""
+
+    order: list[int] = Field(description="positions in the request's candidates, best first (at most top_n)")
+    scores: list[float] = Field(description="the method's score of each position in order")
+    dropped: list[int] = Field(description="Ricci-Filtration: positions it dropped")
+    batch_size: int = Field(description="requests of this endpoint in the module call that answered")
+
+
+def request_candidates(body) -> int:
+    """Candidates a queued request brings to a batch: its ``/rerank`` list (texts, embeddings or
+    ids), its ``/retrieve`` dense pool (rerankers), or its ``k`` (ISO, G3). Never raises (it runs
+    in the worker's batch loop); anything it cannot read counts as one.
+
+    Example:
+        >>> request_candidates({"query": "q", "candidates": ["a", "b"]}), request_candidates({"query": "q", "k": 5})
+        (2, 5)
+        >>> request_candidates({"query": "q", "k": 5, "candidates": 20}), request_candidates(b"raw")
+        (20, 1)
+    """
+    get = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
+    for name in ("candidates", "candidate_embeddings", "candidate_ids"):
+        items = get(name)
+        if isinstance(items, (list, tuple)):
+            return len(items)
+        if isinstance(items, int) and not isinstance(items, bool):
+            return max(1, items)
+    k = get("k")
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
 
 
 def request_texts(body) -> int:

@@ -40,6 +40,7 @@ def build_server(cfg: ServeConfig):
     from geograph.serve.middleware import DeadlineMiddleware, JSONOnlyMiddleware, validation_error
     from geograph.serve.prometheus import PrometheusLogger, RequestMetricsMiddleware, add_metrics_route
     from geograph.serve.schema import set_limits
+    from geograph.serve.tei import add_tei_dialect
 
     key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
     warning = exposure_warning(cfg.host, key)
@@ -71,6 +72,11 @@ def build_server(cfg: ServeConfig):
     v = int(emb.shape[0])
     if cfg.method in RERANKERS and cfg.candidates > v:
         raise StartupError(f"candidates: {cfg.candidates} exceeds the corpus size {v}")
+    if cfg.method in RERANKERS and cfg.candidates > min(cfg.max_candidates, cfg.max_batch_candidates):
+        raise StartupError(
+            f"candidates: the default pool {cfg.candidates} exceeds max_candidates {cfg.max_candidates} "
+            f"or max_batch_candidates {cfg.max_batch_candidates}"
+        )
     bounds = score_bounds(cfg.method, model) if cfg.method in RERANKERS else None
     k_min, k_max, why = k_bounds(cfg.method, model, v)
     set_limits(
@@ -79,6 +85,7 @@ def build_server(cfg: ServeConfig):
         ids=frozenset(dataset.doc_ids),
         num_docs=v,
         max_candidates=cfg.max_candidates,
+        max_batch_candidates=cfg.max_batch_candidates,
         max_k=cfg.max_k,
         default_candidates=cfg.candidates,
         k_min=k_min,
@@ -114,9 +121,26 @@ def build_server(cfg: ServeConfig):
     add_metrics_route(server.app)
     if cfg.method in RERANKERS:
         add_routes(server.app, method=cfg.method, bounds=bounds)
+        add_tei_dialect(server.app, bounds=bounds)
         server.app.add_middleware(MessageErrorMiddleware)
+    type_internal_routes(server.app)
     server.uvicorn_graceful_timeout = cfg.shutdown_timeout
     return server
+
+
+def type_internal_routes(app) -> None:
+    """The OpenAPI answers of LitServe's ``GET`` routes: ``/`` and ``/health`` answer text
+    (``/health``: ``ok``, or 503 ``not ready``), ``/info`` a JSON object (the answers are unchanged)."""
+    from fastapi.responses import PlainTextResponse
+
+    for route in app.router.routes:
+        path = getattr(route, "path", None)
+        if path in ("/", "/health"):
+            route.response_class = PlainTextResponse
+            if path == "/health":
+                route.responses = {503: {"description": "not ready: a worker is starting or failed"}}
+        elif path == "/info":
+            route.responses = {200: {"content": {"application/json": {"schema": {"type": "object"}}}}}
 
 
 def run(cfg: ServeConfig) -> int:
