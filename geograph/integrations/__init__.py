@@ -2,12 +2,12 @@
 
 Import the one you use; nothing here imports a framework until then, and each needs its extra:
 
-* :mod:`geograph.integrations.langchain` (``pip install 'geograph[langchain]'``, ``langchain-core``):
+* :mod:`geograph.integrations.langchain` (``pip install 'geograph-rag[langchain]'``, ``langchain-core``):
   ``GeographCompressor`` (a ``BaseDocumentCompressor`` for Maniscope / Ricci-Filtration, sync and
   async) and ``GeographRetriever`` (a ``BaseRetriever`` for ISO-RAG / G3RAG over a corpus);
-* :mod:`geograph.integrations.llamaindex` (``geograph[llamaindex]``, ``llama-index-core``):
+* :mod:`geograph.integrations.llamaindex` (``geograph-rag[llamaindex]``, ``llama-index-core``):
   ``GeographPostprocessor`` (a ``BaseNodePostprocessor``) and ``GeographRetriever``;
-* :mod:`geograph.integrations.haystack` (``geograph[haystack]``, ``haystack-ai``): the components
+* :mod:`geograph.integrations.haystack` (``geograph-rag[haystack]``, ``haystack-ai``): the components
   ``GeographRanker`` and ``GeographRetriever``.
 
 A query's documents are reranked in one module call (padded, masked), never one per document.

@@ -1,4 +1,4 @@
-"""Haystack components (``pip install 'geograph[haystack]'``: ``haystack-ai``).
+"""Haystack components (``pip install 'geograph-rag[haystack]'``: ``haystack-ai``).
 
 * :class:`GeographRanker`: ``run(query, documents, top_k)`` reranks the documents with Maniscope
   or Ricci-Filtration in one module call (Ricci-Filtration's dropped documents are left out); a
@@ -21,7 +21,7 @@ try:
     from haystack import Document, component
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "geograph.integrations.haystack needs the haystack extra: pip install 'geograph[haystack]'"
+        "geograph.integrations.haystack needs the haystack extra: pip install 'geograph-rag[haystack]'"
     ) from e
 import torch
 

@@ -1,4 +1,4 @@
-"""LlamaIndex components (``pip install 'geograph[llamaindex]'``: ``llama-index-core``).
+"""LlamaIndex components (``pip install 'geograph-rag[llamaindex]'``: ``llama-index-core``).
 
 * :class:`GeographPostprocessor`: a ``BaseNodePostprocessor`` that reranks the retrieved nodes
   with Maniscope or Ricci-Filtration in one module call (Ricci-Filtration's dropped nodes are
@@ -26,7 +26,7 @@ try:
     from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, TextNode
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "geograph.integrations.llamaindex needs the llamaindex extra: pip install 'geograph[llamaindex]'"
+        "geograph.integrations.llamaindex needs the llamaindex extra: pip install 'geograph-rag[llamaindex]'"
     ) from e
 import torch
 
