@@ -42,17 +42,25 @@ EXTRAS_MODULES = (
 ).split()
 
 CORE = """
-import importlib, importlib.abc, importlib.metadata, json, pkgutil, sys
+import importlib, importlib.metadata, json, pkgutil, sys
 
 BLOCKED = set(sys.argv[1].split(","))
 
-class Blocker(importlib.abc.MetaPathFinder):
+class Hide:
+    # a finder of sys.meta_path that does not see the extras: to every importer they are not installed
+
+    def __init__(self, finder):
+        self.finder = finder
+
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r} (an extra)", name=name)
-        return None
+            return None
+        return self.finder.find_spec(name, path, target)
 
-sys.meta_path.insert(0, Blocker())
+    def __getattr__(self, attr):
+        return getattr(self.finder, attr)
+
+sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
 
 import torch
 import geograph
@@ -62,10 +70,13 @@ from geograph import (BM25Retriever, CorpusGraph, DenseRetriever, G3Retriever, I
 # every module: imported, or refused for want of an extra (never for anything else)
 needs_extra = []
 for info in pkgutil.walk_packages(geograph.__path__, "geograph."):
+    if info.name.endswith(".__main__"):  # runs its command when imported
+        continue
     try:
         importlib.import_module(info.name)
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] not in BLOCKED:
+    except ImportError as e:  # a blocked module itself, or our one-line error naming the extra
+        blocked = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in BLOCKED
+        if not blocked and "pip install 'geograph-rag[" not in str(e):
             raise
         needs_extra.append(info.name)
 
@@ -95,7 +106,7 @@ print(json.dumps(out))
 
 def run(cmd, env, cwd, timeout=900):
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{cmd[:4]}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
 
