@@ -11,6 +11,10 @@ collect_ignore = [
     f"geograph/integrations/{name}.py" for name, pkg in FRAMEWORKS.items() if importlib.util.find_spec(pkg) is None
 ]
 
+# geograph.serve imports pydantic (from LitServe) at module level: the `serve` extra.
+if importlib.util.find_spec("litserve") is None:
+    collect_ignore.append("geograph/serve")
+
 # geograph.train (f_theta training) imports Lightning at module level: the `train` extra.
 if importlib.util.find_spec("lightning") is None or importlib.util.find_spec("jsonargparse") is None:
     collect_ignore.append("geograph/train")

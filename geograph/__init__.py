@@ -1,6 +1,6 @@
 """geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry."""
 
-from geograph import functional
+from geograph import _version, functional
 from geograph.graphs import CorpusGraph, G3Graph
 from geograph.outputs import RerankOutput, RetrievalOutput
 from geograph.projection import PoincareProjection
@@ -9,7 +9,7 @@ from geograph.rerankers import Maniscope, RicciFiltration
 from geograph.retrievers import BM25Retriever, DenseRetriever, G3Retriever, ISORetriever
 from geograph.scorers import CrossEncoderScorer
 
-__version__ = "0.1.0"
+__version__ = _version.version()
 
 __all__ = [
     "functional",

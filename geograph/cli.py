@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from geograph.console import UsageError, make_parser, plain_text  # noqa: F401  (re-exported for callers of geograph.cli)
 
-USAGE = """usage: geograph <command> [options]
+USAGE = """usage: geograph <command> [options]   (geograph --version: the installed version)
 
 commands:
   demo         every method side by side on the shipped corpus (or --data DIR), then a quality table
@@ -64,6 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from geograph._version import DISTRIBUTION, version
+
+        print(f"geograph {version()} ({DISTRIBUTION})")
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "demo":
         from geograph.commands.demo import main as demo_main

@@ -35,7 +35,7 @@ def make_parser(prog: str, description: str | None, **kwargs) -> argparse.Argume
 
 def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> None:
     """``--ray [ADDRESS]`` and, with ``embed``, the encoder actor pool's options (the ``ray`` extra)."""
-    g = parser.add_argument_group("Ray (pip install 'geograph[ray]')")
+    g = parser.add_argument_group("Ray (pip install 'geograph-rag[ray]')")
     g.add_argument(
         "--ray",
         nargs="?",

@@ -28,7 +28,7 @@ def require(module: str, reason: str | None = None):
         msg = f"{MISSING} {module!r}: {exc}" + (f" ({reason})" if reason else "")
         if CI:
             pytest.fail(f"CI=true: {msg}", pytrace=False)
-        pytest.skip(msg)
+        pytest.skip(msg, allow_module_level=True)  # also at a module's top
 
 
 def _fail_missing_under_ci(report) -> None:

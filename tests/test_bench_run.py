@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from geograph.bench import run as bench_run
-from geograph.evaluation import evaluate, paired_bootstrap
+pytest.importorskip("yaml")  # the bench extra reads its YAML config
+
+from geograph.bench import run as bench_run  # noqa: E402
+from geograph.evaluation import evaluate, paired_bootstrap  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "bench" / "smoke.yaml"

@@ -132,6 +132,7 @@ def test_cache_choice_order(tmp_path, monkeypatch, fresh_choice):
 
     package = os.path.join(os.path.dirname(_numba.__file__), "__pycache__")
     writable = {str(tmp_path / "numba-env"), package, str(tmp_path / "gg" / "numba")}
+    monkeypatch.setattr(_numba, "_unsafe", lambda p: None)  # the order only: ownership is tested below
     monkeypatch.setattr(_numba, "_writable", lambda p: str(p) in writable)
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba-env"))
     monkeypatch.setenv("GEOGRAPH_CACHE", str(tmp_path / "gg"))
@@ -154,6 +155,55 @@ def test_cache_choice_order(tmp_path, monkeypatch, fresh_choice):
     monkeypatch.setattr(_numba, "_writable", lambda p: False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
     assert cache_info() == {"source": "none", "directory": None}
+
+
+@pytest.mark.parametrize("where", ["NUMBA_CACHE_DIR", "GEOGRAPH_CACHE"])
+def test_a_cache_dir_others_can_write_is_not_used(tmp_path, monkeypatch, fresh_choice, caplog, where):
+    """Group- or world-writable: a warning names it and a fresh private temporary directory is used."""
+    import numba
+
+    shared = tmp_path / "shared" / "numba"
+    shared.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    package = os.path.join(os.path.dirname(_numba.__file__), "__pycache__")
+    monkeypatch.setattr(_numba, "_writable", lambda p: str(p) != package and os.access(p, os.W_OK))
+    if where == "NUMBA_CACHE_DIR":
+        monkeypatch.setattr(numba.config, "CACHE_DIR", str(shared))
+    else:
+        monkeypatch.setattr(numba.config, "CACHE_DIR", "")
+        monkeypatch.setenv("GEOGRAPH_CACHE", str(shared.parent))
+    for mode in (0o770, 0o707, 0o777):
+        _numba._choose.cache_clear()
+        shared.chmod(mode)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="geograph"):
+            info = cache_info()
+        assert info["source"] == "temp" and Path(info["directory"]).parent == tmp_path / "tmp", (mode, info)
+        assert stat.S_IMODE(os.stat(info["directory"]).st_mode) == 0o700
+        assert f"not caching numba kernels in {shared}" in caplog.text and f"mode {mode:o}" in caplog.text
+    _numba._choose.cache_clear()
+    shared.chmod(0o755)  # the user's own, not writable by others: used
+    assert cache_info() == {"source": where, "directory": str(shared)}
+
+
+def test_a_cache_dir_owned_by_another_user_is_not_used(tmp_path, monkeypatch, fresh_choice, caplog):
+    """Owned by someone else (even if writable here, as it is for root): a private temporary one instead."""
+    import numba
+
+    mine = tmp_path / "numba"
+    mine.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(mine))
+    assert cache_info() == {"source": "NUMBA_CACHE_DIR", "directory": str(mine)}
+    _numba._choose.cache_clear()
+    owner = os.stat(mine).st_uid
+    monkeypatch.setattr(os, "getuid", lambda: owner + 1)  # this process is now another user than the owner
+    with caplog.at_level("WARNING", logger="geograph"):
+        info = cache_info()
+    assert info["source"] == "temp" and Path(info["directory"]).parent == tmp_path / "tmp"
+    assert f"owned by uid {owner}, not by this user (uid {owner + 1})" in caplog.text
 
 
 def test_private_tempdir_refuses_a_shared_one(tmp_path, monkeypatch):

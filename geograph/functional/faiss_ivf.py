@@ -24,7 +24,9 @@ def import_faiss() -> Any:
     try:
         import faiss
     except ImportError as exc:
-        raise ImportError("index='ivf' needs faiss: pip install 'geograph[faiss]' (faiss-cpu or faiss-gpu)") from exc
+        raise ImportError(
+            "index='ivf' needs faiss: pip install 'geograph-rag[faiss]' (faiss-cpu or faiss-gpu)"
+        ) from exc
     return faiss
 
 

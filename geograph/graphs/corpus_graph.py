@@ -234,7 +234,9 @@ class CorpusGraph(nn.Module):
         try:
             import ahocorasick
         except ImportError as exc:  # pragma: no cover - declared dependency
-            raise ImportError("from_mentions needs pyahocorasick: pip install pyahocorasick") from exc
+            raise ImportError(
+                "from_mentions needs pyahocorasick (a dependency of geograph-rag): pip install 'pyahocorasick>=2.0'"
+            ) from exc
         v = embeddings.shape[0]
         if len(titles) != v or len(texts) != v:
             raise ValueError(f"need one title and one text per passage ({v}), got {len(titles)} and {len(texts)}")

@@ -3,12 +3,12 @@
 
 Import the one you use; nothing here imports a framework until then, and each needs its extra:
 
-* :mod:`geograph.integrations.langchain` (``pip install 'geograph[langchain]'``, ``langchain-core``):
+* :mod:`geograph.integrations.langchain` (``pip install 'geograph-rag[langchain]'``, ``langchain-core``):
   ``GeographCompressor`` (a ``BaseDocumentCompressor`` for Maniscope / Ricci-Filtration, sync and
   async) and ``GeographRetriever`` (a ``BaseRetriever`` for ISO-RAG / G3RAG / dense over a corpus);
-* :mod:`geograph.integrations.llamaindex` (``geograph[llamaindex]``, ``llama-index-core``):
+* :mod:`geograph.integrations.llamaindex` (``geograph-rag[llamaindex]``, ``llama-index-core``):
   ``GeographPostprocessor`` (a ``BaseNodePostprocessor``) and ``GeographRetriever``;
-* :mod:`geograph.integrations.haystack` (``geograph[haystack]``, ``haystack-ai``): the components
+* :mod:`geograph.integrations.haystack` (``geograph-rag[haystack]``, ``haystack-ai``): the components
   ``GeographRanker`` and ``GeographRetriever`` (with ``to_dict`` / ``from_dict``).
 
 Each takes the method by its registered name (``"maniscope"``, ``"ricci"``, ``"iso"``, ``"g3"``,

@@ -1,4 +1,4 @@
-"""Haystack components (``pip install 'geograph[haystack]'``: ``haystack-ai``), built on
+"""Haystack components (``pip install 'geograph-rag[haystack]'``: ``haystack-ai``), built on
 :class:`geograph.Ranker` and :class:`geograph.Retriever`.
 
 * :class:`GeographRanker`: ``run(query, documents, top_k)`` reranks the documents with Maniscope
@@ -26,7 +26,7 @@ try:
     from haystack import Document, component, default_from_dict, default_to_dict
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "geograph.integrations.haystack needs the haystack extra: pip install 'geograph[haystack]'"
+        "geograph.integrations.haystack needs the haystack extra: pip install 'geograph-rag[haystack]'"
     ) from e
 
 from geograph.ranking import Ranker, Retriever

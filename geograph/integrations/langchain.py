@@ -1,4 +1,4 @@
-"""LangChain components (``pip install 'geograph[langchain]'``: ``langchain-core`` only), built on
+"""LangChain components (``pip install 'geograph-rag[langchain]'``: ``langchain-core`` only), built on
 :class:`geograph.Ranker` and :class:`geograph.Retriever`.
 
 * :class:`GeographCompressor`: a ``BaseDocumentCompressor`` that reranks a query's documents with
@@ -27,7 +27,7 @@ try:
     from langchain_core.runnables.config import run_in_executor
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "geograph.integrations.langchain needs the langchain extra: pip install 'geograph[langchain]'"
+        "geograph.integrations.langchain needs the langchain extra: pip install 'geograph-rag[langchain]'"
     ) from e
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 

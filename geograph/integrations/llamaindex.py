@@ -1,4 +1,4 @@
-"""LlamaIndex components (``pip install 'geograph[llamaindex]'``: ``llama-index-core``), built on
+"""LlamaIndex components (``pip install 'geograph-rag[llamaindex]'``: ``llama-index-core``), built on
 :class:`geograph.Ranker` and :class:`geograph.Retriever`.
 
 * :class:`GeographPostprocessor`: a ``BaseNodePostprocessor`` that reranks the retrieved nodes
@@ -27,7 +27,7 @@ try:
     from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, TextNode
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "geograph.integrations.llamaindex needs the llamaindex extra: pip install 'geograph[llamaindex]'"
+        "geograph.integrations.llamaindex needs the llamaindex extra: pip install 'geograph-rag[llamaindex]'"
     ) from e
 
 from geograph.ranking import Ranker, Retriever

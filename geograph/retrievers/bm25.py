@@ -64,7 +64,7 @@ class BM25Retriever:
             import bm25s
             from bm25s.tokenization import Tokenizer
         except ImportError as exc:  # pragma: no cover - exercised without the extra
-            raise ImportError("BM25Retriever needs bm25s: pip install 'geograph[bench]'") from exc
+            raise ImportError("BM25Retriever needs bm25s: pip install 'geograph-rag[bench]'") from exc
         from scipy.sparse import csc_matrix
 
         if isinstance(passages, str) or len(passages) == 0:

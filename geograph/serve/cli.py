@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from geograph.serve.config import ConfigError, load_config
     except ImportError:  # pragma: no cover - exercised only without the serve extra
-        print("geograph serve: needs the serve extra: pip install 'geograph[serve]'", file=sys.stderr)
+        print("geograph serve: needs the serve extra: pip install 'geograph-rag[serve]'", file=sys.stderr)
         return 1
     from geograph.serve.server import StartupError, run
 

@@ -40,7 +40,7 @@ class DeadlineMiddleware:
 
         try:
             await asyncio.wait_for(self.app(scope, receive, send_), self.seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if started[0]:  # the answer is on its way already: it cannot become a 504
                 return
             body = json.dumps({"detail": f"no answer within request_timeout ({self.seconds:g} s)"}).encode()

@@ -31,7 +31,7 @@ def build_server(cfg: ServeConfig):
         import litserve as ls  # noqa: F401 - the extra's presence
         from fastapi.exceptions import RequestValidationError
     except ImportError:  # pragma: no cover - exercised only without the extra
-        raise StartupError("geograph serve needs the serve extra: pip install 'geograph[serve]'") from None
+        raise StartupError("geograph serve needs the serve extra: pip install 'geograph-rag[serve]'") from None
     from geograph.serve._litserve import GeoLitServer
     from geograph.serve.api import GeoAPI
     from geograph.serve.auth import APIKeyMiddleware, exposure_warning

@@ -1,6 +1,6 @@
 """Training of ISO-RAG's hyperbolic projection f_theta with Lightning.
 
-``python -m geograph.train fit --config configs/iso_poincare.yaml`` (LightningCLI; from the
+``python -m geograph.train fit --config iso_poincare`` (LightningCLI, the shipped config; from the
 repository root ``python -m train fit ...`` is the same command: the top-level ``train/`` folder
 of the source tree forwards here and is not installed). See
 :class:`geograph.train.module.PoincareModule` for the losses and

@@ -1,10 +1,12 @@
-"""``python -m geograph.train fit --config configs/iso_poincare.yaml`` (``python -m train fit ...``
-from the repository root): LightningCLI for f_theta."""
+"""``python -m geograph.train fit --config iso_poincare`` (the shipped config, from any directory; or
+a YAML file): LightningCLI for f_theta. ``python -m train fit ...`` from the repository root is the same."""
 
 import sys
+from collections.abc import Sequence
 
 from lightning.pytorch.cli import LightningCLI
 
+from geograph import configs
 from geograph.train.data import DataConfigError, GraphDataModule
 from geograph.train.module import PoincareModule
 
@@ -21,7 +23,28 @@ class ProjectionCLI(LightningCLI):
             sys.exit(2)
 
 
-def main(args=None) -> None:
+def shipped_configs(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each ``--config`` / ``-c`` value that is not a file but names a shipped config
+    (:func:`geograph.configs.resolve`) replaced by that config's path; other values are left to
+    LightningCLI (which also takes inline YAML there)."""
+
+    def resolve(value: str) -> str:
+        try:
+            return str(configs.resolve(value))
+        except ValueError:
+            return value
+
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = resolve(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + resolve(arg[len("--config=") :])
+    return out
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    args = shipped_configs(sys.argv[1:] if args is None else args)
     ProjectionCLI(PoincareModule, GraphDataModule, save_config_kwargs={"overwrite": True}, args=args)
 
 

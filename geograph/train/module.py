@@ -16,6 +16,7 @@ These are our forms (the paper's appendix with its exact ones is not available).
 from __future__ import annotations
 
 import math
+import pickle
 from pathlib import Path
 
 import lightning as L
@@ -121,7 +122,9 @@ class ExportProjection(L.Callback):
     never replaces an existing one: when the name is taken, ``projection-1``, ``projection-2``
     ... is used instead. The path is printed and kept in :attr:`exported`. It loads with
     ``geograph.PoincareProjection.from_pretrained(path)`` into ``ISORetriever``. Without a checkpoint
-    callback (or before any checkpoint) the final weights are written.
+    callback (or before any checkpoint) the final weights are written. The checkpoint is read with
+    ``torch.load(weights_only=True)``: one that holds anything but tensors and plain data is a
+    ``ValueError``, never unpickled.
     """
 
     def __init__(self, path: str | None = None) -> None:
@@ -146,7 +149,13 @@ class ExportProjection(L.Callback):
         ckpt = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
         projection = PoincareProjection(**pl_module.projection.config())
         if ckpt and Path(ckpt).is_file():
-            blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+            try:  # tensors and plain data only: a checkpoint cannot run code when read
+                blob = torch.load(ckpt, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(
+                    f"checkpoint {ckpt}: holds more than tensors and plain data, not read ({first})"
+                ) from None
             state = {
                 k[len("projection.") :]: val for k, val in blob["state_dict"].items() if k.startswith("projection.")
             }

@@ -14,7 +14,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from geograph.bench import run as package
 
     p = make_parser("geograph bench run", package.__doc__)
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="bench YAML (default: configs/bench/default.yaml)")
+    p.add_argument(
+        "--config",
+        default=str(DEFAULT_CONFIG),
+        help="bench YAML, or a shipped config: bench/default (the default), bench/smoke",
+    )
     p.add_argument("--data", nargs="*", default=[], help="more BEIR-format folders with qrels")
     p.add_argument("--out", help="output folder (default: the config's out)")
     p.add_argument("--cache", help="embedding cache directory")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from geograph import configs
 from geograph.bench.common import DEFAULT_DATA
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "bench" / "default.yaml"
+DEFAULT_CONFIG = configs.HERE / "bench" / "default.yaml"
 KNOWN_KEYS = {"out", "candidates", "metrics", "bootstrap", "speed", "datasets", "methods", "chains", "cache"}
 SPEED_DEFAULTS = {
     "batch": 64,
@@ -20,7 +21,8 @@ SPEED_DEFAULTS = {
 
 
 def load_config(path: str | Path) -> dict:
-    """Read a bench YAML config and check it (clear errors for unknown keys and methods).
+    """Read a bench YAML config (a file or a shipped config's name, see :func:`geograph.configs.resolve`)
+    and check it (clear errors for unknown keys and methods).
 
     ``speed``: ``batch`` and ``single`` (queries timed at B = batch and one by one), ``repeat``
     and ``min_time`` (every timing of ours is warmed up, then repeated ``repeat`` times, or
@@ -32,9 +34,10 @@ def load_config(path: str | Path) -> dict:
 
     from geograph.bench.run.methods import METHODS
 
-    path = Path(path)
-    if not path.is_file():
-        raise SystemExit(f"config {path} not found")
+    try:
+        path = configs.resolve(path)  # a file, or a shipped config's name (bench/smoke)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     cfg = yaml.safe_load(path.read_text()) or {}
     unknown = set(cfg) - KNOWN_KEYS
     if unknown:
