@@ -127,14 +127,27 @@ def cited_names():
     return out
 
 
+def _missing_extra(exc: BaseException | None) -> bool:
+    """Whether an import failed because an optional package (not geograph) is not installed."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] != "geograph":
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def unresolved(citations):
+    """The citations none of whose candidates resolves (a name behind a missing extra is not checked here)."""
     bad = []
     for where, name, candidates in citations:
         for candidate in candidates:
             try:
                 resolve(candidate)
                 break
-            except (ImportError, AttributeError):
+            except ImportError as e:
+                if _missing_extra(e):
+                    break
+            except AttributeError:
                 pass
         else:
             bad.append(f"{where}: {name}")
@@ -150,8 +163,12 @@ def test_the_scan_finds_the_citations():
     assert {"geograph.functional.emd", "geograph.functional.transport_bounds", "geograph.BM25Retriever"} <= names
 
 
+# the developer guide's walkthrough adds an example method: its names exist only once it is written
+EXAMPLE_METHOD = ("geograph.functional.centroid", "geograph.rerankers.centroid", "geograph.rerankers.CentroidReranker")
+
+
 def test_every_cited_name_resolves():
-    bad = unresolved(CITATIONS)
+    bad = unresolved([c for c in CITATIONS if not c[1].startswith(EXAMPLE_METHOD)])
     assert not bad, "names the documentation cites that do not resolve:\n" + "\n".join(sorted(set(bad)))
 
 
