@@ -319,7 +319,7 @@ def resolve_source(source: str | Path, kind: str) -> Path:
         except ImportError:
             raise ValueError(
                 f"{missing}, and fetching it from the Hugging Face Hub needs huggingface_hub "
-                "(pip install huggingface_hub)"
+                "(pip install 'geograph-rag[text]', which brings it)"
             ) from None
         try:
             return Path(snapshot_download(text))

@@ -271,8 +271,9 @@ def test_cli_build_graph_on_ray_equals_without(ray_local, tmp_path):
             )
         outs[label] = G3Graph.load(out)
     assert_same_g3(outs["ray"], outs["local"])
-    meta = json.loads((tmp_path / "ray" / "g3graph.json").read_text())
-    assert meta["build"]["ray"]["address"] == "local"
+    meta = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert meta["build_info"]["ray"]["address"] == "local"
+    assert "ray" not in json.loads((tmp_path / "local" / "manifest.json").read_text())["build_info"]
 
 
 @pytest.mark.parametrize(
