@@ -75,7 +75,7 @@ CONFIGS = {
 def test_each_builder_lists_k_other_rows_and_finds_the_exact_neighbours(name, tmp_path):
     module = {"pynndescent": "pynndescent", "usearch": "usearch"}.get(name)
     if module is not None and not installed(module):
-        pytest.skip(f"{module} is not installed (pip install geograph[peers], or GEOGRAPH_PEER_PATH)")
+        pytest.skip(f"{module} is not installed (pip install geograph-rag[peers], or GEOGRAPH_PEER_PATH)")
     if name == "pynndescent" and os.environ.get("GEOGRAPH_SLOW_PEERS") is None:
         pytest.skip("pynndescent compiles its numba kernels for minutes: set GEOGRAPH_SLOW_PEERS=1")
     x, k = corpus(), 10

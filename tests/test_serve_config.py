@@ -82,18 +82,29 @@ def test_bad_config_is_one_line_config_error(tmp_path, data, argv, fragment):
 
 
 def run_cli(*argv, env=None):
+    return run_cli_all([list(argv)], env=env)[0]
+
+
+def run_cli_all(argvs, env=None):
+    """``geograph serve`` with each argument list, the processes started together (each waits mostly
+    on its imports); their completed processes, in order."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "geograph", "serve", *argv], capture_output=True, text=True, timeout=300, env=env
-    )
+    cmds = [[sys.executable, "-m", "geograph", "serve", *argv] for argv in argvs]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in cmds]
+    done = []
+    for cmd, proc in zip(cmds, procs):
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+    return done
 
 
 @pytest.mark.integration
 def test_cli_config_errors_exit_2_with_one_line(tmp_path):
-    r = run_cli("--config", write(tmp_path, {"method": "maniscope", "corpus": DEMO, "workers": 2}))
+    unknown = write(tmp_path, {"method": "maniscope", "corpus": DEMO, "workers": 2})
+    r, missing = run_cli_all([["--config", unknown], ["--config", str(tmp_path / "missing.yaml")]])
     assert r.returncode == 2
     assert r.stderr.strip() == "geograph serve: workers: unknown key"
-    r = run_cli("--config", str(tmp_path / "missing.yaml"))
+    r = missing
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
 
 
@@ -115,8 +126,8 @@ def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
         (["--method", "iso", "--graph", str(tmp_path / "e5")], "; the encoder in use is sentence-transformers/"),
         (["--method", "iso", "--projection", write(tmp_path, "not a checkpoint", "p.pt")], "projection: cannot read"),
     ]
-    for argv, fragment in cases:
-        r = run_cli("--corpus", DEMO, "--port", "1", *argv)
+    runs = run_cli_all([["--corpus", DEMO, "--port", "1", *argv] for argv, _ in cases])
+    for (_, fragment), r in zip(cases, runs):
         lines = [x for x in r.stderr.splitlines() if x.startswith("geograph serve:")]
         assert r.returncode == 1, r.stderr[-2000:]
         assert "Traceback" not in r.stderr and len(lines) == 1 and fragment in lines[0], r.stderr[-2000:]

@@ -4,7 +4,9 @@ One Ricci-Filtration server (it drops documents, so ``meta.dropped`` is exercise
 key, on 127.0.0.1, for the whole module. Every client's order is compared with the module called
 directly on the same candidates (embedded one text at a time, as the server does): the ``cohere``
 SDK (``ClientV2`` on v2, ``Client`` on v1), ``langchain-cohere``'s ``CohereRerank``, LlamaIndex's
-``CohereRerank`` postprocessor and ``cohere-haystack``'s ``CohereRanker``.
+``CohereRerank`` postprocessor and ``cohere-haystack``'s ``CohereRanker``; and ``POST /rerank``
+in text-embeddings-inference's dialect, driven by ``huggingface-api-haystack``'s
+``HuggingFaceTEIRanker`` (Haystack's TEI ranker), whose answer leaves the dropped texts out.
 """
 
 import json
@@ -352,3 +354,68 @@ def fire_auth(url, calls):
 
     with ThreadPoolExecutor(12) as pool:
         return list(pool.map(one, calls))
+
+
+# -- the TEI dialect on /rerank ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tei_case(env, text_encoder):
+    """A query, 12 passages of the demo corpus, and the module's own answer on them."""
+    data = env["data"]
+    query = list(data.queries)[4]
+    docs = data.passages()[10:20] + EXTRA_TEXTS[2:4]
+    res = RicciFiltration()(text_encoder.encode([query]), text_encoder.encode(docs)[None])
+    order = [j for j in res.order[0].tolist() if bool(res.keep[0, j])]
+    assert len(order) < len(docs) and len(order) >= 3, "the case must keep some texts and drop some"
+    return {"query": query, "docs": docs, "order": order, "scores": [float(res.scores[0, j]) for j in order]}
+
+
+def post_rerank(server, body):
+    return requests.post(server.url + "/rerank", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+
+def test_haystack_tei_ranker(server, tei_case):
+    require("haystack")
+    tei = require("haystack_integrations.components.rankers.huggingface_api")
+    from haystack import Document
+    from haystack.utils import Secret
+
+    docs = [Document(content=t, meta={"i": i}) for i, t in enumerate(tei_case["docs"])]
+    ranker = tei.HuggingFaceTEIRanker(url=server.url, top_k=5, token=Secret.from_token(KEY))
+    got = ranker.run(query=tei_case["query"], documents=docs)["documents"]
+    assert [d.meta["i"] for d in got] == tei_case["order"][:5]
+    for d, s in zip(got, tei_case["scores"]):
+        assert abs(d.score - (s + 1) / 2) <= TOL  # Ricci-Filtration: cosine [-1, 1] onto [0, 1]
+    raw = tei.HuggingFaceTEIRanker(url=server.url, top_k=20, raw_scores=True, token=Secret.from_token(KEY))
+    got = raw.run(query=tei_case["query"], documents=docs, truncation_direction=tei.TruncationDirection.RIGHT)
+    assert [d.meta["i"] for d in got["documents"]] == tei_case["order"]  # the dropped texts are left out
+    assert all(abs(d.score - s) <= TOL for d, s in zip(got["documents"], tei_case["scores"]))
+    with pytest.raises(RuntimeError, match="truncation_direction: Left is not supported"):
+        ranker.run(query=tei_case["query"], documents=docs, truncation_direction=tei.TruncationDirection.LEFT)
+    wrong = tei.HuggingFaceTEIRanker(url=server.url, token=Secret.from_token("wrong"), max_retries=1)
+    with pytest.raises(RuntimeError, match="401"):
+        wrong.run(query=tei_case["query"], documents=docs)
+
+
+def test_tei_answer_shape_and_the_native_dialect_on_one_path(server, tei_case):
+    r = post_rerank(
+        server, {"query": tei_case["query"], "texts": tei_case["docs"], "return_text": True, "truncate": False}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body, list) and [x["index"] for x in body] == tei_case["order"]
+    assert all(set(x) == {"index", "score", "text"} and x["text"] == tei_case["docs"][x["index"]] for x in body)
+    scores = [x["score"] for x in body]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    plain = post_rerank(server, {"query": tei_case["query"], "texts": tei_case["docs"]}).json()
+    assert all(set(x) == {"index", "score"} for x in plain)
+    native = post_rerank(server, {"query": tei_case["query"], "candidates": tei_case["docs"]}).json()
+    assert native["order"] == tei_case["order"] and set(native) == {"order", "scores", "dropped", "batch_size"}
+    assert sorted(native["dropped"] + native["order"]) == list(range(len(tei_case["docs"])))
+    for bad, fragment in (
+        ({"query": tei_case["query"], "texts": []}, "texts"),
+        ({"query": tei_case["query"], "texts": ["a"], "top_n": 1}, "Extra inputs"),
+        ({"query": tei_case["query"], "candidates": ["a"], "raw_scores": True}, "Extra inputs"),
+    ):
+        r = post_rerank(server, bad)
+        assert r.status_code == 422 and fragment in r.text, (bad, r.text[:300])
+    assert post_rerank(server, {"query": "cats", "texts": ["a cat on a sofa", "lava"]}).status_code == 200
