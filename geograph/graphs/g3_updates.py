@@ -35,7 +35,7 @@ from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs
 from geograph.functional.gain import _unit, candidate_cap, gain_transition_edges
 from geograph.functional.knn_update import TopkLists, lists_add, lists_remove
 from geograph.functional.similarity import minmax_normalize
-from geograph.graphs.updates import PassageIds, check_new_rows
+from geograph.graphs.updates import check_new_rows, passage_ids
 
 __all__ = ["G3State", "G3UpdateReport", "g3_add", "g3_remove", "DEFAULT_UPDATE_CANDIDATES"]
 
@@ -123,12 +123,6 @@ def _score(cap):
     return None if cap is None else (lambda s, cols: cap(s))
 
 
-def _ids(graph) -> PassageIds:
-    if getattr(graph, "passage_ids", None) is None:
-        graph.passage_ids = PassageIds(range(graph.num_nodes))
-    return graph.passage_ids
-
-
 def _block_sums(z_rows: Tensor, z_cols: Tensor, block: int) -> Tensor:
     """``sum_c max(0, <z_r, z_c>)`` of every row against the given columns (float64)."""
     out = torch.zeros(z_rows.shape[0], dtype=torch.float64, device=z_rows.device)
@@ -168,10 +162,8 @@ def g3_add(graph, embeddings: Tensor, ids: Sequence, *, block: int = DEFAULT_BLO
     """:meth:`geograph.G3Graph.add`."""
     t0 = time.perf_counter()
     check_new_rows(embeddings, graph.embeddings)
-    known = _ids(graph)
-    new = known.check_new(ids)
-    if len(new) != embeddings.shape[0]:
-        raise ValueError(f"ids: {len(new)} ids for {embeddings.shape[0]} embeddings rows")
+    known = passage_ids(graph)
+    new = known.check_new(ids, embeddings.shape[0])
     state = g3_state(graph, block)
     n, m = graph.num_nodes, len(new)
     emb = torch.cat([graph.embeddings, embeddings])
@@ -194,14 +186,10 @@ def g3_add(graph, embeddings: Tensor, ids: Sequence, *, block: int = DEFAULT_BLO
 def g3_remove(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> G3UpdateReport:
     """:meth:`geograph.G3Graph.remove`."""
     t0 = time.perf_counter()
-    known = _ids(graph)
-    rows = known.rows(ids)
+    known = passage_ids(graph)
+    rows, keep = known.removal(ids, keep_at_least=2)
     n = graph.num_nodes
-    if n - rows.numel() < 2:
-        raise ValueError(f"ids: removing {rows.numel()} of {n} passages would leave fewer than 2")
     state = g3_state(graph, block)
-    keep = torch.ones(n, dtype=torch.bool)
-    keep[rows] = False
     keep_d = keep.to(graph.device)
     z_all = _unit(graph.embeddings)
     z = z_all[keep_d]

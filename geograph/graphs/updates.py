@@ -59,8 +59,9 @@ class PassageIds:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def check_new(self, ids: Iterable) -> list:
-        """``ids`` as a list, or a one-line error for a bad or duplicate id."""
+    def check_new(self, ids: Iterable, count: int | None = None) -> list:
+        """``ids`` as a list, or a one-line error for a bad or duplicate id, or a number of ids other
+        than ``count`` (the embeddings' rows)."""
         if isinstance(ids, (str, bytes, int)):
             raise ValueError(f"ids must be a sequence of str or int ids, got {ids!r}")
         new = list(ids.tolist() if isinstance(ids, Tensor) else ids)
@@ -74,6 +75,8 @@ class PassageIds:
             if x in seen:
                 raise ValueError(f"ids: {x!r} is given twice")
             seen.add(x)
+        if count is not None and len(new) != count:
+            raise ValueError(f"ids: {len(new)} ids for {count} embeddings rows")
         return new
 
     def rows(self, ids: Iterable | str | int) -> Tensor:
@@ -86,6 +89,19 @@ class PassageIds:
                 raise ValueError(f"ids: {x!r} is not in the corpus")
             out.append(self.row[x])
         return torch.tensor(sorted(set(out)), dtype=torch.long)
+
+    def removal(self, ids: Iterable | str | int, keep_at_least: int = 1) -> tuple[Tensor, Tensor]:
+        """The rows of ``ids`` and the ``keep`` mask of the other rows (CPU), or a one-line error
+        naming an unknown id or a removal that leaves fewer than ``keep_at_least`` passages."""
+        rows = self.rows(ids)
+        n = len(self.ids)
+        if n - rows.numel() < keep_at_least:
+            if keep_at_least == 1:
+                raise ValueError(f"ids: removing all {n} passages would leave an empty corpus")
+            raise ValueError(f"ids: removing {rows.numel()} of {n} passages would leave fewer than {keep_at_least}")
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[rows] = False
+        return rows, keep
 
     def add(self, ids: list) -> None:
         for x in ids:
@@ -165,10 +181,11 @@ def check_new_rows(embeddings: Tensor, like: Tensor, name: str = "embeddings") -
         raise ValueError(f"{name} is on {embeddings.device}, the corpus is on {like.device}: move it first")
 
 
-def passage_ids(graph) -> PassageIds:
-    if getattr(graph, "passage_ids", None) is None:
-        graph.passage_ids = PassageIds(range(graph.num_nodes))
-    return graph.passage_ids
+def passage_ids(owner, n: int | None = None) -> PassageIds:
+    """``owner.passage_ids``, made ``0 .. n-1`` (default ``owner.num_nodes``) on first use."""
+    if getattr(owner, "passage_ids", None) is None:
+        owner.passage_ids = PassageIds(range(owner.num_nodes if n is None else n))
+    return owner.passage_ids
 
 
 def knn_state(graph, block: int = DEFAULT_BLOCK) -> KnnState | None:
@@ -199,9 +216,7 @@ def add_passages(
     t0 = time.perf_counter()
     check_new_rows(embeddings, graph.embeddings)
     known = passage_ids(graph)
-    new = known.check_new(ids)
-    if len(new) != embeddings.shape[0]:
-        raise ValueError(f"ids: {len(new)} ids for {embeddings.shape[0]} embeddings rows")
+    new = known.check_new(ids, embeddings.shape[0])
     n, m = graph.num_nodes, len(new)
     state = knn_state(graph, block)
     emb = torch.cat([graph.embeddings, embeddings])
@@ -250,12 +265,8 @@ def remove_passages(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> Upda
     """:meth:`geograph.CorpusGraph.remove`."""
     t0 = time.perf_counter()
     known = passage_ids(graph)
-    rows = known.rows(ids)
+    rows, keep = known.removal(ids)
     n = graph.num_nodes
-    if rows.numel() == n:
-        raise ValueError(f"ids: removing all {n} passages would leave an empty corpus")
-    keep = torch.ones(n, dtype=torch.bool)
-    keep[rows] = False
     keep_d = keep.to(graph.device)
     emb = graph.embeddings[keep_d]
     state = knn_state(graph, block)

@@ -18,18 +18,12 @@ import torch
 from torch import Tensor
 
 from geograph.functional.similarity import normalize
-from geograph.graphs.updates import PassageId, PassageIds, UpdateReport, check_new_rows
+from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, passage_ids
 
 if TYPE_CHECKING:
     from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["dense_add", "dense_remove", "labels_to_rows"]
-
-
-def _ids(model: DenseRetriever) -> PassageIds:
-    if model.passage_ids is None:
-        model.passage_ids = PassageIds(range(model.num_passages))
-    return model.passage_ids
 
 
 def labels_to_rows(model: DenseRetriever, labels: Tensor) -> Tensor:
@@ -45,10 +39,8 @@ def dense_add(model: DenseRetriever, embeddings: Tensor, ids: Sequence[PassageId
     """:meth:`geograph.DenseRetriever.add`."""
     t0 = time.perf_counter()
     check_new_rows(embeddings, model.embeddings)
-    known = _ids(model)
-    new = known.check_new(ids)
-    if len(new) != embeddings.shape[0]:
-        raise ValueError(f"ids: {len(new)} ids for {embeddings.shape[0]} embeddings rows")
+    known = passage_ids(model, model.num_passages)
+    new = known.check_new(ids, embeddings.shape[0])
     n, m = model.num_passages, len(new)
     z = normalize(embeddings)
     if model._ivf is not None:
@@ -66,13 +58,9 @@ def dense_add(model: DenseRetriever, embeddings: Tensor, ids: Sequence[PassageId
 def dense_remove(model: DenseRetriever, ids: Iterable[PassageId] | PassageId) -> UpdateReport:
     """:meth:`geograph.DenseRetriever.remove`."""
     t0 = time.perf_counter()
-    known = _ids(model)
-    rows = known.rows(ids)
+    known = passage_ids(model, model.num_passages)
+    rows, keep = known.removal(ids)
     n = model.num_passages
-    if rows.numel() == n:
-        raise ValueError(f"ids: removing all {n} passages would leave an empty corpus")
-    keep = torch.ones(n, dtype=torch.bool)
-    keep[rows] = False
     if model._ivf is not None:
         table = getattr(model, "_ivf_rows", None)
         if table is None:
