@@ -25,6 +25,7 @@ if importlib.util.find_spec("lightning") is None or importlib.util.find_spec("js
 DOCTEST_NEEDS = {
     "geograph.functional.ivf_join.ivf_self_topk": "faiss",
     "geograph.retrievers.bm25.BM25Retriever": "bm25s",
+    "geograph.ranking": "sentence_transformers",  # the default encoder (the text extra)
 }
 
 

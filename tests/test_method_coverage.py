@@ -17,6 +17,7 @@ CORPUS = torch.nn.functional.normalize(torch.randn(50, 8, generator=torch.Genera
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_served(name):
+    require("litserve")
     from geograph.serve.config import ServeConfig
     from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model, k_bounds, score_bounds
 
