@@ -35,7 +35,7 @@ from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs
 from geograph.functional.gain import _unit, candidate_cap, gain_transition_edges
 from geograph.functional.knn_update import TopkLists, lists_add, lists_remove
 from geograph.functional.similarity import minmax_normalize
-from geograph.graphs.updates import PassageIds, check_new_rows
+from geograph.graphs.updates import PassageIds, check_new_rows, passage_ids
 
 __all__ = ["G3State", "G3UpdateReport", "g3_add", "g3_remove", "DEFAULT_UPDATE_CANDIDATES"]
 
@@ -124,9 +124,7 @@ def _score(cap):
 
 
 def _ids(graph) -> PassageIds:
-    if getattr(graph, "passage_ids", None) is None:
-        graph.passage_ids = PassageIds(range(graph.num_nodes))
-    return graph.passage_ids
+    return passage_ids(graph)
 
 
 def _block_sums(z_rows: Tensor, z_cols: Tensor, block: int) -> Tensor:
@@ -158,7 +156,7 @@ def _remake(graph, embeddings: Tensor, z: Tensor, state: G3State, block: int) ->
     graph.col = t.col_indices().clone()
     graph.val = t.values().to(embeddings.dtype).clone()
     graph._update_width()
-    graph.build_info = {**graph.build_info, "version": int(graph.build_info.get("version", 0)) + 1}
+    graph.corpus_version = int(getattr(graph, "corpus_version", 0)) + 1
     if edges is None:
         return 0, z.shape[0]
     return int(edges.certified.sum()), int(edges.redone.sum())
