@@ -80,7 +80,7 @@ def test_tei_answer_shape_and_the_native_dialect_on_one_path(server, case):
     plain = post(server, {"query": case["query"], "texts": case["docs"]}).json()
     assert all(set(x) == {"index", "score"} for x in plain)
     native = post(server, {"query": case["query"], "candidates": case["docs"]}).json()
-    assert native["order"] == case["order"] and set(native) == {"order", "scores", "dropped", "batch_size"}
+    assert native["order"] == case["order"] and set(native) == {"order", "scores", "dropped", "batch_size", "version"}
     assert sorted(native["dropped"] + native["order"]) == list(range(len(case["docs"])))
     for bad, fragment in (
         ({"query": case["query"], "texts": []}, "texts"),
