@@ -12,6 +12,7 @@ import torch
 
 from geograph.cli import main
 from geograph.data import Encoder, load_demo
+from geograph.data.cache import text_key
 from geograph.graphs import CorpusGraph, G3Graph
 from geograph.graphs.artefact import read_passages
 from geograph.testing import has_package
@@ -151,6 +152,15 @@ def test_update_errors_are_one_line_naming_the_argument(tmp_path, corpora, capsy
     loaded = CorpusGraph.from_pretrained(prefixed)
     loaded.save_pretrained(keyless, ids=read_passages(prefixed)[0])  # its ids, not its texts' keys
     CorpusGraph.from_knn(loaded.embeddings, 3).save_pretrained(bare)  # no ids at all
+    groups = tmp_path / "groups"  # a graph whose edges the embeddings do not give
+    ids, _ = read_passages(prefixed)
+    plain = Encoder(cache=corpora["cache"], progress=False)
+    texts = [json.loads(x) for x in open(os.path.join(corpora["old"], "corpus.jsonl"))]
+    texts = [f"{r['title']} {r['text']}".strip() for r in texts]
+    keys = [text_key(t) for t in texts]
+    CorpusGraph.from_groups(plain.encode(texts), [[0, 1, 2]]).save_pretrained(
+        groups, encoder=plain, ids=ids, text_keys=keys
+    )
     capsys.readouterr()
     cases = [
         (["--data", str(tmp_path / "nowhere"), "--graph", str(prefixed)], "--data", "no such folder"),
@@ -160,6 +170,7 @@ def test_update_errors_are_one_line_naming_the_argument(tmp_path, corpora, capsy
         (["--data", corpora["new"], "--graph", str(keyless)], "--graph", "without its passages' text keys"),
         (["--data", corpora["new"], "--graph", str(prefixed), "--out", corpora["old"]], "--out", "no saved graph"),
         (["--data", corpora["new"], "--graph", str(prefixed)], "--encoder", "prefixes"),  # another encoder
+        (["--data", corpora["new"], "--graph", str(groups)], "--graph", "'groups' graph, which cannot take new"),
     ]
     for args, flag, text in cases:
         assert main(["update", *args, *cache]) == 2, args
