@@ -86,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from geograph.artefact import ArtefactMismatch
+    from geograph.commands.build_graph import passage_keys
     from geograph.data import BEIRError, Encoder, load_corpus
-    from geograph.data.cache import text_key
     from geograph.graphs.artefact import read_passages, saved_kind
 
     out = Path(args.out if args.out is not None else args.graph)
@@ -135,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return UsageError(f"--encoder: {e}").exit(parser.prog)
     except ValueError as e:
         return UsageError(f"--graph: {e}").exit(parser.prog)
-    texts = [encoder.passage_prefix + p for p in dataset.passages()]
-    keys = [text_key(t) for t in texts]
+    texts = [encoder.passage_prefix + p for p in dataset.passages()]  # as build-graph embeds them
+    keys = passage_keys(encoder, dataset)
     change = diff(old_ids, old_keys, dataset.doc_ids, keys)
     if not change:
         print(f"no change: {args.graph} is the corpus of {args.data} (corpus version {graph.corpus_version})")
