@@ -193,7 +193,7 @@ def write(graph, out: Path, **save) -> None:
     (:func:`geograph._io.replace_directory`); the new folder is removed on any failure."""
     from geograph._io import replace_directory
 
-    out = out.absolute()
+    out = out.resolve()  # a symlinked graph: the folder it points to is replaced, the link stays
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.update-{os.getpid()}.{secrets.token_hex(4)}")
     try:
