@@ -10,9 +10,11 @@ leaves a directory that does not load rather than one that mixes two saves.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,6 +29,7 @@ __all__ = [
     "read_torch",
     "check_file_size",
     "one_line",
+    "replace_directory",
 ]
 
 PathLike = str | Path
@@ -121,3 +124,47 @@ def read_torch(path: PathLike, map_location=None) -> Any:
         raise ValueError(f"{path}: file not found") from None
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ... on bad files
         raise ValueError(f"{path}: cannot read it (truncated or not written by geograph?): {one_line(e)}") from e
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    ``False`` where the system or the file system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not supported here
+        return False
+    raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
+
+
+def replace_directory(new: PathLike, target: PathLike) -> Path:
+    """Put the directory ``new`` in the place of ``target`` (a sibling of it), then remove the old one.
+
+    Where ``target`` exists, the two are exchanged in one atomic step on Linux
+    (``renameat2(RENAME_EXCHANGE)``): a reader or a crash sees the old directory or the new one,
+    never neither. Elsewhere the old directory is first renamed aside, then ``new`` renamed into
+    place: a crash between the two renames leaves the old version under ``.<name>.old-*`` beside it.
+    """
+    new, target = Path(new), Path(target)
+    _fsync_dir(new)
+    if not target.exists():
+        os.replace(new, target)
+    elif _exchange(new, target):
+        shutil.rmtree(new, ignore_errors=True)  # (the old version, now under new's name)
+    else:
+        aside = target.with_name(f".{target.name}.old-{os.getpid()}.{secrets.token_hex(4)}")
+        os.replace(target, aside)
+        os.replace(new, target)
+        shutil.rmtree(aside, ignore_errors=True)
+    _fsync_dir(target.parent)
+    return target

@@ -358,8 +358,12 @@ def write_artefact(
     corpus: CorpusFingerprint | None = None,
     build_info: dict | None = None,
     side_files: dict[str, bytes] | None = None,
+    lineage: dict | None = None,
 ) -> Path:
     """Write an artefact directory: the tensors and side files first, the manifest last.
+
+    ``lineage`` (``version``, ``parent``: see :mod:`geograph.graphs.artefact`) is recorded in the
+    manifest's ``corpus`` beside the fingerprint.
 
     The manifest is removed before anything else is written, so a save killed at any point
     leaves the previous artefact or a directory that does not load, never a mix of two.
@@ -379,7 +383,7 @@ def write_artefact(
         "kind": kind,
         "geograph_version": _geograph_version(),
         "encoder": None if identity is None else identity.as_dict(),
-        "corpus": None if corpus is None else corpus.as_dict(),
+        "corpus": None if corpus is None else {**corpus.as_dict(), **(lineage or {})},
         "params": params,
         "build_info": build_info or {},
         "files": files,

@@ -1,4 +1,4 @@
-"""The geograph command: geograph demo, geograph bench <name>, geograph build-graph, geograph serve."""
+"""The geograph command: geograph demo, geograph bench <name>, geograph build-graph, geograph update, geograph serve."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ commands:
   bench        benchmarks against the slow references:
                geograph bench {run,gpu,maniscope,ricci,iso,g3,scale,serve,update} [options]
   build-graph  embed a BEIR folder and save a CorpusGraph (k-NN or title mentions) for ISO-RAG, or a G3Graph
+  update       apply a changed BEIR folder (added, removed, edited passages) to a saved graph, in place
   embed        embed a BEIR folder or JSONL file into the embedding cache (--ray: a Ray Data actor pool)
   serve        HTTP rerank/retrieve server on LitServe:
                geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR [--config serve.yaml]
@@ -92,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geograph.commands.build_graph import main as build_main
 
         return build_main(rest)
+    if command == "update":
+        from geograph.commands.update import main as update_main
+
+        return update_main(rest)
     if command == "embed":
         from geograph.commands.embed import main as embed_main
 

@@ -114,7 +114,7 @@ def test_manifest_records_what_made_it(tmp_path):
     assert m["params"] == {"band": [0.1, 0.7], "beta": 0.4, "max_degree": 8, "num_nodes": 300, "dim": 16}
     ids = hashlib.sha256("".join(i + "\n" for i in IDS).encode()).hexdigest()
     emb = hashlib.sha256(X.numpy().astype("<f4").tobytes()).hexdigest()
-    assert m["corpus"] == {"num_passages": 300, "dim": 16, "ids_sha256": ids, "embeddings_sha256": emb}
+    assert m["corpus"] == {"num_passages": 300, "dim": 16, "ids_sha256": ids, "embeddings_sha256": emb, "version": 0}
     assert "density" in m["build_info"] and m["files"][TENSORS] == (tmp_path / "g" / TENSORS).stat().st_size
 
 

@@ -35,7 +35,7 @@ def test_bench_help_lists_its_subcommands(capsys):
     assert err.count("\n") == 1 and "unknown benchmark 'nosuch': " in err and "scale" in err
 
 
-@pytest.mark.parametrize("command", ["demo", "build-graph", "embed"])
+@pytest.mark.parametrize("command", ["demo", "build-graph", "embed", "update"])
 def test_help_is_plain_text(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])

@@ -23,7 +23,8 @@ passages with --encoder (default: the offline all-MiniLM-L6-v2; --passage-prefix
 cached on disk) and save a graph over them: a CorpusGraph for ISO-RAG, a k-NN graph (--knn K) or a title-mention graph
 (--mentions: passage u links to v when u's text mentions v's title), or G3RAG's gain graph
 (--g3). The graph is saved as an artefact folder (tensors.safetensors and manifest.json, which
-records the encoder, its prefixes, the passage ids and a checksum of the embeddings). Load it with
+records the encoder, its prefixes, the passage ids and a checksum of the embeddings, and
+passages.jsonl: each passage's id and the hash of its embedded text, which geograph update reads). Load it with
 CorpusGraph.from_pretrained(OUT) / G3Graph.from_pretrained(OUT), serve it with
 geograph serve --graph OUT (with the same --encoder and prefixes), or train f_theta on a
 CorpusGraph with python -m train fit --data.graph_dir OUT.
@@ -202,11 +203,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             graph.build_info = dict(
                 graph.build_info, ray={"address": args.ray, "tasks": executor.tasks, "cpus": executor.session["cpus"]}
             )
-    graph.save_pretrained(args.out, encoder=encoder, ids=dataset.doc_ids)
+    graph.save_pretrained(args.out, encoder=encoder, ids=dataset.doc_ids, text_keys=passage_keys(encoder, dataset))
     if getattr(graph, "build_info", None):
         print(f"build: {graph.build_info}")
     print(f"{graph} -> {args.out}")
     return 0
+
+
+def passage_keys(encoder, dataset) -> list[str]:
+    """The embedding cache's key of each passage's embedded text (its prefix included), saved with
+    the graph so that ``geograph update`` tells an edited passage from an unchanged one."""
+    from geograph.data.cache import text_key
+
+    return [text_key(encoder.passage_prefix + p) for p in dataset.passages()]
 
 
 def _check_index_options(args, n: int) -> None:

@@ -4,10 +4,23 @@ The tensors are memory-mapped on load and held as the graph's buffers without a 
 processes loading one graph share its pages. A directory in the former format (``graph.json``
 / ``g3graph.json`` beside ``torch.save`` files) still loads, with a one-line
 ``DeprecationWarning`` saying how to convert it.
+
+Corpus versions: the manifest's ``corpus`` records ``version``, 0 for a built graph and one more
+for each ``add`` or ``remove`` applied since (``graph.corpus_version``, kept through a save and a
+load), and, for a graph updated after it was loaded, ``parent``: the ``version``,
+``embeddings_sha256`` and ``ids_sha256`` of the saved corpus it was updated from. A manifest
+without ``version`` (written before it was recorded) loads as version 0.
+
+Passages: saved with ``ids``, a graph also writes :data:`PASSAGES`, one JSON line ``[id, key]``
+per row, ``key`` the embedding cache's key of the passage's embedded text
+(:func:`geograph.data.cache.text_key`) when ``text_keys`` were given, else ``null``. A loaded
+graph's first update reads its ids from it (:func:`saved_ids`); ``geograph update`` reads the
+keys to tell the added, removed and edited passages of a changed corpus (:func:`read_passages`).
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from geograph._io import check_file_size, read_json
 from geograph.artefact import (
+    MANIFEST,
     CorpusFingerprint,
     EncoderIdentity,
     as_identity,
@@ -29,7 +44,18 @@ from geograph.artefact import (
 from geograph.functional.gain import check_band
 from geograph.graphs._legacy import CORPUS_META, G3_META, load_corpus_graph_v1, load_g3_graph_v1
 
-__all__ = ["save_graph", "load_corpus_graph", "load_g3_graph"]
+__all__ = [
+    "PASSAGES",
+    "save_graph",
+    "load_corpus_graph",
+    "load_g3_graph",
+    "read_passages",
+    "saved_ids",
+    "saved_kind",
+]
+
+#: the side file of a graph saved with its passages' ids and text keys
+PASSAGES = "passages.jsonl"
 
 
 def _provenance(graph: nn.Module, embeddings: Tensor, encoder: Any, ids: Sequence[str] | None):
@@ -47,9 +73,43 @@ def _provenance(graph: nn.Module, embeddings: Tensor, encoder: Any, ids: Sequenc
     return identity, corpus
 
 
-def save_graph(graph: nn.Module, directory: str | Path, *, encoder: Any = None, ids=None) -> Path:
+def _lineage(graph: nn.Module) -> dict:
+    """The manifest's ``corpus.version`` and ``corpus.parent`` of ``graph``."""
+    version = int(getattr(graph, "corpus_version", 0))
+    saved = (getattr(graph, "manifest", None) or {}).get("corpus") or {}
+    out: dict = {"version": version}
+    if saved and version != int(saved.get("version", 0)):  # updated since it was loaded
+        out["parent"] = {k: saved.get(k) for k in ("version", "embeddings_sha256", "ids_sha256")}
+        out["parent"]["version"] = int(saved.get("version", 0))
+    elif saved.get("parent"):
+        out["parent"] = saved["parent"]
+    return out
+
+
+def _passages_file(ids, text_keys) -> bytes:
+    if text_keys is None:
+        text_keys = [None] * len(ids)
+    if len(text_keys) != len(ids):
+        raise ValueError(f"text_keys: {len(text_keys)} keys for {len(ids)} passage ids")
+    return "".join(json.dumps([str(i), None if k is None else str(k)]) + "\n" for i, k in zip(ids, text_keys)).encode()
+
+
+def save_graph(
+    graph: nn.Module, directory: str | Path, *, encoder: Any = None, ids=None, text_keys: Sequence[str] | None = None
+) -> Path:
     """Write a :class:`CorpusGraph` or :class:`G3Graph` as an artefact directory."""
     kind = type(graph).__name__
+    known = getattr(graph, "passage_ids", None)
+    if ids is None and known is not None and all(isinstance(i, str) for i in known.ids):
+        ids = known.ids  # an updated graph's own ids (a graph never named has integer ids: not recorded)
+    elif ids is None and known is None and _unchanged_since_load(graph):
+        ids, keys = _saved_passages(graph)  # saved again as loaded: its passages too
+        text_keys = keys if text_keys is None and all(k is not None for k in keys) else text_keys
+    if ids is not None and len(ids) != graph.num_nodes:
+        raise ValueError(f"ids: {len(ids)} passage ids for {graph.num_nodes} passages")
+    if text_keys is not None and ids is None:
+        raise ValueError("text_keys need the passage ids (ids=...)")
+    side = {} if ids is None else {PASSAGES: _passages_file(ids, text_keys)}
     identity, corpus = _provenance(graph, graph.embeddings, encoder, ids)
     if kind == "CorpusGraph":
         tensors = {"embeddings": graph.embeddings, "edge_index": graph.edge_index, "rowptr": graph.rowptr}
@@ -67,7 +127,93 @@ def save_graph(graph: nn.Module, directory: str | Path, *, encoder: Any = None, 
         encoder=identity,
         corpus=corpus,
         build_info=graph.build_info,
+        side_files=side,
+        lineage=_lineage(graph),
     )
+
+
+def _unchanged_since_load(graph: nn.Module) -> bool:
+    """Whether ``graph`` was loaded with a passages file and not updated since."""
+    manifest = getattr(graph, "manifest", None) or {}
+    return (
+        manifest.get("source") is not None
+        and PASSAGES in (manifest.get("files") or {})
+        and int(getattr(graph, "corpus_version", 0)) == _version(manifest)
+    )
+
+
+def _version(manifest: dict) -> int:
+    try:
+        return int((manifest.get("corpus") or {}).get("version", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def saved_kind(source: str | Path) -> str | None:
+    """The ``kind`` a saved artefact's manifest names (``CorpusGraph``, ``G3Graph``, ...), or ``None``
+    when ``source`` is not a directory holding a readable manifest of this format."""
+    path = Path(source)
+    if not is_artefact(path):
+        return None
+    try:
+        kind = read_json(path / MANIFEST).get("kind")
+    except ValueError:
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def read_passages(source: str | Path) -> tuple[list[str], list[str | None]]:
+    """The passage ids and text keys (``None`` where not saved) of a graph saved with its ids
+    (:data:`PASSAGES`), in row order.
+
+    Raises:
+        ValueError: one line naming the directory: no such file (a graph saved without ``ids``),
+            a malformed line, or another number of rows than the manifest's.
+    """
+    path = Path(source)
+    file = path / PASSAGES
+    manifest = read_json(path / MANIFEST)
+    if not file.is_file() or PASSAGES not in (manifest.get("files") or {}):  # (a file left by an older save)
+        raise ValueError(
+            f"{path} holds no {PASSAGES} (the passages' ids and text keys): it was saved without them; "
+            "save it with ids=..., or build it again with geograph build-graph"
+        )
+    check_file_size(file, manifest["files"][PASSAGES], path / MANIFEST)
+    ids, keys = [], []
+    with file.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                i, k = json.loads(line)
+            except (ValueError, TypeError):
+                raise ValueError(f"{file}:{lineno}: not an [id, key] JSON line") from None
+            ids.append(str(i))
+            keys.append(None if k is None else str(k))
+    n = (manifest.get("params") or {}).get("num_nodes")
+    if n is not None and int(n) != len(ids):
+        raise ValueError(f"{file}: {len(ids)} passages, the manifest says {n}")
+    return ids, keys
+
+
+def saved_ids(graph: nn.Module) -> list[str] | None:
+    """The passage ids saved with a graph loaded by ``from_pretrained`` (``None``: none saved).
+
+    Raises:
+        ValueError: the directory's ids are not those the loaded graph was saved with (it was
+            replaced since the graph was loaded).
+    """
+    manifest = getattr(graph, "manifest", None) or {}
+    if manifest.get("source") is None or PASSAGES not in (manifest.get("files") or {}):
+        return None
+    return _saved_passages(graph)[0]
+
+
+def _saved_passages(graph: nn.Module) -> tuple[list[str], list[str | None]]:
+    source = graph.manifest["source"]
+    ids, keys = read_passages(source)
+    saved = (graph.manifest.get("corpus") or {}).get("ids_sha256")
+    if corpus_fingerprint(torch.empty(len(ids), 0), ids).ids_sha256 != saved:
+        raise ValueError(f"ids: {source}/{PASSAGES} was replaced since the graph was loaded; call set_ids(ids)")
+    return ids, keys
 
 
 def _legacy(path: Path, meta: str) -> bool:
@@ -134,6 +280,9 @@ def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, co
     graph.build_info = art.manifest.get("build_info") or {}
     for name, t in (("embeddings", emb), ("edge_index", ei), ("rowptr", rowptr)):
         graph.register_buffer(name, t if device is None else t.to(device))
+    graph.passage_ids = None
+    graph.knn_state = None
+    graph.corpus_version = _version(art.manifest)
     graph.manifest = {**art.manifest, "source": str(art.path)}
     return graph
 
@@ -172,6 +321,7 @@ def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus
     parts = [t if device is None else t.to(device) for t in (emb, density, crow, col, val)]
     graph = cls._from_parts(*parts, band=band, beta=beta, max_degree=max_degree)  # no copy of the mapped tensors
     graph.build_info = art.manifest.get("build_info") or {}
+    graph.corpus_version = _version(art.manifest)
     graph.manifest = {**art.manifest, "source": str(art.path)}
     return graph
 

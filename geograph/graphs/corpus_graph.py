@@ -70,6 +70,7 @@ class CorpusGraph(nn.Module):
         self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in the manifest
         self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
         self.knn_state = None  # a k-NN graph's directed lists, kept for updates (geograph.graphs.updates.KnnState)
+        self.corpus_version = 0  # 0 when built, one more for each add or remove; saved in the manifest
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("edge_index", clean)
         self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
@@ -266,7 +267,14 @@ class CorpusGraph(nn.Module):
         return cls(embeddings, ei.to(embeddings.device), name="mentions")
 
     # -- persistence --------------------------------------------------------------------
-    def save_pretrained(self, directory: str | Path, *, encoder=None, ids: Sequence[str] | None = None) -> Path:
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        *,
+        encoder=None,
+        ids: Sequence[str] | None = None,
+        text_keys: Sequence[str] | None = None,
+    ) -> Path:
         """Write the graph as an artefact directory: ``tensors.safetensors`` and ``manifest.json``.
 
         The manifest records the encoder's identity (``encoder``: a :class:`geograph.data.Encoder`
@@ -276,8 +284,14 @@ class CorpusGraph(nn.Module):
         Every file is written under a temporary name and renamed; the manifest is removed first
         and written last, so a save killed at any point leaves the previous graph or a directory
         that does not load, never a mix of two. See :mod:`geograph.artefact`.
+
+        The manifest's ``corpus.version`` is :attr:`corpus_version` (0 when built, one more for each
+        :meth:`add` or :meth:`remove`), with the saved corpus it was updated from as ``parent``.
+        ``ids`` default to the graph's own string ids once it has them (:meth:`set_ids`, an update).
+        ``text_keys`` (with ``ids``): the embedding cache's key of each passage's embedded text
+        (:func:`geograph.data.cache.text_key`), written as ``passages.jsonl`` for ``geograph update``.
         """
-        return save_graph(self, directory, encoder=encoder, ids=ids)
+        return save_graph(self, directory, encoder=encoder, ids=ids, text_keys=text_keys)
 
     @classmethod
     def from_pretrained(

@@ -150,6 +150,7 @@ class G3Graph(nn.Module):
         self.build_info: dict = {}
         self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
         self.update_state = None  # density sums and cosine lists kept for updates (geograph.graphs.g3_updates)
+        self.corpus_version = 0  # 0 when built, one more for each add or remove; saved in the manifest
         self._update_width()
         self.register_load_state_dict_post_hook(_update_width_after_load)  # (a function: the module pickles)
 
@@ -323,9 +324,17 @@ class G3Graph(nn.Module):
         """Out-degree of every passage in ``T``."""
         return self.crow[1:] - self.crow[:-1]
 
-    def save_pretrained(self, directory: str | Path, *, encoder=None, ids: Sequence[str] | None = None) -> Path:
-        """Write the graph as an artefact directory (as :meth:`CorpusGraph.save_pretrained`)."""
-        return save_graph(self, directory, encoder=encoder, ids=ids)
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        *,
+        encoder=None,
+        ids: Sequence[str] | None = None,
+        text_keys: Sequence[str] | None = None,
+    ) -> Path:
+        """Write the graph as an artefact directory (as :meth:`CorpusGraph.save_pretrained`: the corpus
+        version, ``ids`` and ``text_keys`` too)."""
+        return save_graph(self, directory, encoder=encoder, ids=ids, text_keys=text_keys)
 
     @classmethod
     def from_pretrained(

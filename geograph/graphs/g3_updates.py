@@ -152,7 +152,7 @@ def _remake(graph, embeddings: Tensor, z: Tensor, state: G3State, block: int) ->
     graph.col = t.col_indices().clone()
     graph.val = t.values().to(embeddings.dtype).clone()
     graph._update_width()
-    graph.build_info = {**graph.build_info, "version": int(graph.build_info.get("version", 0)) + 1}
+    graph.corpus_version = int(getattr(graph, "corpus_version", 0)) + 1
     if edges is None:
         return 0, z.shape[0]
     return int(edges.certified.sum()), int(edges.redone.sum())

@@ -34,6 +34,7 @@ __all__ = [
     "check_new_rows",
     "knn_unit",
     "kept_lists",
+    "reorder",
 ]
 
 
@@ -182,9 +183,12 @@ def check_new_rows(embeddings: Tensor, like: Tensor, name: str = "embeddings") -
 
 
 def passage_ids(owner, n: int | None = None) -> PassageIds:
-    """``owner.passage_ids``, made ``0 .. n-1`` (default ``owner.num_nodes``) on first use."""
+    """``owner``'s ids: given (``set_ids``), saved with it (a loaded graph), else ``0 .. n-1``
+    (default ``owner.num_nodes``)."""
     if getattr(owner, "passage_ids", None) is None:
-        owner.passage_ids = PassageIds(range(owner.num_nodes if n is None else n))
+        from geograph.graphs.artefact import saved_ids
+
+        owner.passage_ids = PassageIds(saved_ids(owner) or range(owner.num_nodes if n is None else n))
     return owner.passage_ids
 
 
@@ -206,7 +210,7 @@ def _set(graph, embeddings: Tensor, edge_index: Tensor) -> None:
     graph.embeddings = embeddings
     graph.edge_index = clean
     graph.rowptr = csr_rowptr(clean[0], embeddings.shape[0])
-    graph.build_info = {**graph.build_info, "version": int(graph.build_info.get("version", 0)) + 1}
+    graph.corpus_version = int(getattr(graph, "corpus_version", 0)) + 1
 
 
 def add_passages(
@@ -284,3 +288,40 @@ def remove_passages(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> Upda
     known.keep(keep)
     _set(graph, emb, ei)
     return UpdateReport(0, int(rows.numel()), n - int(rows.numel()), changed, rescanned, time.perf_counter() - t0)
+
+
+def reorder(graph, order: Sequence | Tensor) -> None:
+    """Put a :class:`~geograph.CorpusGraph`'s or :class:`~geograph.G3Graph`'s passages in another order, in place.
+
+    Row ``r`` of the result is row ``order[r]`` before; edges (and ``T``'s values and the G3 density)
+    follow their passages, and each row's entries are sorted by column again. This is the graph a
+    build on the reordered embeddings gives, except where a build breaks an exact tie of scores by
+    the lower index (identical passages). The kept update lists are dropped (the next update makes
+    them again with one scan); the corpus version does not move.
+
+    Raises:
+        ValueError: ``order`` is not a permutation of ``0 .. V-1``.
+    """
+    n = graph.num_nodes
+    order = torch.as_tensor(order, dtype=torch.long).to(graph.device)
+    if order.shape != (n,) or not torch.equal(order.sort().values, torch.arange(n, device=order.device)):
+        raise ValueError(f"order must be a permutation of the {n} rows, got {tuple(order.shape)} entries")
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(n, device=order.device)
+    emb = graph.embeddings[order]
+    if hasattr(graph, "edge_index"):  # a CorpusGraph: the union graph, relabelled
+        ei = inv[graph.edge_index]
+        clean = clean_edge_index(ei, n)
+        graph.embeddings, graph.edge_index, graph.rowptr = emb, clean, csr_rowptr(clean[0], n)
+        graph.knn_state = None
+    else:  # a G3Graph: T's entries relabelled, sorted by (row, column)
+        rows = inv[torch.repeat_interleave(torch.arange(n, device=order.device), graph.degree())]
+        cols = inv[graph.col]
+        perm = torch.argsort(rows * n + cols)
+        graph.embeddings, graph.density = emb, graph.density[order]
+        graph.col, graph.val = cols[perm], graph.val[perm]
+        graph.crow = torch.cat([rows.new_zeros(1), torch.cumsum(torch.bincount(rows, minlength=n), 0)])
+        graph.update_state = None
+        graph._update_width()
+    if getattr(graph, "passage_ids", None) is not None:
+        graph.passage_ids = PassageIds([graph.passage_ids.ids[i] for i in order.tolist()])

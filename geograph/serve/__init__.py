@@ -20,7 +20,9 @@ under ``params`` or ``--param KEY=VALUE``. Endpoints (the schema: docs/serving.m
   compiled); ``GET /metrics``: Prometheus text format.
 
 With an API key (``--api-key`` or ``$GEOGRAPH_API_KEY``) every endpoint but ``/health`` needs
-``Authorization: Bearer <key>`` (:mod:`~geograph.serve.auth`; ``public`` opens ``/metrics``, ``/docs``).
+``Authorization: Bearer <key>`` (:mod:`~geograph.serve.auth`; ``public`` opens ``/metrics``, ``/docs``),
+and ``POST /admin/reload`` serves the saved corpus and graph anew without downtime
+(:mod:`~geograph.serve.reload`; without a key the route does not exist).
 
 Every endpoint's requests go to one queue that one pool of inference workers serves
 (:mod:`~geograph.serve.api`). A response depends only on its own request and the configuration,
@@ -35,7 +37,8 @@ and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts)
 :mod:`~geograph.serve.api` (the LitServe worker), :mod:`~geograph.serve.interop` (``/v1``,
 ``/v2/rerank``), :mod:`~geograph.serve.auth` (the API key), :mod:`~geograph.serve.prometheus`
 (``/metrics``), :mod:`~geograph.serve.middleware` (deadline, JSON-only, 422 bodies),
-:mod:`~geograph.serve.pool` (workers and threads for ``auto``), :mod:`~geograph.serve.lifecycle`
+:mod:`~geograph.serve.pool` (workers and threads for ``auto``), :mod:`~geograph.serve.reload`
+(``POST /admin/reload``), :mod:`~geograph.serve.lifecycle`
 (signals, worker monitor, stop), :mod:`~geograph.serve.server` (build, run),
 :mod:`~geograph.serve._litserve` (every override and use of LitServe's internals),
 :mod:`~geograph.serve.cli` (the command).

@@ -18,7 +18,8 @@ Overrides (each says the upstream behaviour it changes and why):
 * ``LitServer._perform_graceful_shutdown``: the logger processes stop before the manager, drained
   API servers are left out, the inference workers stop together;
 * ``RegularRequestHandler._submit_request`` and ``handle_request``: a request's entry leaves the
-  response table whatever happens to the request (:class:`ForgetfulHandler`);
+  response table whatever happens to the request, and a worker's :class:`VersionConflict` answer
+  becomes that request's 409 (:class:`ForgetfulHandler`);
 * ``BatchedLoop.get_batch_requests``: a batch collected by blocking waits, bounded by its texts
   (:class:`WaitingBatchedLoop`).
 
@@ -51,6 +52,12 @@ TESTED_RANGE = ">=0.2.19,<0.3"
 
 #: seconds an idle worker's blocking wait for the next request lasts before it looks again
 IDLE_WAIT = 0.5
+
+
+class VersionConflict(str):
+    """A worker's answer to a request the served corpus version cannot take (checked against the
+    limits of the version before a reload): :class:`ForgetfulHandler` turns it into a 409 with this
+    line (LitServe answers a batch's error to every request of the batch; this marker is one request's)."""
 
 
 def logging_enabled(api) -> bool:
@@ -119,7 +126,12 @@ if ls is not None:
             # also when the request is cancelled or fails
             token = _uid_var.set(None)
             try:
-                return await super().handle_request(request, request_type)
+                response = await super().handle_request(request, request_type)
+                if isinstance(response, VersionConflict):  # one request of the batch: its own 409
+                    from fastapi import HTTPException
+
+                    raise HTTPException(status_code=409, detail=str(response))
+                return response
             finally:
                 uid = _uid_var.get()
                 if uid is not None:

@@ -17,12 +17,20 @@ corpus retrievers (ISO, G3), which take one ``k`` per call, the batch runs with 
 
 Results are read back with one device-to-host transfer per endpoint and batch: everything a
 response needs is packed into one tensor first.
+
+Versions: a worker answers from one :class:`Served` (the corpus's ids and vectors, the module, the
+dense index), read once per batch; ``POST /admin/reload`` (:mod:`geograph.serve.reload`) has each
+worker build the next one in a thread and swap the reference between batches. Every answer
+carries the ``version`` that computed it.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
 from typing import Any
 
-from geograph.serve._litserve import logging_enabled
-from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model
+from geograph.serve._litserve import VersionConflict, logging_enabled
+from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model, k_bounds
 from geograph.serve.schema import RerankRequest, RerankResponse, RetrieveRequest, RetrieveResponse
 
 try:
@@ -37,6 +45,48 @@ except ImportError:  # pragma: no cover - exercised only without the serve extra
 API_PATH = "/infer"
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a worker answers from, swapped as a whole by a reload: the corpus's ids and embeddings,
+    the module, the dense index of the rerankers, the bounds on ``k``, and the version's number
+    (``corpus_version``: the saved graph's, ``None`` without a graph)."""
+
+    version: int
+    ids: list
+    index: dict
+    corpus: Any
+    model: Any
+    dense: Any
+    k_min: int
+    k_max: int | None
+    k_max_reason: str
+    corpus_version: int | None
+
+    def with_version(self, version: int) -> Served:
+        return replace(self, version=version)
+
+    def limits(self):
+        """The request limits of this version (:class:`geograph.serve.reload.Limits`)."""
+        from geograph.serve.reload import Limits
+
+        return Limits(list(self.ids), self.k_min, self.k_max, self.k_max_reason, self.corpus_version)
+
+    def conflict(self, r, method: str) -> str | None:
+        """Why this version cannot answer ``r`` (a request checked against another version's
+        limits), naming the field; ``None`` when it can (always, without a reload)."""
+        if isinstance(r, RerankRequest):
+            unknown = [x for x in r.candidate_ids or () if x not in self.index]
+            return f"candidate_ids: unknown ids {unknown[:5]}" if unknown else None
+        if not isinstance(r, RetrieveRequest):
+            return None
+        if method in RERANKERS:
+            pool = r.pool()
+            return f"candidates: {pool} exceeds the corpus size {len(self.ids)}" if pool > len(self.ids) else None
+        if r.k < self.k_min or (self.k_max is not None and r.k > self.k_max):
+            return f"k: {r.k} is outside [{self.k_min}, {self.k_max}] ({self.k_max_reason or method})"
+        return None
+
+
 class GeoAPI(ls.LitAPI if ls is not None else object):
     """Every endpoint of one method (``/retrieve``, and ``/rerank`` for the rerankers) in one
     LitServe API: one request queue, one pool of workers; a batch may mix the endpoints.
@@ -44,7 +94,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
     ``setup`` (in the worker process) embeds the corpus through the on-disk cache, builds
     the module (or loads its artefacts) and the text encoder, and for Ricci-Filtration compiles
     the numba kernels (:func:`geograph.functional.warmup`), all before LitServe marks the worker
-    ready (``/health`` says ``ok`` only then); ``predict`` answers a batch.
+    ready (``/health`` says ``ok`` only then); ``predict`` answers a batch. ``load`` builds what a
+    version serves (at start and on each reload).
 
     Args:
         settings: the server configuration as a dict (see :class:`geograph.serve.config.ServeConfig`).
@@ -73,8 +124,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
     def setup(self, device) -> None:
         import torch
 
-        from geograph.retrievers import DenseRetriever
-        from geograph.serve.corpus import TextEncoder, read_corpus
+        from geograph.serve.corpus import TextEncoder
         from geograph.serve.lifecycle import worker_signals
 
         worker_signals()
@@ -82,8 +132,6 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.device = torch.device(device)
         if self.device.type == "cpu" and s.get("worker_threads"):
             torch.set_num_threads(int(s["worker_threads"]))  # no more threads than cores (pool.worker_threads)
-        self.dataset = read_corpus(s["corpus"])
-        self.index = {d: i for i, d in enumerate(self.dataset.doc_ids)}
         self.encoder = TextEncoder(
             s["encoder"],
             query_prefix=s["query_prefix"],
@@ -92,23 +140,53 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             memory=s["text_cache_size"],
             max_chars=s.get("max_text_chars"),
         )
-        self.corpus = self.encoder.corpus(self.dataset.passages()).to(self.device)
+        self.served = self.load(version=0)
         self.encoder.warm()  # the worker reports ready only once it can encode a request text
-        self.model = build_model(
+        if self.method in KERNEL_METHODS:
+            self._warm_kernels()
+        channel = getattr(self, "reload_channel", None)
+        if channel is not None:  # POST /admin/reload (geograph.serve.reload): swapped by its thread
+            from geograph.serve.reload import follow_reloads, worker_index
+
+            follow_reloads(self, channel, worker_index())
+
+    def load(self, version: int) -> Served:
+        """The corpus, module and dense index read from the configured paths, as :class:`Served`
+        ``version`` (at start and on every reload: the corpus embedded through the on-disk cache,
+        the artefacts checked against it and the encoder)."""
+        from geograph.retrievers import DenseRetriever
+        from geograph.serve.corpus import read_corpus
+
+        s = self.settings
+        dataset = read_corpus(s["corpus"])
+        corpus = self.encoder.corpus(dataset.passages()).to(self.device)
+        n = len(dataset.doc_ids)
+        if self.method in RERANKERS and s.get("candidates", 0) > n:
+            raise ValueError(f"candidates: {s['candidates']} exceeds the corpus size {n}")
+        model = build_model(
             self.method,
-            self.corpus,
+            corpus,
             s["params"],
             graph=s["graph"],
             projection=s["projection"],
-            ids=self.dataset.doc_ids,
+            ids=dataset.doc_ids,
             encoder=self.encoder.identity,
         )
         if s["graph"] is not None:  # the saved graph, checked to be this corpus, is memory-mapped: its
-            self.corpus = self.model.graph.embeddings  # embeddings are shared by the workers, not copied
-        self.dense = DenseRetriever(self.corpus) if self.method in RERANKERS else None
-        self.ids = list(self.dataset.doc_ids)
-        if self.method in KERNEL_METHODS:
-            self._warm_kernels()
+            corpus = model.graph.embeddings  # embeddings are shared by the workers, not copied
+        k_min, k_max, why = k_bounds(self.method, model, n)
+        return Served(
+            version=version,
+            ids=list(dataset.doc_ids),
+            index={d: i for i, d in enumerate(dataset.doc_ids)},
+            corpus=corpus,
+            model=model,
+            dense=DenseRetriever(corpus) if self.method in RERANKERS else None,
+            k_min=k_min,
+            k_max=k_max,
+            k_max_reason=why,
+            corpus_version=None if s["graph"] is None else int(getattr(model.graph, "corpus_version", 0)),
+        )
 
     def _warm_kernels(self) -> None:
         """Compile (or load from the cache) the numba kernels before the worker reports ready,
@@ -142,48 +220,58 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
 
     def predict(self, reqs):
         """Answers to a batch of validated requests, in order: the ``/retrieve`` ones in one module
-        call, the ``/rerank`` ones in another (each answer says its own part's ``batch_size``)."""
+        call, the ``/rerank`` ones in another (each answer says its own part's ``batch_size`` and
+        the ``version`` that computed it).
+
+        The served state is read once, here: a reload swaps it between batches, never within one
+        (:mod:`geograph.serve.reload`). A request that the served version cannot take (checked
+        against an older corpus) is answered with a :class:`VersionConflict` marker (a 409)."""
         import torch
 
+        served = self.served
         out: list = [None] * len(reqs)
-        parts = {
-            "retrieve": [i for i, r in enumerate(reqs) if not isinstance(r, RerankRequest)],
-            "rerank": [i for i, r in enumerate(reqs) if isinstance(r, RerankRequest)],
-        }
+        parts: dict[str, list[int]] = {"retrieve": [], "rerank": []}
+        for i, r in enumerate(reqs):
+            problem = served.conflict(r, self.method)
+            if problem is not None:
+                out[i] = VersionConflict(f"{problem} (in corpus version {served.version}: the corpus was reloaded)")
+            else:
+                parts["rerank" if isinstance(r, RerankRequest) else "retrieve"].append(i)
         with torch.inference_mode():
             for endpoint, rows in parts.items():
                 if not rows:
                     continue
                 run = self._retrieve if endpoint == "retrieve" else self._rerank
-                for i, answer in zip(rows, run([reqs[i] for i in rows])):
+                for i, answer in zip(rows, run(served, [reqs[i] for i in rows])):
+                    answer["version"] = served.version
                     out[i] = answer
                 if logging_enabled(self):
                     self.log("batch", (endpoint, len(rows)))
         return out
 
     # ---------------------------------------------------------------------------------------
-    def _queries(self, reqs):
+    def _queries(self, served, reqs):
         import torch
 
         texts = [r.query for r in reqs if r.query is not None]
         enc = iter(self.encoder.queries(texts)) if texts else iter(())
         rows = [torch.tensor(r.query_embedding, dtype=torch.float32) if r.query is None else next(enc) for r in reqs]
-        return torch.stack(rows).to(self.device, self.corpus.dtype)
+        return torch.stack(rows).to(self.device, served.corpus.dtype)
 
-    def _retrieve(self, reqs):
+    def _retrieve(self, served, reqs):
         import torch
 
-        q = self._queries(reqs)
+        q = self._queries(served, reqs)
         b = len(reqs)
         if self.method not in RERANKERS:
             k = max(r.k for r in reqs)
-            out = self.model(q, k)
+            out = served.model(q, k)
             packed = (
                 torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu().numpy()
             )  # one transfer
             return [
                 {
-                    "ids": [self.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
+                    "ids": [served.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
                     "scores": packed[1, i, : r.k].tolist(),
                     "dropped": [],
                     "batch_size": b,
@@ -192,11 +280,11 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             ]
         pools = torch.tensor([r.pool() for r in reqs], device=self.device)
         width = max(r.pool() for r in reqs)
-        top = self.dense(q, width).indices  # (B, width); a row's first c entries are its own top-c
+        top = served.dense(q, width).indices  # (B, width); a row's first c entries are its own top-c
         mask = torch.arange(width, device=self.device) < pools.unsqueeze(1)
-        res = self.model(q, self.corpus[top], mask)
+        res = served.model(q, served.corpus[top], mask)
         cols = self._pack(res, mask, top)
-        return [self._answer_retrieve(cols, i, r, b) for i, r in enumerate(reqs)]
+        return [self._answer_retrieve(served, cols, i, r, b) for i, r in enumerate(reqs)]
 
     def _pack(self, res, mask, ids=None):
         """``(6, B, N)`` float64 on the host: order, sorted scores, sorted keep, keep, mask, sorted ids."""
@@ -213,23 +301,23 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         ]
         return torch.stack([p.to(torch.float64) for p in parts]).cpu().numpy()  # one transfer
 
-    def _answer_retrieve(self, cols, i, r, b):
+    def _answer_retrieve(self, served, cols, i, r, b):
         order, scores, kept_sorted, keep, mask, ids = (c[i] for c in cols)
         n = int(mask.sum())
         sel = kept_sorted[:n] > 0
         kept_ids, kept_scores = ids[:n][sel][: r.k], scores[:n][sel][: r.k]
-        dropped = [self.ids[int(j)] for j, kp in zip(ids[:n], kept_sorted[:n]) if not kp]
+        dropped = [served.ids[int(j)] for j, kp in zip(ids[:n], kept_sorted[:n]) if not kp]
         return {
-            "ids": [self.ids[int(j)] for j in kept_ids],
+            "ids": [served.ids[int(j)] for j in kept_ids],
             "scores": kept_scores.tolist(),
-            "dropped": sorted(dropped, key=self.index.__getitem__),
+            "dropped": sorted(dropped, key=served.index.__getitem__),
             "batch_size": b,
         }
 
-    def _rerank(self, reqs):
+    def _rerank(self, served, reqs):
         import torch
 
-        q = self._queries(reqs)
+        q = self._queries(served, reqs)
         sizes = [r.size() for r in reqs]
         b, n = len(reqs), max(sizes)
         blocks: list[torch.Tensor | None] = [None] * b
@@ -243,8 +331,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
                 blocks[i] = part
         id_rows = [i for i, r in enumerate(reqs) if r.candidate_ids is not None]
         if id_rows:
-            idx = torch.tensor([self.index[x] for i in id_rows for x in reqs[i].candidate_ids], device=self.device)
-            for i, part in zip(id_rows, self.corpus[idx].split([sizes[i] for i in id_rows])):
+            idx = torch.tensor([served.index[x] for i in id_rows for x in reqs[i].candidate_ids], device=self.device)
+            for i, part in zip(id_rows, served.corpus[idx].split([sizes[i] for i in id_rows])):
                 blocks[i] = part
         for i, r in enumerate(reqs):
             if r.candidate_embeddings is not None:
@@ -257,7 +345,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         docs = torch.zeros(b, n, q.shape[1], dtype=q.dtype, device=self.device)
         docs[rows, cols_] = torch.cat(blocks)
         mask = torch.arange(n, device=self.device) < counts.unsqueeze(1)
-        res = self.model(q, docs, mask)
+        res = served.model(q, docs, mask)
         cols = self._pack(res, mask)
         out = []
         for i, r in enumerate(reqs):

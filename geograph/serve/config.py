@@ -93,6 +93,11 @@ class ServeConfig(BaseModel):
     )
     api_servers: int = Field(1, ge=1)
     shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
+    reload_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="seconds POST /admin/reload waits for every worker to load the saved version, then 503",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
     api_key: SecretStr | None = Field(
         None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)"
@@ -209,6 +214,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
     p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
+    p.add_argument(
+        "--reload-timeout", type=float, help="seconds POST /admin/reload waits for the workers to load, then 503 (300)"
+    )
     p.add_argument("--log-level", help="warning")
     p.add_argument(
         "--api-key",

@@ -38,7 +38,8 @@ RERANKERS = registry.RERANKERS
 
 
 def set_limits(**limits: Any) -> None:
-    """Replace :data:`LIMITS` (called once at start, before the API servers fork)."""
+    """Replace :data:`LIMITS` (called once at start, before the API servers fork; a reload replaces
+    the corpus's entries: :mod:`geograph.serve.reload`)."""
     LIMITS.clear()
     LIMITS.update(limits)
 
@@ -183,6 +184,7 @@ class RetrieveResponse(BaseModel):
     scores: list[float] = Field(description="the method's score of each id")
     dropped: list[str] = Field(description="Ricci-Filtration: pool ids it dropped, in corpus order")
     batch_size: int = Field(description="requests of this endpoint in the module call that answered")
+    version: int = Field(description="the served corpus version that computed it: 0 at start, one more each reload")
 
 
 class RerankResponse(BaseModel):
@@ -192,6 +194,7 @@ class RerankResponse(BaseModel):
     scores: list[float] = Field(description="the method's score of each position in order")
     dropped: list[int] = Field(description="Ricci-Filtration: positions it dropped")
     batch_size: int = Field(description="requests of this endpoint in the module call that answered")
+    version: int = Field(description="the served corpus version that computed it: 0 at start, one more each reload")
 
 
 def request_candidates(body) -> int:

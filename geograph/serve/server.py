@@ -107,6 +107,12 @@ def build_server(cfg: ServeConfig):
     if key is not None:
         middlewares.append((APIKeyMiddleware, {"key": key, "public": cfg.public}))
     middlewares.append((RequestMetricsMiddleware, {"apis": apis, "stopping": stopping_flag()}))
+    channel = None
+    if key is not None:  # POST /admin/reload only behind the key (geograph.serve.reload)
+        from geograph.serve.reload import LimitsMiddleware, ReloadChannel
+
+        channel = ReloadChannel(tempfile.mkdtemp(prefix="geograph-reload-"))
+        middlewares.append((LimitsMiddleware, {"channel": channel}))
     server = GeoLitServer(
         apis,
         accelerator=cfg.accelerator,
@@ -118,6 +124,14 @@ def build_server(cfg: ServeConfig):
         middlewares=middlewares,
     )
     server.app.add_exception_handler(RequestValidationError, validation_error)
+    if channel is not None:
+        from geograph.serve._litserve import worker_status_keys
+        from geograph.serve.reload import add_reload_route
+
+        channel.set_workers(len(worker_status_keys(server)))  # one slot a worker
+        apis[0].reload_channel = channel  # pickled with the API into every worker
+        add_reload_route(server.app, channel, settings, cfg.reload_timeout)
+        server.reload_directory = channel.directory
     add_metrics_route(server.app)
     if cfg.method in RERANKERS:
         add_routes(server.app, method=cfg.method, bounds=bounds)
@@ -180,6 +194,9 @@ def run(cfg: ServeConfig) -> int:
             for s in previous:
                 signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the clean-up short
             stop_children(cfg.shutdown_timeout)
+            reload_dir = getattr(STATE.get("server"), "reload_directory", None)
+            if reload_dir is not None:
+                shutil.rmtree(reload_dir, ignore_errors=True)
             if own_dir is not None:
                 shutil.rmtree(own_dir, ignore_errors=True)
             for s, h in previous.items():

@@ -1,0 +1,205 @@
+"""geograph update: apply a changed BEIR folder to a saved graph (added, removed and edited passages)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from geograph.console import UsageError, add_encoder_options, encoder_options, make_parser
+
+DESCRIPTION = """\
+Apply the passages of a changed BEIR-format folder (only corpus.jsonl is read) to a graph saved
+by geograph build-graph (a k-NN CorpusGraph or a G3Graph), in place of a rebuild.
+
+The saved graph lists each passage's id and the hash of the text it embedded (passages.jsonl).
+A passage whose id is new is added; one whose id is gone is removed; one whose text
+(title + " " + text, the passage prefix included) hashes differently is edited: removed, then
+added with its new text. Only the added and edited passages are embedded, with --encoder and
+--passage-prefix (which must be the graph's: another encoder is refused) through the embedding
+cache (--cache), as build-graph embeds. The updated graph is put in the passages' order in
+corpus.jsonl, so it is the graph build-graph gives on the changed folder (k-NN: the same
+edges; G3: the same edges, values within float rounding), and geograph serve --corpus DIR
+--graph OUT accepts it. Its manifest's corpus version is one more for each removal and addition
+applied (an edit counts both).
+
+The result is written to a new folder beside --out (default: --graph itself), which is then
+swapped into place (one atomic step on Linux): an update interrupted at any point leaves the
+graph it started from. Nothing to apply prints "no change" and writes nothing."""
+
+
+def build_parser():
+    p = make_parser("geograph update", DESCRIPTION)
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="PATH",
+        help="the changed corpus: a folder with corpus.jsonl (BEIR layout) or a JSONL file of passages",
+    )
+    p.add_argument("--graph", required=True, metavar="DIR", help="the graph saved by geograph build-graph")
+    p.add_argument("--out", metavar="DIR", help="folder to write the updated graph to (default: --graph)")
+    p.add_argument(
+        "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
+    )
+    add_encoder_options(p)
+    return p
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a changed corpus does to a saved one: ids removed, edited and added (in file order)."""
+
+    removed: list[str]
+    edited: list[str]
+    added: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.removed or self.edited or self.added)
+
+    def describe(self) -> str:
+        return f"{len(self.added)} added, {len(self.removed)} removed, {len(self.edited)} edited"
+
+
+def diff(old_ids: Sequence[str], old_keys: Sequence[str], new_ids: Sequence[str], new_keys: Sequence[str]) -> Change:
+    """The :class:`Change` from the saved passages to the new ones (ids with their text keys).
+
+    Example:
+        >>> diff(["a", "b", "c"], ["1", "2", "3"], ["c", "a", "d"], ["3", "9", "4"])
+        Change(removed=['b'], edited=['a'], added=['d'])
+    """
+    old = dict(zip(old_ids, old_keys))
+    new = set(new_ids)
+    return Change(
+        removed=[i for i in old_ids if i not in new],
+        edited=[i for i, k in zip(new_ids, new_keys) if i in old and old[i] != k],
+        added=[i for i in new_ids if i not in old],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from geograph.artefact import ArtefactMismatch
+    from geograph.commands.build_graph import passage_keys
+    from geograph.data import BEIRError, Encoder, load_corpus
+    from geograph.graphs.artefact import read_passages, saved_kind
+
+    out = Path(args.out if args.out is not None else args.graph)
+    try:
+        if not Path(args.data).exists():
+            raise UsageError(f"--data: {args.data}: no such folder or file")
+        try:
+            dataset = load_corpus(args.data)
+        except BEIRError as e:
+            raise UsageError(f"--data: {e}") from None
+        seen: set = set()
+        for i in dataset.doc_ids:
+            if i in seen:
+                raise UsageError(f"--data: passage id {i!r} appears twice in {args.data}")
+            seen.add(i)
+        if not Path(args.graph).is_dir():
+            raise UsageError(f"--graph: {args.graph}: no such folder")
+        kind = saved_kind(args.graph)
+        if kind not in ("CorpusGraph", "G3Graph"):
+            what = "holds no readable manifest.json" if kind is None else f"is a saved {kind}"
+            raise UsageError(f"--graph: {args.graph} {what}, not a graph saved by geograph build-graph")
+        try:
+            old_ids, old_keys = read_passages(args.graph)
+        except ValueError as e:
+            raise UsageError(f"--graph: {e}") from None
+        if any(k is None for k in old_keys):
+            raise UsageError(
+                f"--graph: {args.graph} was saved without its passages' text keys (save_pretrained(..., "
+                "text_keys=...)), so edits cannot be told; build it again with geograph build-graph"
+            )
+        if out.is_file():
+            raise UsageError(f"--out: {out} is a file; give a folder to write the graph into")
+        if out.is_dir() and saved_kind(out) is None and any(out.iterdir()):  # replaced whole: only a graph
+            raise UsageError(f"--out: {out} is a folder that holds no saved graph; give a new folder or a graph")
+        options = encoder_options(args)
+    except UsageError as e:
+        return e.exit(parser.prog)
+
+    from geograph.graphs import CorpusGraph, G3Graph
+
+    encoder = Encoder(cache=args.cache, progress=True, **options)
+    try:
+        graph = (CorpusGraph if kind == "CorpusGraph" else G3Graph).from_pretrained(args.graph, encoder=encoder)
+    except ArtefactMismatch as e:  # another encoder, prefixes or format
+        return UsageError(f"--encoder: {e}").exit(parser.prog)
+    except ValueError as e:
+        return UsageError(f"--graph: {e}").exit(parser.prog)
+    texts = [encoder.passage_prefix + p for p in dataset.passages()]  # as build-graph embeds them
+    keys = passage_keys(encoder, dataset)
+    change = diff(old_ids, old_keys, dataset.doc_ids, keys)
+    if not change:
+        print(f"no change: {args.graph} is the corpus of {args.data} (corpus version {graph.corpus_version})")
+        return 0
+    if (change.added or change.edited) and not (kind == "G3Graph" or graph.name.startswith("knn")):
+        return UsageError(
+            f"--graph: {args.graph} is a {graph.name!r} graph, which cannot take new or edited passages; "
+            "build it again with geograph build-graph"
+        ).exit(parser.prog)
+    t0 = time.perf_counter()
+    try:
+        graph = apply(graph, old_ids, dataset.doc_ids, texts, change, encoder)
+    except ValueError as e:  # a graph that cannot take the change (a mentions graph, too few passages left)
+        return UsageError(f"--graph: {args.graph}: {e}").exit(parser.prog)
+    except KeyboardInterrupt:
+        print(f"interrupted: nothing was written; {out} is unchanged", file=sys.stderr)
+        return 130
+    seconds = time.perf_counter() - t0
+    try:
+        write(graph, out, encoder=encoder, ids=dataset.doc_ids, text_keys=keys)
+    except KeyboardInterrupt:
+        print(f"interrupted: {out} is unchanged", file=sys.stderr)
+        return 130
+    print(
+        f"{change.describe()} in {seconds:.1f} s: {graph} -> {out} (corpus version {graph.corpus_version})",
+    )
+    return 0
+
+
+def apply(graph, old_ids: Sequence[str], new_ids: Sequence[str], texts: Sequence[str], change: Change, encoder):
+    """``graph`` (over ``old_ids``) updated to ``new_ids`` in their order: the removed and edited
+    passages removed, the added and edited ones embedded (``texts``: every new passage's embedded
+    text) and added, then the rows put in the order of ``new_ids``."""
+    import torch
+
+    from geograph.graphs.updates import reorder
+
+    graph.set_ids(list(old_ids))
+    gone = change.removed + change.edited
+    if gone:
+        graph.remove(gone)
+    fresh = set(change.added) | set(change.edited)
+    todo = [(i, t) for i, t in zip(new_ids, texts) if i in fresh]  # in file order
+    if todo:
+        emb = encoder.encode([t for _, t in todo]).to(graph.embeddings.device, graph.embeddings.dtype)
+        graph.add(emb, [i for i, _ in todo])
+    row = {i: r for r, i in enumerate(graph.passage_ids.ids)}
+    reorder(graph, torch.tensor([row[i] for i in new_ids], dtype=torch.long))
+    return graph
+
+
+def write(graph, out: Path, **save) -> None:
+    """Save ``graph`` into a new folder beside ``out``, then put it in ``out``'s place
+    (:func:`geograph._io.replace_directory`); the new folder is removed on any failure."""
+    from geograph._io import replace_directory
+
+    out = out.resolve()  # a symlinked graph: the folder it points to is replaced, the link stays
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.update-{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        graph.save_pretrained(tmp, **save)
+        replace_directory(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+        raise

