@@ -409,7 +409,8 @@ def test_tei_answer_shape_and_the_native_dialect_on_one_path(server, tei_case):
     plain = post_rerank(server, {"query": tei_case["query"], "texts": tei_case["docs"]}).json()
     assert all(set(x) == {"index", "score"} for x in plain)
     native = post_rerank(server, {"query": tei_case["query"], "candidates": tei_case["docs"]}).json()
-    assert native["order"] == tei_case["order"] and set(native) == {"order", "scores", "dropped", "batch_size", "version"}
+    assert native["order"] == tei_case["order"]
+    assert set(native) == {"order", "scores", "dropped", "batch_size", "version"}
     assert sorted(native["dropped"] + native["order"]) == list(range(len(tei_case["docs"])))
     for bad, fragment in (
         ({"query": tei_case["query"], "texts": []}, "texts"),
