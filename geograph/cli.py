@@ -19,7 +19,7 @@ commands:
   update       apply a changed BEIR folder (added, removed, edited passages) to a saved graph, in place
   embed        embed a BEIR folder or JSONL file into the embedding cache (--ray: a Ray Data actor pool)
   serve        HTTP rerank/retrieve server on LitServe:
-               geograph serve --method {maniscope,ricci,iso,g3} --corpus DIR [--config serve.yaml]
+               geograph serve --method {maniscope,ricci,iso,g3,dense} --corpus DIR [--config serve.yaml]
 
 run 'geograph <command> --help' for the options of a command."""
 

@@ -133,6 +133,26 @@ def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
         assert "Traceback" not in r.stderr and len(lines) == 1 and fragment in lines[0], r.stderr[-2000:]
 
 
+def test_served_corpus_is_its_passages_whatever_the_judgements_say(tmp_path):
+    """A corpus updated by ``geograph update`` may lose a passage that qrels still judge: the server,
+    which reads no judgements, takes it; an id given twice is one line naming it."""
+    import json
+
+    from geograph.serve.corpus import read_corpus
+
+    (tmp_path / "qrels").mkdir()
+    rows = [{"_id": "a", "title": "", "text": "one"}, {"_id": "b", "title": "T", "text": "two"}]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "one?"}) + "\n")
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq\tgone\t1\n")
+    data = read_corpus(tmp_path)
+    assert data.doc_ids == ["a", "b"] and data.passages() == ["one", "T two"]
+    rows.append({"_id": "a", "text": "again"})
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="holds the id 'a' twice"):
+        read_corpus(tmp_path)
+
+
 def test_memory_cache_is_bounded_lru():
     c = MemoryCache(2)
     v = np.arange(6, dtype=np.float32).reshape(3, 2)

@@ -165,6 +165,7 @@ def test_update_errors_are_one_line_naming_the_argument(tmp_path, corpora, capsy
     cases = [
         (["--data", str(tmp_path / "nowhere"), "--graph", str(prefixed)], "--data", "no such folder"),
         (["--data", corpora["new"], "--graph", str(tmp_path / "nowhere")], "--graph", "no such folder"),
+        (["--data", corpora["new"], "--graph", str(prefixed / "manifest.json")], "--graph", "is a file, not a graph's"),
         (["--data", corpora["new"], "--graph", corpora["old"]], "--graph", "not a graph saved by"),
         (["--data", corpora["new"], "--graph", str(bare)], "--graph", "holds no passages.jsonl"),
         (["--data", corpora["new"], "--graph", str(keyless)], "--graph", "without its passages' text keys"),

@@ -104,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--data: passage id {i!r} appears twice in {args.data}")
             seen.add(i)
         if not Path(args.graph).is_dir():
-            raise UsageError(f"--graph: {args.graph}: no such folder")
+            what = "is a file, not a graph's folder" if Path(args.graph).exists() else "no such folder"
+            raise UsageError(f"--graph: {args.graph}: {what}")
         kind = saved_kind(args.graph)
         if kind not in ("CorpusGraph", "G3Graph"):
             what = "holds no readable manifest.json" if kind is None else f"is a saved {kind}"
@@ -139,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = passage_keys(encoder, dataset)
     change = diff(old_ids, old_keys, dataset.doc_ids, keys)
     if not change:
-        print(f"no change: {args.graph} is the corpus of {args.data} (corpus version {graph.corpus_version})")
+        version = graph.corpus_version
+        print(f"no change: {args.graph} already holds the passages of {args.data} (corpus version {version})")
         return 0
     if (change.added or change.edited) and not (kind == "G3Graph" or graph.name.startswith("knn")):
         return UsageError(

@@ -29,19 +29,25 @@ from pathlib import Path
 
 
 def read_corpus(corpus_dir: str | Path):
-    """The :class:`~geograph.data.Dataset` of a BEIR folder (passages only when it has no qrels).
+    """The passages of a BEIR folder (its ``corpus.jsonl``) as a :class:`~geograph.data.Dataset`.
+
+    Queries and judgements are not read: serving does not use them, and a corpus changed by
+    ``geograph update`` may have removed a passage that ``qrels/`` still judges.
 
     Raises:
-        ValueError: ``corpus_dir`` has no ``corpus.jsonl``.
+        ValueError: ``corpus_dir`` has no ``corpus.jsonl``, or an id appears twice in it.
     """
-    from geograph.data import load_beir, load_corpus
+    from geograph.data import load_corpus
 
     corpus_dir = Path(corpus_dir)
     if not (corpus_dir / "corpus.jsonl").is_file():
         raise ValueError(f"corpus: {corpus_dir} is not a BEIR-format folder (no corpus.jsonl)")
-    if (corpus_dir / "qrels" / "test.tsv").is_file():
-        return load_beir(corpus_dir, "test")
-    return load_corpus(corpus_dir)
+    data = load_corpus(corpus_dir)
+    if len(set(data.doc_ids)) != len(data.doc_ids):
+        seen: set[str] = set()
+        twice = next(x for x in data.doc_ids if x in seen or seen.add(x))
+        raise ValueError(f"corpus: {corpus_dir}/corpus.jsonl holds the id {twice!r} twice")
+    return data
 
 
 #: request texts are padded to their token count (special tokens included) rounded up to a
