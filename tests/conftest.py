@@ -49,6 +49,22 @@ def pytest_make_collect_report(collector):
     _fail_missing_under_ci(outcome.get_result())
 
 
+@pytest.fixture(autouse=True)
+def _thread_count_restored():
+    """Fail a test that leaves this thread's torch (OpenMP) thread count changed, and restore it.
+
+    The count belongs to the calling thread: threads started later keep the process default, so a
+    leaked count makes a later test's threads compute with another split than its main thread
+    (``tests/test_threads.py`` then sees answers one ulp apart).
+    """
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if after != before:
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch's thread count at {after} (it was {before})", pytrace=False)
+
+
 @pytest.fixture(params=devices())
 def device(request):
     return torch.device(request.param)

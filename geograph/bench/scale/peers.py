@@ -12,9 +12,10 @@ builders: geograph's IVF self-join (:func:`~geograph.functional.knn_build.self_t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -86,10 +87,31 @@ def _faiss_search(index, x: np.ndarray, k: int, set_param: Callable[[], None], s
     return seconds
 
 
-def _faiss_hnsw(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+@contextlib.contextmanager
+def _faiss_threads(threads: int) -> Iterator[None]:
+    """faiss with ``threads`` OpenMP threads, the caller's count restored after.
+
+    OpenMP's thread count belongs to the calling thread and is shared with torch: left set, it
+    would change every later torch call of that thread when a builder runs in the caller's process.
+    """
     import faiss
 
+    before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(threads)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _faiss_hnsw(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+    with _faiss_threads(threads):
+        return _faiss_hnsw_run(x, k, build, searches, save)
+
+
+def _faiss_hnsw_run(x: np.ndarray, k: int, build: dict, searches: list[dict], save) -> list[dict]:
+    import faiss
+
     t0 = time.perf_counter()
     index = faiss.IndexHNSWFlat(x.shape[1], build["M"], faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = build["efConstruction"]
@@ -103,9 +125,13 @@ def _faiss_hnsw(x: np.ndarray, k: int, build: dict, searches: list[dict], thread
 
 
 def _faiss_ivf(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+    with _faiss_threads(threads):
+        return _faiss_ivf_run(x, k, build, searches, save)
+
+
+def _faiss_ivf_run(x: np.ndarray, k: int, build: dict, searches: list[dict], save) -> list[dict]:
     import faiss
 
-    faiss.omp_set_num_threads(threads)
     t0 = time.perf_counter()
     nlist = build.get("nlist") or default_peer_nlist(len(x))
     quantizer = faiss.IndexFlatIP(x.shape[1])
