@@ -327,3 +327,27 @@ def test_parallel_entry_points_release_the_gil():
     t.join()
     inside = [s for s in stamps if span[0] < s < span[1]]
     assert len(inside) > 10, f"{len(inside)} Python steps ran during a {span[1] - span[0]:.3f} s solve"
+
+
+THREADS_KEPT = """
+import torch
+torch.set_num_threads(1)
+from geograph import RicciFiltration
+from geograph.functional._numba import warmup
+q, docs = torch.randn(2, 8, dtype=torch.float64), torch.randn(2, 6, 8, dtype=torch.float64)
+RicciFiltration(solver="exact")(q, docs)
+after_call = torch.get_num_threads()
+info = warmup()
+print(after_call, torch.get_num_threads(), info["threads"])
+"""
+
+
+def test_starting_numbas_threads_keeps_torchs_thread_count():
+    """numba's OpenMP layer, started once per process, sets the caller's OpenMP count (which torch
+    shares) to all cores: a worker that asked torch for one thread keeps one (a fresh process, as
+    the layer starts only once)."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", THREADS_KEPT], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    after_call, after_warmup, numba_threads = map(int, out.stdout.split())
+    assert (after_call, after_warmup, numba_threads) == (1, 1, 2)

@@ -293,6 +293,34 @@ def jit(**flags: Unpack[_JITOptions]) -> Callable[[_F], Dispatcher[_F]]:
     return decorate
 
 
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Keep the calling thread's torch (OpenMP) thread count across a numba call.
+
+    numba's OpenMP threading layer, started by a process's first parallel kernel or first
+    ``numba.get_num_threads()``, sets the starting thread's OpenMP count to numba's own
+    (``NUMBA_NUM_THREADS``, all cores); torch shares that count, so a server worker limited to one
+    thread would run torch on every core after its first exact Ricci call. numba passes its count
+    to each parallel region itself: restoring the caller's does not change the kernels.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def numba_threads() -> int:
+    """``numba.get_num_threads()``, which starts numba's threading layer, keeping torch's count."""
+    import numba
+
+    with _torch_threads_kept():
+        return int(numba.get_num_threads())
+
+
 def locked(kernel: Dispatcher[Callable[_P, _R]]) -> LockedKernel[_P, _R]:
     """A Python entry point that runs the compiled ``kernel`` under :data:`KERNEL_LOCK`.
 
@@ -304,7 +332,7 @@ def locked(kernel: Dispatcher[Callable[_P, _R]]) -> LockedKernel[_P, _R]:
 
     @functools.wraps(kernel.py_func)
     def call(*args: Any) -> _R:
-        with KERNEL_LOCK:
+        with KERNEL_LOCK, _torch_threads_kept():
             return run(*args)
 
     entry = cast("LockedKernel[_P, _R]", call)
@@ -347,6 +375,6 @@ def warmup() -> dict[str, object]:
     return {
         "seconds": time.perf_counter() - t0,
         "threading_layer": numba.threading_layer(),  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        "threads": numba.get_num_threads(),
+        "threads": numba_threads(),
         **cache_info(),
     }

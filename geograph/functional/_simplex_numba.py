@@ -134,7 +134,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-from geograph.functional._numba import jit, locked
+from geograph.functional._numba import jit, locked, numba_threads
 from geograph.functional._simplex_stats import N_STATS, STAT_PIVOTS, STAT_PROBLEMS, SimplexStats
 
 # a problem's status: solved, or still open after the Bland phase's pivot cap
@@ -171,9 +171,7 @@ class EmdResult(NamedTuple):
 # --- Python entry points (under the process-wide kernel lock) --------------------------------------------------------
 def num_chunks() -> int:
     """Chunks of problems per kernel call: :data:`_CHUNKS_PER_THREAD` per numba thread."""
-    import numba
-
-    return _CHUNKS_PER_THREAD * numba.get_num_threads()
+    return _CHUNKS_PER_THREAD * numba_threads()
 
 
 def emd_batch(
