@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
 from geograph._checks import check_candidates, check_mask, check_percentile, check_positive_int, check_tensor
 from geograph.functional.similarity import cosine_similarity
@@ -179,6 +178,10 @@ def clean_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     edge_index = edge_index.long()
     if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
         raise ValueError(f"edge_index holds node ids outside [0, {num_nodes})")
+    # imported here: torch_geometric's import (seconds: it loads torch._dynamo and transformers)
+    # would otherwise be paid by every process that imports geograph
+    from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
+
     edge_index, _ = remove_self_loops(edge_index)
     out: Tensor = coalesce(to_undirected(edge_index, num_nodes=num_nodes), num_nodes=num_nodes)
     return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import scatter
 
 from geograph._checks import check_tensor, check_unit_interval
 from geograph.functional.graphs import clean_edge_index, csr_rowptr
@@ -80,6 +79,8 @@ def isoperimetric_ratio(edge_index: Tensor, volume: Tensor, num_nodes: int, *, e
     if not 0 <= float(eps) < float("inf"):
         raise ValueError(f"eps must be finite and non-negative, got {eps!r}")
     edge_index = edge_index.to(volume.device)
+    from torch_geometric.utils import scatter  # here: its import costs seconds (see clean_edge_index)
+
     ball = volume + scatter(volume[edge_index[1]], edge_index[0], dim=0, dim_size=num_nodes, reduce="sum")
     shell_idx = two_hop_shell(edge_index, num_nodes)
     shell = scatter(volume[shell_idx[1]], shell_idx[0], dim=0, dim_size=num_nodes, reduce="sum")
