@@ -466,14 +466,34 @@ def test_bad_input_is_4xx_naming_the_field_and_the_server_keeps_serving(maniscop
         assert good.status_code == 200 and len(good.json()["ids"]) == 3
 
 
-def metric_values(url):
+def metric_values(url, headers=None):
     from prometheus_client.parser import text_string_to_metric_families
 
     out = {}
-    for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=30).text):
+    for fam in text_string_to_metric_families(requests.get(url + "/metrics", headers=headers, timeout=30).text):
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
+
+
+def settled_metrics(url, headers=None):
+    """``/metrics`` once every request answered before the call is counted.
+
+    The server counts a finished request through one first-in first-out queue, so a request to a
+    path without a route (``endpoint="other"``) sent now is counted after all of them: wait for
+    its count to move. Reading ``/metrics`` right away could miss an earlier test's last requests
+    (the queue trails the answers, by seconds on a loaded machine).
+    """
+    before = metric_values(url, headers)
+    status = requests.get(url + "/no-route-settles-the-metrics", headers=headers, timeout=30).status_code
+    key = ("geograph_requests_total", (("endpoint", "other"), ("status", str(status))))
+    deadline = time.monotonic() + 30
+    while True:
+        now = metric_values(url, headers)
+        if now.get(key, 0.0) > before.get(key, 0.0):
+            return now
+        assert time.monotonic() < deadline, "the server's metrics did not count a request within 30 s"
+        time.sleep(0.1)
 
 
 def test_metrics_count_requests_errors_latency_and_batches(maniscope, env):
@@ -483,8 +503,7 @@ def test_metrics_count_requests_errors_latency_and_batches(maniscope, env):
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    time.sleep(2)  # let earlier tests' events drain through the logger queue
-    before = metric_values(maniscope.url)
+    before = settled_metrics(maniscope.url)
     good = [("/retrieve", {"query_embedding": unit(emb[i] + 0.1).tolist(), "k": 3}) for i in range(12)]
     bad = [("/rerank", {"query": "x"})] * 5
     got = fire(maniscope.url, good + bad, clients=8)

@@ -21,7 +21,7 @@ require("litserve")
 requests = require("requests")
 cohere = require("cohere")
 
-from test_serve_http import EXTRA_TEXTS, Server, env, text_encoder, unit  # noqa: E402,F401
+from test_serve_http import EXTRA_TEXTS, Server, env, metric_values, settled_metrics, text_encoder, unit  # noqa: E402,F401
 
 from geograph import RicciFiltration  # noqa: E402
 
@@ -302,7 +302,7 @@ def test_concurrent_requests_answer_as_alone_and_are_counted(server, env, text_e
         if i % 3 == 0:
             body["candidate_embeddings"] = emb[idx].tolist()
         calls.append(("/v2/rerank" if i % 2 else "/v1/rerank", body))
-    before = metric_values_auth(server.url)
+    before = settled_metrics(server.url, headers())
     session = rq.Session()
     session.headers.update(headers())
     together = fire_auth(server.url, calls)
@@ -322,7 +322,7 @@ def test_concurrent_requests_answer_as_alone_and_are_counted(server, env, text_e
     assert max(t["meta"]["batch_size"] for t in together) > 1, "no batch of more than one request was formed"
     deadline = time.monotonic() + 30
     while True:
-        after = metric_values_auth(server.url)
+        after = metric_values(server.url, headers())
         got = {
             p: after.get(("geograph_requests_total", (("endpoint", p), ("status", "200"))), 0)
             - before.get(("geograph_requests_total", (("endpoint", p), ("status", "200"))), 0)
@@ -332,16 +332,6 @@ def test_concurrent_requests_answer_as_alone_and_are_counted(server, env, text_e
             break
         time.sleep(0.5)
     assert got == {"/v1/rerank": 16, "/v2/rerank": 16}  # each request sent twice
-
-
-def metric_values_auth(url):
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    for fam in text_string_to_metric_families(requests.get(url + "/metrics", headers=headers(), timeout=30).text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def fire_auth(url, calls):
