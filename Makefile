@@ -41,13 +41,17 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# pytest-xdist: a worker per core (at most 4), each with one OpenMP thread, a file's tests on one
+# worker (its module fixtures, such as a server, start once); see docs/guide/testing.md
+XDIST := -n auto --dist loadfile
+
 test: lint
-	HF_HUB_OFFLINE=1 $(PY) -m pytest; rc=$$?; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(XDIST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # the edit-test loop: everything but the tests marked slow or integration
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not integration"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(XDIST) -m "not slow and not integration"
 
 # the core at the lowest versions pyproject.toml allows (written as == pins into $(MIN_VENV)), with the
 # test tools, then the fast tests: those that need an extra skip

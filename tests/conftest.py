@@ -1,4 +1,5 @@
 import importlib
+import importlib.util
 import os
 
 import pytest
@@ -47,6 +48,30 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_missing_under_ci(outcome.get_result())
+
+
+def pytest_configure(config):
+    # Under pytest-xdist (``make test``: ``-n auto --dist loadfile``) every worker computes with one
+    # OpenMP thread: several workers each with torch's default (every core) thrash the cores. Set
+    # here, in the controller, before the workers start: they and their subprocesses inherit it.
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    # The files with a test marked slow first: under ``--dist loadfile`` a file is one unit of
+    # work, so the long ones start early and the short ones even out the end. Whole files move
+    # (a stable sort on the file): a module fixture is still set up once.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
+if importlib.util.find_spec("xdist") is not None:  # pytest refuses an unknown hook
+
+    def pytest_xdist_auto_num_workers(config):
+        # ``-n auto``: a worker per usable core, at most 4 (each may start servers of its own)
+        return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 @pytest.fixture(autouse=True)

@@ -59,6 +59,7 @@ def test_recall_target_raises_nprobe_until_the_join_finds_enough(hard):
     assert report.recall_rows == policy.DEFAULT_RECALL_ROWS
 
 
+@pytest.mark.slow
 def test_predicted_recall_is_the_joins_recall_before_refining(hard):
     """The prediction is exact for the join: a neighbour is found iff its cell is met."""
     n, nlist = len(hard), policy.default_join_nlist(len(hard))

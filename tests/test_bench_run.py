@@ -218,6 +218,7 @@ def test_time_calls_min_time_stops_after_three():
     assert time_calls(lambda: n.append(1), repeat=4, warmup=0)["repeat"] == 4 and len(n) == 4
 
 
+@pytest.mark.slow
 def test_gpu_script_dry_run_on_cpu(tmp_path, capsys):
     """The GPU script's plumbing on CPU (CPU against CPU is no parity evidence: that is the
     device run's job, so only the report's shape is checked here)."""

@@ -38,6 +38,7 @@ def same(out, ref, atol=1e-6):
             assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_maniscope_compiles_fullgraph_and_exports(data):
     _, q, docs, mask = data
     model = Maniscope(k=2)
@@ -48,6 +49,7 @@ def test_maniscope_compiles_fullgraph_and_exports(data):
     same(exported.module()(q, docs, mask), ref)
 
 
+@pytest.mark.slow
 def test_dense_compiles_fullgraph_and_exports(data):
     corpus, q, _, _ = data
     model = DenseRetriever(corpus, chunk_size=16)  # several chunks: the merge loop unrolls
@@ -58,6 +60,7 @@ def test_dense_compiles_fullgraph_and_exports(data):
     same(exported.module()(q, k=5), ref)
 
 
+@pytest.mark.slow
 def test_iso_compiles_fullgraph(data):
     """The local set's padded widths are bounded a priori (no data-dependent shape): one graph."""
     corpus, q, _, _ = data
@@ -67,6 +70,7 @@ def test_iso_compiles_fullgraph(data):
     same(torch.compile(model, fullgraph=True)(q, 5), ref)
 
 
+@pytest.mark.slow
 def test_g3_compiles_fullgraph(data):
     """The diffusion gathers the seeds' CSR rows (no sparse tensor in the forward): one graph."""
     corpus, q, _, _ = data
@@ -76,7 +80,7 @@ def test_g3_compiles_fullgraph(data):
     same(torch.compile(model, fullgraph=True)(q, 5), ref)
 
 
-@pytest.mark.parametrize("solver", ["exact", "sinkhorn"])
+@pytest.mark.parametrize("solver", ["exact", pytest.param("sinkhorn", marks=pytest.mark.slow)])
 def test_ricci_compiles_with_graph_breaks(data, solver, monkeypatch):
     """aot_eager: the flow's fixed loop unrolls into many graphs, too slow for inductor on 2 cores.
 

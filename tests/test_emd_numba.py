@@ -50,6 +50,7 @@ def test_emd_batch_stats_and_chunking():
     assert sum(per_problem) == out.stats.pivots
 
 
+@pytest.mark.slow
 def test_curvature_batch_stats_and_the_forced_bland_path():
     """Curvature is the same under Dantzig's rule and with Bland's from the first pivot (max_pivots=0)."""
     rng = np.random.default_rng(8)

@@ -99,6 +99,8 @@ def test_each_builder_lists_k_other_rows_and_finds_the_exact_neighbours(name, tm
         assert recalls[0] <= recalls[-1]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_compare_peers_recall_is_numpys_and_the_frontier_is_not_dominated(tmp_path):
     x = corpus(seed=1)
     args = args_for(["geograph", "faiss-ivf", "faiss-hnsw"], ivf_nprobe=[1, 2, 16], hnsw_ef=[16, 64])
@@ -149,6 +151,8 @@ def test_helpers():
     assert [len(t[2]) for t in tasks if t[0] == "faiss-hnsw"] == [4]  # efSearch values share one build
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_peers_report_writes_the_json_and_the_table(tmp_path, capsys):
     import json
 
