@@ -41,6 +41,7 @@ from geograph import CorpusGraph, G3Retriever, ISORetriever, Maniscope, RicciFil
 from geograph.bench.serve.process import wait_healthy  # noqa: E402
 from geograph.data import DEMO_PATH, Encoder, load_demo  # noqa: E402
 from geograph.retrievers import DenseRetriever  # noqa: E402
+from geograph.serve.pool import worker_threads  # noqa: E402
 
 TOL = 1e-6
 EXTRA_TEXTS = [
@@ -567,6 +568,9 @@ def test_property_every_method_and_sigterm(env, text_encoder, method, n, max_poo
             warmed = wait_for_lines(server, "numba kernels ready in", 2)
             pids = {p.pid for p in psutil.Process(server.proc.pid).children() if "spawn_main" in " ".join(p.cmdline())}
             assert len({int(x.split("(pid ")[1].split(")")[0]) for x in warmed} & pids) == 2, warmed
+            # starting numba's threads left each worker's torch at its share of the cores
+            threads = worker_threads("auto", 2)
+            assert all(f"; torch {threads} threads)" in x for x in warmed), warmed
         sizes = check_property(server, Requests(env, text_encoder, method, seed=3), n, max_pool, method)
         print(f"\n{method}: {n} requests, mean batch {sum(sizes) / len(sizes):.1f}, max {max(sizes)}")
         data, emb = env["data"], env["emb"]

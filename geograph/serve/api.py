@@ -194,13 +194,15 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         import os
         import sys
 
+        import torch
+
         from geograph.functional import warmup
 
         info = warmup()
         print(
             f"geograph serve: worker (pid {os.getpid()}): numba kernels ready in {info['seconds']:.1f} s "
             f"(cache: {info['source']} {info['directory']}; threading layer {info['threading_layer']}, "
-            f"{info['threads']} threads)",
+            f"{info['threads']} threads; torch {torch.get_num_threads()} threads)",
             file=sys.stderr,
             flush=True,
         )
