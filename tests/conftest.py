@@ -1,5 +1,4 @@
 import importlib
-import importlib.util
 import os
 
 import pytest
@@ -54,9 +53,9 @@ def pytest_configure(config):
     # Under pytest-xdist (``make test``: ``-n auto --dist loadfile``) every worker computes with one
     # OpenMP thread: several workers each with torch's default (every core) thrash the cores. Set
     # here, in the controller, before the workers start: they and their subprocesses inherit it.
+    # A count set by the caller is kept (MKL follows OMP_NUM_THREADS unless told otherwise).
     if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ.setdefault(var, "1")
+        os.environ.setdefault("MKL_NUM_THREADS", os.environ.setdefault("OMP_NUM_THREADS", "1"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -67,11 +66,10 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path not in slow_files)
 
 
-if importlib.util.find_spec("xdist") is not None:  # pytest refuses an unknown hook
-
-    def pytest_xdist_auto_num_workers(config):
-        # ``-n auto``: a worker per usable core, at most 4 (each may start servers of its own)
-        return max(1, min(len(os.sched_getaffinity(0)), 4))
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without the plugin (-p no:xdist) it is unused
+def pytest_xdist_auto_num_workers(config):
+    # ``-n auto``: a worker per usable core, at most 4 (each may start servers of its own)
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 @pytest.fixture(autouse=True)
