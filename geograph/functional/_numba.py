@@ -294,10 +294,11 @@ def jit(**flags: Unpack[_JITOptions]) -> Callable[[_F], Dispatcher[_F]]:
 
 
 @contextlib.contextmanager
-def _torch_threads_kept() -> Iterator[None]:
-    """Keep the calling thread's torch (OpenMP) thread count across a numba call.
+def torch_threads_kept() -> Iterator[None]:
+    """Keep the calling thread's torch (OpenMP) thread count across a call that may change it.
 
-    numba's OpenMP threading layer, started by a process's first parallel kernel or first
+    A library that sets its own OpenMP threads (faiss, numba) sets the calling thread's count,
+    which torch shares. numba's OpenMP threading layer, started by a process's first parallel kernel or first
     ``numba.get_num_threads()``, sets the starting thread's OpenMP count to numba's own
     (``NUMBA_NUM_THREADS``, all cores); torch shares that count, so a server worker limited to one
     thread would run torch on every core after its first exact Ricci call. numba passes its count
@@ -317,7 +318,7 @@ def numba_threads() -> int:
     """``numba.get_num_threads()``, which starts numba's threading layer, keeping torch's count."""
     import numba
 
-    with _torch_threads_kept():
+    with torch_threads_kept():
         return int(numba.get_num_threads())
 
 
@@ -332,7 +333,7 @@ def locked(kernel: Dispatcher[Callable[_P, _R]]) -> LockedKernel[_P, _R]:
 
     @functools.wraps(kernel.py_func)
     def call(*args: Any) -> _R:
-        with KERNEL_LOCK, _torch_threads_kept():
+        with KERNEL_LOCK, torch_threads_kept():
             return run(*args)
 
     entry = cast("LockedKernel[_P, _R]", call)

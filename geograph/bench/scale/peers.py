@@ -12,10 +12,9 @@ builders: geograph's IVF self-join (:func:`~geograph.functional.knn_build.self_t
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -87,31 +86,10 @@ def _faiss_search(index, x: np.ndarray, k: int, set_param: Callable[[], None], s
     return seconds
 
 
-@contextlib.contextmanager
-def _faiss_threads(threads: int) -> Iterator[None]:
-    """faiss with ``threads`` OpenMP threads, the caller's count restored after.
-
-    OpenMP's thread count belongs to the calling thread and is shared with torch: left set, it
-    would change every later torch call of that thread when a builder runs in the caller's process.
-    """
-    import faiss
-
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(threads)
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(before)
-
-
 def _faiss_hnsw(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
-    with _faiss_threads(threads):
-        return _faiss_hnsw_run(x, k, build, searches, save)
-
-
-def _faiss_hnsw_run(x: np.ndarray, k: int, build: dict, searches: list[dict], save) -> list[dict]:
     import faiss
 
+    faiss.omp_set_num_threads(threads)
     t0 = time.perf_counter()
     index = faiss.IndexHNSWFlat(x.shape[1], build["M"], faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = build["efConstruction"]
@@ -125,13 +103,9 @@ def _faiss_hnsw_run(x: np.ndarray, k: int, build: dict, searches: list[dict], sa
 
 
 def _faiss_ivf(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
-    with _faiss_threads(threads):
-        return _faiss_ivf_run(x, k, build, searches, save)
-
-
-def _faiss_ivf_run(x: np.ndarray, k: int, build: dict, searches: list[dict], save) -> list[dict]:
     import faiss
 
+    faiss.omp_set_num_threads(threads)
     t0 = time.perf_counter()
     nlist = build.get("nlist") or default_peer_nlist(len(x))
     quantizer = faiss.IndexFlatIP(x.shape[1])
@@ -207,6 +181,8 @@ def run_peer(task: dict, x: np.ndarray, out: dict) -> None:
     each one's lists saved to ``task["out"] + ".<i>.npy"``; ``out["missing"]`` if its package is not importable."""
     import importlib
 
+    from geograph.functional._numba import torch_threads_kept
+
     name = task["builder"]
     try:
         importlib.import_module(PEER_PACKAGES[name])
@@ -220,7 +196,10 @@ def run_peer(task: dict, x: np.ndarray, out: dict) -> None:
         np.save(path, np.ascontiguousarray(ids, dtype=np.int64))
         saved.append(path)
 
-    configs = BUILDERS[name](x, task["k"], task["build"], task["search"], task["threads"], save)
+    # a builder sets its package's OpenMP threads, a count the calling thread shares with torch:
+    # restored, so that a builder run in the caller's process leaves its torch calls as they were
+    with torch_threads_kept():
+        configs = BUILDERS[name](x, task["k"], task["build"], task["search"], task["threads"], save)
     for c, path in zip(configs, saved):
         c["lists"] = path
     out["configs"] = configs
