@@ -23,7 +23,7 @@ if importlib.util.find_spec("lightning") is None or importlib.util.find_spec("js
 # doctests that run an optional package (skipped where it is missing; tests/conftest.py fails a
 # missing package under CI=true, where every extra is installed)
 DOCTEST_NEEDS = {
-    "geograph.functional.ivf_join.ivf_self_topk": "faiss",
+    "geograph.knn.ivf_join.ivf_self_topk": "faiss",
     "geograph.retrievers.bm25.BM25Retriever": "bm25s",
     "geograph.ranking": "sentence_transformers",  # the default encoder (the text extra)
 }

@@ -1,4 +1,4 @@
-"""Evaluate runs against qrels with the batched metrics of :mod:`geograph.functional.ranking_metrics`."""
+"""Evaluate runs against qrels with the batched metrics of :mod:`geograph.ops.ranking_metrics`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from geograph.functional.ranking_metrics import (
+from geograph.ops.ranking_metrics import (
     hit_all_at_k,
     hit_answer_at_k,
     mrr_at_k,

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from geograph.functional.graphs import query_graph
+from geograph.ops.adjacency import query_graph
 
 REF = Path(__file__).parent / "data" / "graphriccicurvature"  # GraphRicciCurvature 0.6.1 outputs (tests/data/README.md)
 SCIFACT = Path(__file__).parent / "data" / "scifact_candidates.npz"

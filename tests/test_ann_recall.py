@@ -9,13 +9,13 @@ import torch
 
 from conftest import require
 from geograph import CorpusGraph
-from geograph.functional import knn_policy as policy
-from geograph.functional.allpairs import tiled_topk
-from geograph.functional.faiss_ivf import train_centroids
-from geograph.functional.ivf_join import ivf_self_topk
-from geograph.functional.ivf_recall import choose_nprobe, sample_recall
-from geograph.functional.knn_policy import IVFOptions
 from geograph.graphs.g3_graph import G3Graph
+from geograph.knn import policy
+from geograph.knn.allpairs import tiled_topk
+from geograph.knn.faiss_ivf import train_centroids
+from geograph.knn.ivf_join import ivf_self_topk
+from geograph.knn.ivf_recall import choose_nprobe, sample_recall
+from geograph.knn.policy import IVFOptions
 
 require("faiss")
 

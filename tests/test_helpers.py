@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from geograph._checks import check_candidates
-from geograph.functional.allpairs import tiled_topk
-from geograph.functional.graphs import clean_edge_index, csr_rowptr, query_graph
 from geograph.functional.isoperimetric import compatible_edges
 from geograph.functional.maniscope import maniscope_scores
+from geograph.knn.allpairs import tiled_topk
+from geograph.ops.adjacency import clean_edge_index, csr_rowptr, query_graph
 from geograph.outputs import true_first
 
 ROOT = Path(__file__).resolve().parents[1]

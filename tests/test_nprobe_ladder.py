@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from conftest import require
-from geograph.functional import knn_policy as policy
-from geograph.functional.allpairs import tiled_topk
-from geograph.functional.faiss_ivf import train_centroids
-from geograph.functional.ivf_join import ivf_self_topk
-from geograph.functional.ivf_recall import choose_nprobe
-from geograph.functional.knn_policy import IVFOptions
+from geograph.knn import policy
+from geograph.knn.allpairs import tiled_topk
+from geograph.knn.faiss_ivf import train_centroids
+from geograph.knn.ivf_join import ivf_self_topk
+from geograph.knn.ivf_recall import choose_nprobe
+from geograph.knn.policy import IVFOptions
 
 require("faiss")
 

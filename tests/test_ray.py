@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from conftest import require
-from geograph.functional.allpairs import tile_executor
 from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.graphs.g3_graph import G3Graph
+from geograph.knn.allpairs import tile_executor
 
 
 def corpus(n=1200, d=24, seed=0):

@@ -4,7 +4,7 @@ import torch
 from ricci_helpers import load_fixture, scifact_graphs, seed_embeddings
 
 from geograph import CrossEncoderScorer, RerankOutput, RicciFiltration
-from geograph.functional.graphs import masked_percentile, query_graph
+from geograph.ops.adjacency import masked_percentile, query_graph
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -9,7 +9,6 @@ import torch
 
 from conftest import require
 from geograph import CorpusGraph, DenseRetriever
-from geograph.functional.allpairs import tiled_pairs, tiled_topk
 from geograph.functional.gain import (
     candidate_cap,
     gain_bound,
@@ -18,8 +17,9 @@ from geograph.functional.gain import (
     gain_edges,
     gain_transition,
 )
-from geograph.functional.knn_build import self_topk
 from geograph.graphs.g3_graph import G3Graph
+from geograph.knn.allpairs import tiled_pairs, tiled_topk
+from geograph.knn.build import self_topk
 
 faiss = require("faiss")
 
@@ -310,9 +310,9 @@ def test_unit_rows_reuses_unit_rows_and_normalises_others():
 
 
 def test_refine_in_place_equals_the_copying_refine():
-    from geograph.functional.ivf_join import ivf_self_topk
-    from geograph.functional.knn_policy import IVFOptions
-    from geograph.functional.nn_descent import refine_neighbours
+    from geograph.knn.ivf_join import ivf_self_topk
+    from geograph.knn.nn_descent import refine_neighbours
+    from geograph.knn.policy import IVFOptions
 
     z = torch.from_numpy(clustered(1500, d=16, clusters=20, noise=0.5, seed=3)).float()
     out = ivf_self_topk(z, 8, IVFOptions(nlist=16, nprobe=2, refine=False))
@@ -376,8 +376,8 @@ def test_bench_scale_run_size_checks_against_exact(tmp_path):
 
 
 def test_default_join_nprobe_meets_enough_rows_and_small_corpora_join_every_cell():
-    from geograph.functional.ivf_join import ivf_self_topk
-    from geograph.functional.knn_policy import MIN_JOIN_ROWS, IVFOptions, default_join_nprobe
+    from geograph.knn.ivf_join import ivf_self_topk
+    from geograph.knn.policy import MIN_JOIN_ROWS, IVFOptions, default_join_nprobe
 
     assert default_join_nprobe(1_000_000, 2048) == 32  # large corpora: unchanged
     assert default_join_nprobe(5183, 128) == 64 and 64 * 5183 / 128 >= MIN_JOIN_ROWS

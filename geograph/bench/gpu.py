@@ -45,8 +45,8 @@ def _diff(a, b) -> float:
 def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2000) -> dict[str, float]:
     """Max |device - cpu| of every functional kernel on the same inputs."""
     import geograph.functional as F
-    from geograph.functional.graphs import query_graph
     from geograph.graphs.corpus_graph import CorpusGraph
+    from geograph.ops.adjacency import query_graph
 
     torch.manual_seed(0)
     docs = clustered(b * n, 64).view(b, n, 64).double()

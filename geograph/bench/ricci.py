@@ -62,7 +62,7 @@ def _timing(stats: dict, queries: int) -> dict:
 def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor) -> dict:
     """The exact flow's simplex work on these graphs, warm-started (as shipped) and cold."""
     from geograph.functional import exact_flow_stats
-    from geograph.functional.graphs import query_graph
+    from geograph.ops.adjacency import query_graph
 
     adj, node_mask, _ = query_graph(q, docs, percentile=model.percentile)
     counts = {}

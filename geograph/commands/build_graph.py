@@ -237,7 +237,7 @@ def _check_index_options(args, n: int) -> None:
     if not 0.0 < args.recall_target <= 1.0:
         raise UsageError(f"--recall-target must be in (0, 1], got {args.recall_target}")
     if args.index != "exact":
-        from geograph.functional.knn_policy import check_ivf, default_join_nlist, default_join_nprobe
+        from geograph.knn.policy import check_ivf, default_join_nlist, default_join_nprobe
 
         nlist = args.nlist if args.nlist is not None else default_join_nlist(n)
         try:

@@ -138,7 +138,7 @@ def _run_tile(fn: Callable[[dict, Any], Any], shared: dict, item: Any) -> Any:
 
 
 class RayExecutor:
-    """Runs each tile of a :func:`~geograph.functional.allpairs.tile_executor` block as a Ray task.
+    """Runs each tile of a :func:`~geograph.knn.allpairs.tile_executor` block as a Ray task.
 
     The tiles' shared inputs (the corpus, the options) are put into Ray's object store once per
     call; each task returns its tile's partial result, which the caller merges as results

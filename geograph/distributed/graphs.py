@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from torch import Tensor
 
 from geograph.distributed.cluster import RayExecutor, ray_session
-from geograph.functional.allpairs import tile_executor
 from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.graphs.g3_graph import G3Graph
+from geograph.knn.allpairs import tile_executor
 
 __all__ = ["on_ray", "knn_graph", "g3_graph"]
 

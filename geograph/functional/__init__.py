@@ -6,13 +6,15 @@ from geograph.functional.curvature import lazy_measures, ollivier_ricci
 from geograph.functional.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
 from geograph.functional.g3 import g3_diffuse, g3_retrieve, g3_top_up
 from geograph.functional.gain import gain_density, gain_transition
-from geograph.functional.graphs import csr_row_slots, knn_from_similarity, knn_graph, masked_percentile, query_graph
 from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
 from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.pagerank import personalized_pagerank
-from geograph.functional.paths import shortest_paths, single_source_shortest_paths
-from geograph.functional.ranking_metrics import (
+from geograph.functional.ricci import ricci_filtration, ricci_surgery
+from geograph.functional.transport import SinkhornOutput, sinkhorn
+from geograph.ops.adjacency import csr_row_slots, knn_from_similarity, knn_graph, masked_percentile, query_graph
+from geograph.ops.paths import shortest_paths, single_source_shortest_paths
+from geograph.ops.ranking_metrics import (
     hit_all_at_k,
     hit_answer_at_k,
     mrr_at_k,
@@ -20,9 +22,7 @@ from geograph.functional.ranking_metrics import (
     precision_at_k,
     recall_at_k,
 )
-from geograph.functional.ricci import ricci_filtration, ricci_surgery
-from geograph.functional.similarity import cosine_similarity, minmax_normalize, normalize, unit_rows
-from geograph.functional.transport import SinkhornOutput, sinkhorn
+from geograph.ops.similarity import cosine_similarity, minmax_normalize, normalize, unit_rows
 
 __all__ = [
     "cosine_similarity",
@@ -71,10 +71,10 @@ __all__ = [
 ]
 
 # The helpers other docstrings and docs/architecture.md cite as ``geograph.functional.*``.
-from geograph.functional.allpairs import tiled_pairs, tiled_topk
 from geograph.functional.gain import gain_density_info, gain_edges, gain_transition_edges
-from geograph.functional.graphs import clean_edge_index, csr_rowptr
 from geograph.functional.transport import TransportBounds, emd, transport_bounds
+from geograph.knn.allpairs import tiled_pairs, tiled_topk
+from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 
 __all__ += [
     "emd",

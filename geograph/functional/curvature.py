@@ -15,8 +15,8 @@ from torch import Tensor
 
 from geograph._checks import check_cert_tol, check_mask, check_tensor, check_unit_interval
 from geograph.functional._grc import DIST_EPS, WEIGHT_SUM_EPS
-from geograph.functional.paths import floyd_warshall_unchecked, shortest_paths
 from geograph.functional.transport import emd_numpy, sinkhorn_unchecked, transport_bounds
+from geograph.ops.paths import floyd_warshall_unchecked, shortest_paths
 from geograph.outputs import true_first
 
 __all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]

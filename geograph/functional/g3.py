@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_where, check_positive_int, check_same_device, check_tensor
-from geograph.functional.graphs import csr_row_slots
-from geograph.functional.similarity import normalize
+from geograph.ops.adjacency import csr_row_slots
+from geograph.ops.similarity import normalize
 from geograph.outputs import RetrievalOutput, topk_by_key, topk_stable
 
 __all__ = ["g3_retrieve", "g3_diffuse", "g3_top_up", "check_g3_options"]

@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs
-from geograph.functional.graphs import csr_rowptr
-from geograph.functional.similarity import minmax_normalize, unit_rows
+from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs
+from geograph.ops.adjacency import csr_rowptr
+from geograph.ops.similarity import minmax_normalize, unit_rows
 
 __all__ = [
     "gain_density",
@@ -44,7 +44,7 @@ def csr(crow: Tensor, col: Tensor, val: Tensor, n: int) -> Tensor:
 def _unit(embeddings: Tensor) -> Tensor:
     """Unit rows, validated; float16 / bfloat16 are upcast to float32 (their sums of N products
     would round away the density and the weights). Rows already of unit norm (e.g. the output
-    of an earlier call) are used as they are (:func:`~geograph.functional.similarity.unit_rows`)."""
+    of an earlier call) are used as they are (:func:`~geograph.ops.similarity.unit_rows`)."""
     check_tensor(embeddings, "embeddings", 2)
     if embeddings.shape[0] < 2:
         raise ValueError(f"embeddings must hold at least 2 passages, got shape {tuple(embeddings.shape)}")
@@ -151,7 +151,7 @@ def gain_density(
 
     with ``S`` the cosine similarity (diagonal 0). Embeddings are L2-normalised here (so any
     scale is accepted). Exact by default, by the tiled all-pairs routine
-    (:func:`~geograph.functional.allpairs.tiled_pairs`; memory ``O(block^2)``, time ``O(N^2 D)``).
+    (:func:`~geograph.knn.allpairs.tiled_pairs`; memory ``O(block^2)``, time ``O(N^2 D)``).
 
     ``sample=s`` estimates it in ``O(N s D)``: with :math:`\max(0, x) = x + \max(0, -x)`,
     :math:`\sum_{k \ne j} S_{jk} = z_j \cdot \sum_k z_k - 1` is exact from the corpus sum and only
@@ -164,7 +164,7 @@ def gain_density(
 
     Args:
         embeddings: ``(N, D)`` passage embeddings, no all-zero row.
-        block: tile side (default: :data:`~geograph.functional.allpairs.DEFAULT_BLOCK`).
+        block: tile side (default: :data:`~geograph.knn.allpairs.DEFAULT_BLOCK`).
         sample: columns sampled for the negative part; ``None`` = exact.
         seed: the column sample's seed.
         progress: a progress bar over the tiles.

@@ -15,10 +15,10 @@ from geograph._checks import (
     check_tensor,
     check_unit_interval,
 )
-from geograph.functional.allpairs import tiled_topk
-from geograph.functional.graphs import csr_row_slots
 from geograph.functional.pagerank import personalized_pagerank
-from geograph.functional.similarity import minmax_normalize, normalize
+from geograph.knn.allpairs import tiled_topk
+from geograph.ops.adjacency import csr_row_slots
+from geograph.ops.similarity import minmax_normalize, normalize
 from geograph.outputs import LocalSubgraph, RetrievalOutput, topk_by_key, topk_stable
 
 __all__ = ["iso_retrieve", "iso_local_subgraph", "iso_personalization", "iso_fusion", "iso_max_k", "check_iso_options"]

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_tensor, check_unit_interval
-from geograph.functional.graphs import clean_edge_index, csr_rowptr
+from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 
 __all__ = ["isoperimetric_ratio", "compatible_edges", "two_hop_shell", "conformal_volume"]
 
@@ -16,7 +16,7 @@ def two_hop_shell(edge_index: Tensor, num_nodes: int) -> Tensor:
 
     Walks every length-2 path ``u - v - w`` by CSR expansion (memory ``O(sum_v deg(v)^2)``),
     deduplicates, and removes the closed 1-hop neighbourhood of each node. ``edge_index`` must
-    be clean (:func:`~geograph.functional.graphs.clean_edge_index`: both directions, sorted by source).
+    be clean (:func:`~geograph.ops.adjacency.clean_edge_index`: both directions, sorted by source).
     """
     device = edge_index.device
     src, dst = edge_index

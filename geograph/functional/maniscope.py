@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_candidates, check_positive_int, check_unit_interval, tracing
-from geograph.functional.graphs import knn_lists
-from geograph.functional.similarity import normalize
+from geograph.ops.adjacency import knn_lists
+from geograph.ops.similarity import normalize
 
 __all__ = ["maniscope_scores"]
 

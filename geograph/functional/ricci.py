@@ -17,8 +17,8 @@ from geograph._checks import (
 )
 from geograph.functional.curvature import check_solver, resolve_solver
 from geograph.functional.flow import check_step, ricci_flow
-from geograph.functional.graphs import query_graph
-from geograph.functional.similarity import cosine_similarity
+from geograph.ops.adjacency import query_graph
+from geograph.ops.similarity import cosine_similarity
 from geograph.outputs import RerankOutput, order_by_score
 
 __all__ = ["ricci_filtration", "ricci_surgery", "check_ricci_options"]

@@ -9,10 +9,6 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_positive_int, check_tensor
-from geograph.functional.graphs import clean_edge_index, csr_rowptr
-from geograph.functional.knn_build import self_topk
-from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
-from geograph.functional.similarity import normalize, unit_rows
 from geograph.graphs.artefact import load_corpus_graph, save_graph
 from geograph.graphs.updates import (
     KnnState,
@@ -23,6 +19,10 @@ from geograph.graphs.updates import (
     move_knn_state,
     remove_passages,
 )
+from geograph.knn.build import self_topk
+from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
+from geograph.ops.adjacency import clean_edge_index, csr_rowptr
+from geograph.ops.similarity import normalize, unit_rows
 from geograph.outputs import true_first
 
 __all__ = ["CorpusGraph"]
@@ -127,15 +127,15 @@ class CorpusGraph(nn.Module):
         """Each passage links to its ``k`` most cosine-similar other passages (union, undirected).
 
         ``index="exact"`` (default) scans every pair with the tiled all-pairs routine
-        (:func:`~geograph.functional.allpairs.tiled_topk`, tiles of ``chunk_size``: memory
+        (:func:`~geograph.knn.allpairs.tiled_topk`, tiles of ``chunk_size``: memory
         ``O(chunk_size^2 + V k)``, time ``O(V^2 D)``). ``index="ivf"`` joins IVF cells instead
-        (:func:`~geograph.functional.ivf_join.ivf_self_topk`: ``nlist`` cells trained on ``sample``
+        (:func:`~geograph.knn.ivf_join.ivf_self_topk`: ``nlist`` cells trained on ``sample``
         passages, each joined with its ``nprobe`` nearest; the scores are exact, a pair whose
         cells never meet is missed; with ``nprobe`` left out, it is chosen on sampled rows so
         that the join finds ``recall_target`` of each row's exact neighbours, or the build falls
         back to the exact scan, and the recall is measured on other sampled rows: see
-        :func:`~geograph.functional.ivf_join.ivf_self_topk`; ``None`` skips both); ``index="auto"`` is exact up to
-        :data:`~geograph.functional.knn_policy.AUTO_EXACT_MAX` passages and IVF above, and logs its
+        :func:`~geograph.knn.ivf_join.ivf_self_topk`; ``None`` skips both); ``index="auto"`` is exact up to
+        :data:`~geograph.knn.policy.AUTO_EXACT_MAX` passages and IVF above, and logs its
         choice. ``faiss=True`` uses an exact FAISS inner-product index when ``faiss`` is
         installed (the same neighbours up to ties). ``k`` clamps to ``V - 1``. Ties: lowest
         index first. ``progress`` shows a bar with ETA. :attr:`build_info` records the index,

@@ -11,7 +11,6 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.functional.allpairs import DEFAULT_BLOCK
 from geograph.functional.gain import (
     _unit,
     candidate_cap,
@@ -21,11 +20,12 @@ from geograph.functional.gain import (
     gain_rank,
     gain_transition_edges,
 )
-from geograph.functional.knn_build import self_topk
-from geograph.functional.knn_policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
 from geograph.graphs.artefact import load_g3_graph, save_graph
 from geograph.graphs.g3_updates import G3UpdateReport, g3_add, g3_remove, move_g3_state
 from geograph.graphs.updates import PassageIds
+from geograph.knn.allpairs import DEFAULT_BLOCK
+from geograph.knn.build import self_topk
+from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
 
 __all__ = ["G3Graph"]
 
@@ -192,7 +192,7 @@ class G3Graph(nn.Module):
 
         Corpora of millions: ``index="exact"`` ranks every pair's weight (time ``O(N^2 D)``);
         ``index="ivf"`` takes each row's top-``candidates`` list from the IVF join
-        (:func:`~geograph.functional.ivf_join.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``;
+        (:func:`~geograph.knn.ivf_join.ivf_self_topk` with ``nlist``, ``nprobe``, ``sample``;
         with ``nprobe`` left out it is chosen on sampled rows so that the lists hold
         ``recall_target`` of each row's exact top-``candidates``, or the lists are computed
         exactly, and the recall is measured on other sampled rows; ``None`` skips both)
@@ -206,7 +206,7 @@ class G3Graph(nn.Module):
         ``geograph bench scale 20000 50000 --ranking cosine`` on the MiniLM-like generator,
         K'=512: 58% of rows at 20k, 27% at 50k), so its re-done rows
         dominate at scale. ``index="auto"`` is exact up to
-        :data:`~geograph.functional.knn_policy.AUTO_EXACT_MAX` passages (logged). ``candidates``
+        :data:`~geograph.knn.policy.AUTO_EXACT_MAX` passages (logged). ``candidates``
         defaults to :data:`DEFAULT_CANDIDATES`; with ``index="exact"`` and ``candidates`` given,
         the lists come from the exact tiled scan. ``density_sample`` columns estimate the
         density (:func:`~geograph.functional.gain_density`; default: exact for the exact
@@ -381,7 +381,7 @@ class G3Graph(nn.Module):
     def add(self, embeddings: Tensor, ids: Sequence) -> G3UpdateReport:
         """Add passages in place (appended in order); ``T`` and ``density`` equal the exact build's
         on the new corpus up to float rounding. The density sums move by the new x old block, the
-        rows' cosine lists by :func:`~geograph.functional.knn_update.lists_add`, and ``T`` is made
+        rows' cosine lists by :func:`~geograph.knn.update.lists_add`, and ``T`` is made
         from the lists, rows they cannot prove recomputed (see :mod:`geograph.graphs.g3_updates`)."""
         return g3_add(self, embeddings, ids)
 

@@ -8,8 +8,8 @@ every update. What does not change is each row's ranking of **cosines**. The upd
   exactly by the ``(old x new)`` / ``(kept x removed)`` blocks of the change, then min-max
   normalised again over all passages (``O(N)``);
 - every row's top-``K'`` cosine list below the band's ceiling
-  (:class:`~geograph.functional.knn_update.TopkLists`, updated by
-  :func:`~geograph.functional.knn_update.lists_add` / :func:`~geograph.functional.knn_update.lists_remove`).
+  (:class:`~geograph.knn.update.TopkLists`, updated by
+  :func:`~geograph.knn.update.lists_add` / :func:`~geograph.knn.update.lists_remove`).
 
 ``T`` is then made from the lists under the new penalties by
 :func:`~geograph.functional.gain_transition_edges` with ``ranking="cosine"``: a row whose
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs
 from geograph.functional.gain import _unit, candidate_cap, gain_transition_edges
-from geograph.functional.knn_update import TopkLists, lists_add, lists_remove
-from geograph.functional.similarity import minmax_normalize
 from geograph.graphs.updates import check_new_rows, passage_ids
+from geograph.knn.allpairs import DEFAULT_BLOCK, tiled_pairs
+from geograph.knn.update import TopkLists, lists_add, lists_remove
+from geograph.ops.similarity import minmax_normalize
 
 __all__ = ["G3State", "G3UpdateReport", "g3_add", "g3_remove", "DEFAULT_UPDATE_CANDIDATES"]
 

@@ -1,9 +1,9 @@
 """Adding and removing passages of a built :class:`~geograph.CorpusGraph` in place, equal to a rebuild.
 
 A k-NN graph (:meth:`~geograph.CorpusGraph.from_knn`) keeps every row's directed top-``k``
-lists (:class:`~geograph.functional.knn_update.TopkLists`); an update changes only the lists it
-must (:func:`~geograph.functional.knn_update.lists_add`,
-:func:`~geograph.functional.knn_update.lists_remove`) and the union graph is made again from
+lists (:class:`~geograph.knn.update.TopkLists`); an update changes only the lists it
+must (:func:`~geograph.knn.update.lists_add`,
+:func:`~geograph.knn.update.lists_remove`) and the union graph is made again from
 the lists. Other graphs (groups, mentions, given edges) lose a removed passage's edges, which
 is what their builders give on the remaining passages; adding to them takes the new edges
 (``groups``) or is refused. Passages are named by ids (``str`` or ``int``); a graph built
@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_tensor
-from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.graphs import clean_edge_index, csr_rowptr
-from geograph.functional.knn_update import TopkLists, lists_add, lists_edges, lists_remove, topk_lists
-from geograph.functional.similarity import normalize, unit_rows
+from geograph.knn.allpairs import DEFAULT_BLOCK
+from geograph.knn.update import TopkLists, lists_add, lists_edges, lists_remove, topk_lists
+from geograph.ops.adjacency import clean_edge_index, csr_rowptr
+from geograph.ops.similarity import normalize, unit_rows
 
 __all__ = [
     "PassageIds",

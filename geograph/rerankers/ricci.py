@@ -19,7 +19,7 @@ class RicciFiltration(nn.Module):
 
     A thin holder of the hyperparameters: :meth:`forward` calls
     :func:`geograph.functional.ricci_filtration` (the method's one home; bitwise the same result).
-    Per query, the graph of :func:`~geograph.functional.graphs.query_graph` (query + candidates, edges between
+    Per query, the graph of :func:`~geograph.ops.adjacency.query_graph` (query + candidates, edges between
     dissimilar pairs, every query edge forced, unit lengths) flows ``iterations`` steps of
     :func:`~geograph.functional.ricci_flow`; candidate ``j`` is kept iff its final query-edge
     length ``w_0j <= eta`` (the surgery, :func:`~geograph.functional.ricci_surgery`). The kept candidates are then

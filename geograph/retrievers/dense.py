@@ -11,19 +11,19 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_finite_float, check_positive_int, check_same_device, check_tensor, tracing
-from geograph.functional.allpairs import sort_topk, tiled_topk
-from geograph.functional.faiss_ivf import build_ivf_index
-from geograph.functional.ivf_recall import sample_recall
-from geograph.functional.knn_exact import exact_rows
-from geograph.functional.knn_policy import (
+from geograph.graphs.updates import PassageId, PassageIds, UpdateReport
+from geograph.knn.allpairs import sort_topk, tiled_topk
+from geograph.knn.exact import exact_rows
+from geograph.knn.faiss_ivf import build_ivf_index
+from geograph.knn.ivf_recall import sample_recall
+from geograph.knn.policy import (
     DEFAULT_RECALL_ROWS,
     QUERY_POINTS_PER_CELL,
     check_ivf,
     default_nlist,
     resolve_index,
 )
-from geograph.functional.similarity import normalize, unit_rows
-from geograph.graphs.updates import PassageId, PassageIds, UpdateReport
+from geograph.ops.similarity import normalize, unit_rows
 from geograph.outputs import RetrievalOutput
 from geograph.retrievers.dense_updates import dense_add, dense_remove, labels_to_rows
 
@@ -39,7 +39,7 @@ DENSE_RECALL_K = 20
 
 
 class _IVFIndex(Protocol):
-    """What the retriever uses of a faiss IVF index (:func:`~geograph.functional.faiss_ivf.build_ivf_index`)."""
+    """What the retriever uses of a faiss IVF index (:func:`~geograph.knn.faiss_ivf.build_ivf_index`)."""
 
     nprobe: int
     ntotal: int
@@ -78,9 +78,9 @@ class DenseRetriever(nn.Module):
         index: ``"exact"`` (the chunked scan), ``"ivf"`` (a faiss IVF-Flat index over ``nlist``
             lists, default about ``4 sqrt(V)``, trained on ``sample`` passages; its candidates
             are re-scored exactly) or ``"auto"`` (exact up to
-            :data:`~geograph.functional.knn_policy.AUTO_EXACT_MAX` passages).
+            :data:`~geograph.knn.policy.AUTO_EXACT_MAX` passages).
         nprobe: lists an IVF query scans, or ``"auto"`` (default): when the index is built (on
-            the first call), :data:`~geograph.functional.knn_policy.DEFAULT_RECALL_ROWS` sampled
+            the first call), :data:`~geograph.knn.policy.DEFAULT_RECALL_ROWS` sampled
             passages are searched as queries at 1, 2, 4, ... lists until their recall@``recall_k``
             (without the passage itself) against the exact scan reaches ``recall_target``;
             :attr:`calibration` records the choice. Why: the lists a query needs depend on the

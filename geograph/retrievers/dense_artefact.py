@@ -27,7 +27,7 @@ from geograph.artefact import (
     resolve_source,
     write_artefact,
 )
-from geograph.functional.faiss_ivf import build_ivf_index, import_faiss
+from geograph.knn.faiss_ivf import build_ivf_index, import_faiss
 
 __all__ = ["save_dense", "load_dense"]
 
@@ -109,7 +109,7 @@ def load_dense(
 
 def _normalised(corpus: Any) -> Any:
     """The corpus in use compared as the retriever stores it: unit rows."""
-    from geograph.functional.similarity import normalize
+    from geograph.ops.similarity import normalize
 
     if isinstance(corpus, Tensor):
         return normalize(corpus)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from geograph.functional.similarity import normalize
 from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, passage_ids
+from geograph.ops.similarity import normalize
 
 if TYPE_CHECKING:
     from geograph.retrievers.dense import DenseRetriever

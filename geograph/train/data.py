@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from geograph.functional.allpairs import tiled_topk
-from geograph.functional.similarity import normalize
 from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.knn.allpairs import tiled_topk
+from geograph.ops.similarity import normalize
 from geograph.outputs import true_first
 
 

@@ -36,7 +36,7 @@ recall-time frontier, the matmul rate and the join's), written to ``scale-peers.
 
 Then the real sets at their own size (SciFact, MuSiQue by default): the same recalls, and
 whether ISO-RAG and G3RAG return the same top-k with IVF-built graphs as with exact ones on
-every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.functional.knn_policy.default_nlist`).
+every query (an IVF forced at small N: ``nlist`` from :func:`~geograph.knn.policy.default_nlist`).
 
 The generators are checked by printing, next to real SciFact, the pairwise-cosine histogram
 and the 1st / 10th-neighbour cosine quantiles of a synthetic sample of the same size (and of

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--nprobe",
         type=int,
         help="cells each cell meets in the IVF join (default: the builders' own, "
-        "geograph.functional.knn_policy.default_join_nprobe)",
+        "geograph.knn.policy.default_join_nprobe)",
     )
     p.add_argument(
         "--dense-nprobe",

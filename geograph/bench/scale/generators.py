@@ -64,7 +64,7 @@ def generate(model: dict, kind: str, n: int, *, seed: int = 0, chunk: int = 100_
 
 def geometry(x: np.ndarray, *, pairs: int = 200_000, seed: int = 0) -> dict:
     """Pairwise-cosine histogram (random pairs) and 1st / 10th-neighbour cosine quantiles."""
-    from geograph.functional.allpairs import tiled_topk
+    from geograph.knn.allpairs import tiled_topk
 
     rng = np.random.default_rng(seed)
     i, j = rng.integers(len(x), size=pairs), rng.integers(len(x), size=pairs)

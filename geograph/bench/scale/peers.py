@@ -4,7 +4,7 @@ A builder gets the corpus ``x`` ``(N, D)`` (unit float32 rows), ``k``, its build
 list of search settings; it builds once and, for each search setting, lists every row's ``k``
 nearest other rows (inner product) and saves them as an ``(N, k)`` int64 array (``-1`` where a
 row got fewer). Each configuration is timed as the build plus its own all-vs-all search. The
-builders: geograph's IVF self-join (:func:`~geograph.functional.knn_build.self_topk`, the call
+builders: geograph's IVF self-join (:func:`~geograph.knn.build.self_topk`, the call
 :meth:`geograph.CorpusGraph.from_knn` makes; a build per recall target), faiss HNSW (``IndexHNSWFlat``,
 ``efSearch`` per search), faiss IVF-Flat (``nprobe`` per search), pynndescent (``NNDescent`` with
 ``metric="dot"``, a build per ``n_neighbors``) and usearch HNSW (``expansion_search`` per search).
@@ -51,10 +51,10 @@ def drop_self(ids: np.ndarray, k: int) -> np.ndarray:
 def _geograph(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
     import torch
 
-    from geograph.functional.allpairs import DEFAULT_BLOCK
-    from geograph.functional.knn_build import self_topk
-    from geograph.functional.knn_policy import IVFOptions
-    from geograph.functional.similarity import unit_rows
+    from geograph.knn.allpairs import DEFAULT_BLOCK
+    from geograph.knn.build import self_topk
+    from geograph.knn.policy import IVFOptions
+    from geograph.ops.similarity import unit_rows
 
     z = unit_rows(torch.from_numpy(x))
     out = []

@@ -12,7 +12,7 @@ from geograph.bench.scale.harness import MAX_DEGREE
 
 
 def exact_knn_rows(z: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
-    from geograph.functional.allpairs import tiled_pairs
+    from geograph.knn.allpairs import tiled_pairs
 
     return tiled_pairs(z[rows], z, k, exclude=rows)[1]
 
@@ -30,7 +30,7 @@ def knn_recall(edge_index: np.ndarray, rows: np.ndarray, ref: np.ndarray) -> flo
 
 def exact_g3_rows(z: torch.Tensor, rows: torch.Tensor, penalty: torch.Tensor, band=(0.1, 0.7)) -> list[dict]:
     """Each sampled row's exact top-``MAX_DEGREE`` weights, normalised: ``[{col: weight}]``."""
-    from geograph.functional.allpairs import tiled_pairs
+    from geograph.knn.allpairs import tiled_pairs
 
     def score(s, cols):
         ok = (s >= band[0]) & (s <= band[1])
@@ -61,7 +61,7 @@ def g3_row_errors(npz, rows: np.ndarray, ref: list[dict]) -> tuple[float, float]
 
 
 def raw_density(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    from geograph.functional.allpairs import tiled_pairs
+    from geograph.knn.allpairs import tiled_pairs
 
     q = z if rows is None else z[rows]
     _, _, s = tiled_pairs(

@@ -4,7 +4,7 @@ Every corpus-wide pair computation of geograph goes through :func:`tiled_pairs`:
 graph (:meth:`geograph.CorpusGraph.from_knn`), G3RAG's gain edges and density
 (:func:`geograph.functional.gain_transition`, :func:`geograph.functional.gain_density`), exact
 dense retrieval (:class:`geograph.DenseRetriever`) and the cell blocks of the IVF join
-(:func:`geograph.functional.ivf_join.ivf_self_topk`). Memory is ``O(block^2 + B k)`` whatever the
+(:func:`geograph.knn.ivf_join.ivf_self_topk`). Memory is ``O(block^2 + B k)`` whatever the
 number of keys; device and dtype follow the inputs (CPU or CUDA).
 
 Ties: equal scores keep the lowest key index (:func:`merge_topk`), the rule of every geograph
@@ -138,7 +138,7 @@ _EXECUTOR: ContextVar[TileExecutor | None] = ContextVar("geograph_tile_executor"
 @contextmanager
 def tile_executor(executor: TileExecutor | None) -> Iterator[None]:
     """Inside the block, the independent tiles of :func:`tiled_pairs` (its query-row tiles) and of
-    the IVF join (:func:`~geograph.functional.ivf_join.ivf_self_topk`, its cells) are handed to
+    the IVF join (:func:`~geograph.knn.ivf_join.ivf_self_topk`, its cells) are handed to
     ``executor`` instead of being run one after another (``None``: run here).
 
     The executor only decides where a tile runs: every tile is the same function on the same

@@ -2,17 +2,17 @@
 
 :meth:`geograph.CorpusGraph.from_knn` and :meth:`geograph.G3Graph.build` take their lists from
 :func:`self_topk`; its ``index`` is resolved by
-:func:`~geograph.functional.knn_policy.resolve_index`.
+:func:`~geograph.knn.policy.resolve_index`.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.ivf_join import ivf_self_topk
-from geograph.functional.knn_exact import exact_self_topk
-from geograph.functional.knn_policy import IVFOptions, SelfTopk, Transform, resolve_index
+from geograph.knn.allpairs import DEFAULT_BLOCK
+from geograph.knn.exact import exact_self_topk
+from geograph.knn.ivf_join import ivf_self_topk
+from geograph.knn.policy import IVFOptions, SelfTopk, Transform, resolve_index
 
 __all__ = ["self_topk"]
 
@@ -30,10 +30,10 @@ def self_topk(
 ) -> SelfTopk:
     """Top-``k`` most similar other rows of every row of ``z``: exact by tiles, or by the IVF join.
 
-    ``index`` is ``"exact"`` (:func:`~geograph.functional.knn_exact.exact_self_topk`), ``"ivf"``
-    (:func:`~geograph.functional.ivf_join.ivf_self_topk` with the options ``ivf``) or ``"auto"``
-    (:func:`~geograph.functional.knn_policy.resolve_index`). Pairs are ranked by
-    ``transform(s) * target[j]`` (:func:`~geograph.functional.knn_exact.rank_pairs`; default:
+    ``index`` is ``"exact"`` (:func:`~geograph.knn.exact.exact_self_topk`), ``"ivf"``
+    (:func:`~geograph.knn.ivf_join.ivf_self_topk` with the options ``ivf``) or ``"auto"``
+    (:func:`~geograph.knn.policy.resolve_index`). Pairs are ranked by
+    ``transform(s) * target[j]`` (:func:`~geograph.knn.exact.rank_pairs`; default:
     the inner product).
 
     Args:
@@ -46,7 +46,7 @@ def self_topk(
         progress: progress bars (a string labels them).
 
     Returns:
-        :class:`~geograph.functional.knn_policy.SelfTopk`: ``(N, k)`` values and indices, best
+        :class:`~geograph.knn.policy.SelfTopk`: ``(N, k)`` values and indices, best
         first, ties lowest index (``-inf`` / ``-1`` where a row has fewer than ``k``), the
         seconds of each stage and, for IVF, its report.
 

@@ -1,9 +1,9 @@
 """How a corpus-wide top-``k`` build is chosen and sized, and what it reports.
 
-A build's candidate lists come from the exact tiled scan (:mod:`geograph.functional.knn_exact`)
-or from the IVF self-join (:mod:`geograph.functional.ivf_join`); :func:`resolve_index` picks
+A build's candidate lists come from the exact tiled scan (:mod:`geograph.knn.exact`)
+or from the IVF self-join (:mod:`geograph.knn.ivf_join`); :func:`resolve_index` picks
 one (``"auto"``: exact up to :data:`AUTO_EXACT_MAX` passages), and
-:func:`~geograph.functional.knn_build.self_topk` runs it. The IVF sizes follow the corpus size
+:func:`~geograph.knn.build.self_topk` runs it. The IVF sizes follow the corpus size
 (:func:`default_join_nlist`, :func:`default_join_nprobe` for the self-join, :func:`default_nlist`
 for the query index of :class:`geograph.DenseRetriever`) and are checked by :func:`check_ivf`.
 :class:`IVFOptions` holds a join's settings, :class:`SelfTopk` and :class:`IVFReport` what it
@@ -113,7 +113,7 @@ def default_nlist(n: int) -> int:
 
 
 def default_join_nlist(n: int) -> int:
-    """``nlist`` of the self-join (:func:`~geograph.functional.ivf_join.ivf_self_topk`) unless given:
+    """``nlist`` of the self-join (:func:`~geograph.knn.ivf_join.ivf_self_topk`) unless given:
     about ``2 sqrt(N)`` cells (a power of two), e.g. 1024 at 200k and 2048 at 1M passages.
 
     Half the query index's: the join trains the quantizer on ``64 x nlist`` rows (time
@@ -182,7 +182,7 @@ def check_ivf(n: int, nlist: int, nprobe: int, sample: int | None, per_cell: int
 
 @dataclass(frozen=True)
 class IVFOptions:
-    """The settings of an IVF self-join (:func:`~geograph.functional.ivf_join.ivf_self_topk`);
+    """The settings of an IVF self-join (:func:`~geograph.knn.ivf_join.ivf_self_topk`);
     checked when the join runs, against the corpus size.
 
     Attributes:
@@ -193,10 +193,10 @@ class IVFOptions:
         sample: k-means training rows (default ``64 x nlist``, at most N; at least ``39 x nlist``).
         seed: the sample and the k-means seed.
         refine: one neighbours-of-neighbours round
-            (:func:`~geograph.functional.nn_descent.refine_neighbours`).
+            (:func:`~geograph.knn.nn_descent.refine_neighbours`).
         recall_target: with ``nprobe`` left to its default, the share of each row's exact
             top-``k`` the join must find, in ``(0, 1]``; ``None``: ``nprobe`` as given or by
-            default, nothing measured (see :func:`~geograph.functional.ivf_join.ivf_self_topk`).
+            default, nothing measured (see :func:`~geograph.knn.ivf_join.ivf_self_topk`).
         recall_rows: rows sampled for the choice of ``nprobe`` and as many for the measure
             (at most ``N``).
 
@@ -255,7 +255,7 @@ class IVFReport:
 
 @dataclass(frozen=True)
 class SelfTopk:
-    """Every row's top-``k`` other rows (:func:`~geograph.functional.knn_build.self_topk`).
+    """Every row's top-``k`` other rows (:func:`~geograph.knn.build.self_topk`).
 
     Attributes:
         values: ``(N, k)`` scores, best first (ties: lowest index); ``-inf`` where a row has

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_candidates, check_mask, check_percentile, check_positive_int, check_tensor
-from geograph.functional.similarity import cosine_similarity
+from geograph.ops.similarity import cosine_similarity
 from geograph.outputs import topk_stable
 
 

@@ -1,6 +1,6 @@
 """One round of NN-descent's local join: each row's list meets its neighbours' neighbours, re-scored exactly.
 
-The IVF join (:func:`~geograph.functional.ivf_join.ivf_self_topk`) misses the pairs whose cells
+The IVF join (:func:`~geograph.knn.ivf_join.ivf_self_topk`) misses the pairs whose cells
 never meet; the neighbours of a row's neighbours hold most of them, so one round recovers most
 of the misses at ``O(N width^2 D)``.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar
-from geograph.functional.knn_exact import rank_pairs
-from geograph.functional.knn_policy import Transform
+from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar
+from geograph.knn.exact import rank_pairs
+from geograph.knn.policy import Transform
 
 __all__ = ["refine_neighbours"]
 
@@ -41,13 +41,13 @@ def refine_neighbours(
         values, indices: ``(N, k)`` current lists (``-1`` = empty slot), best first.
         width: neighbours expanded per row (at most ``k``).
         block: bounds the gathered candidate vectors of one step (``block^2`` numbers).
-        transform, target: how a pair is ranked (:func:`~geograph.functional.knn_exact.rank_pairs`).
+        transform, target: how a pair is ranked (:func:`~geograph.knn.exact.rank_pairs`).
         inplace: write into ``values`` / ``indices`` (same result; saves one copy of the lists).
         progress: a progress bar over the rows.
 
     Returns:
         the improved ``(values, indices)``, unordered within a row
-        (:func:`~geograph.functional.allpairs.sort_topk` orders them).
+        (:func:`~geograph.knn.allpairs.sort_topk` orders them).
 
     Example:
         >>> z = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.6, 0.8], [0.0, 1.0]])

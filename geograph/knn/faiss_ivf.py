@@ -2,7 +2,7 @@
 
 Queries that are not corpus passages (:class:`geograph.DenseRetriever` with ``index="ivf"``)
 search a faiss ``IndexIVFFlat`` (:func:`build_ivf_index`); the corpus's own all-pairs lists use
-the IVF self-join instead (:func:`~geograph.functional.ivf_join.ivf_self_topk`), whose cells are
+the IVF self-join instead (:func:`~geograph.knn.ivf_join.ivf_self_topk`), whose cells are
 faiss's spherical k-means (:func:`train_centroids`); both train on a uniform sample
 (:func:`training_rows`).
 """
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from geograph.functional.knn_policy import check_ivf, log
+from geograph.knn.policy import check_ivf, log
 
 __all__ = ["import_faiss", "training_rows", "train_centroids", "build_ivf_index"]
 

@@ -5,7 +5,7 @@ default: the inner product ``s_ij`` itself): G3's candidate lists rank by the we
 in the band times the target's density penalty, the k-NN graph by the cosine. The exact scan of
 every row (:func:`exact_self_topk`) is the ``index="exact"`` source of a corpus-wide build and
 the IVF join's fall-back; the exact lists of some rows (:func:`exact_rows`) are the reference the
-join's recall is predicted and measured against (:mod:`geograph.functional.ivf_recall`).
+join's recall is predicted and measured against (:mod:`geograph.knn.ivf_recall`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from geograph.functional.allpairs import DEFAULT_BLOCK, tiled_pairs
-from geograph.functional.knn_policy import SelfTopk, StageClock, Transform
+from geograph.knn.allpairs import DEFAULT_BLOCK, tiled_pairs
+from geograph.knn.policy import SelfTopk, StageClock, Transform
 
 __all__ = ["rank_pairs", "pair_score", "exact_self_topk", "exact_rows"]
 
@@ -36,7 +36,7 @@ def rank_pairs(s: Tensor, transform: Transform | None, target: Tensor | None, co
 
 
 def pair_score(transform: Transform | None, target: Tensor | None) -> Callable[[Tensor, Tensor], Tensor] | None:
-    """:func:`rank_pairs` as the ``score`` of :func:`~geograph.functional.allpairs.tiled_pairs`
+    """:func:`rank_pairs` as the ``score`` of :func:`~geograph.knn.allpairs.tiled_pairs`
     (``None``: the plain inner product)."""
     return None if transform is None and target is None else (lambda s, cols: rank_pairs(s, transform, target, cols))
 
@@ -60,7 +60,7 @@ def exact_self_topk(
         progress: a progress bar over the tiles (a string names it).
 
     Returns:
-        :class:`~geograph.functional.knn_policy.SelfTopk` with ``(N, k)`` lists best first, ties
+        :class:`~geograph.knn.policy.SelfTopk` with ``(N, k)`` lists best first, ties
         lowest index (``-inf`` / ``-1`` where a row has fewer than ``k`` ranked pairs),
         ``seconds={"exact": ...}`` and no IVF report.
 
@@ -86,7 +86,7 @@ def exact_rows(
 ) -> Tensor:
     """Exact top-``k`` ids of ``rows`` against every other row of ``z``, ranked as
     :func:`exact_self_topk` ranks them (``-1`` where a pair is never ranked): the reference
-    :func:`~geograph.functional.ivf_recall.sample_recall` compares with.
+    :func:`~geograph.knn.ivf_recall.sample_recall` compares with.
 
     Example:
         >>> exact_rows(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]), torch.tensor([2]), 2)

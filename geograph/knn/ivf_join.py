@@ -1,22 +1,22 @@
 r"""Approximate all-pairs top-k for corpora of millions: an IVF cell join, re-scored exactly.
 
 The corpus is split into ``nlist`` cells by spherical k-means trained on a uniform sample
-(faiss's ``Kmeans``, :func:`~geograph.functional.faiss_ivf.train_centroids`); each cell is joined
+(faiss's ``Kmeans``, :func:`~geograph.knn.faiss_ivf.train_centroids`); each cell is joined
 with the ``nprobe`` cells whose centroids are nearest to its own, and the join is made symmetric
 (cell ``a`` meets cell ``b`` when either probes the other, once), so every pair that is computed
 updates both passages' lists. A join of two cells is one matrix product of uncompressed
 vectors: the scores are exact, only pairs between cells that never meet are missed. One round of
-neighbours-of-neighbours (:func:`~geograph.functional.nn_descent.refine_neighbours`) then
+neighbours-of-neighbours (:func:`~geograph.knn.nn_descent.refine_neighbours`) then
 recovers most of those misses. This is the candidate source of ``index="ivf"`` in
 :meth:`geograph.CorpusGraph.from_knn` and :meth:`geograph.G3Graph.build`
-(:func:`~geograph.functional.knn_build.self_topk`); the exact source is
-:func:`~geograph.functional.knn_exact.exact_self_topk`.
+(:func:`~geograph.knn.build.self_topk`); the exact source is
+:func:`~geograph.knn.exact.exact_self_topk`.
 
 Why not ``faiss.IndexIVFFlat.search`` for the self-join: it scans each query's lists one vector
 at a time; grouping the queries of a cell turns the same work into matrix products (about
 2-3x faster on two CPU cores, and the same code runs on CUDA). Queries that are not corpus
 passages (:class:`geograph.DenseRetriever`) use faiss's index directly
-(:func:`~geograph.functional.faiss_ivf.build_ivf_index`).
+(:func:`~geograph.knn.faiss_ivf.build_ivf_index`).
 
 References:
     Johnson, Douze, Jegou, "Billion-scale similarity search with GPUs", IEEE Trans. Big Data
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_positive_int
-from geograph.functional.allpairs import (
+from geograph.knn.allpairs import (
     DEFAULT_BLOCK,
     current_executor,
     map_tiles,
@@ -41,10 +41,11 @@ from geograph.functional.allpairs import (
     sort_topk_,
     tiled_topk,
 )
-from geograph.functional.faiss_ivf import train_centroids
-from geograph.functional.ivf_recall import choose_nprobe, measure_recall
-from geograph.functional.knn_exact import exact_rows, exact_self_topk, rank_pairs
-from geograph.functional.knn_policy import (
+from geograph.knn.exact import exact_rows, exact_self_topk, rank_pairs
+from geograph.knn.faiss_ivf import train_centroids
+from geograph.knn.ivf_recall import choose_nprobe, measure_recall
+from geograph.knn.nn_descent import refine_neighbours
+from geograph.knn.policy import (
     LADDER_DESCENT,
     IVFOptions,
     IVFReport,
@@ -56,7 +57,6 @@ from geograph.functional.knn_policy import (
     default_join_nprobe,
     log,
 )
-from geograph.functional.nn_descent import refine_neighbours
 
 __all__ = ["ivf_self_topk", "join_cells"]
 
@@ -81,8 +81,8 @@ def ivf_self_topk(
     rows are ranked exactly against every row; the cells of their exact neighbours say, for any
     ``nprobe``, which of them the join would meet (its cell pairs and the row's own probes), so
     ``nprobe`` is the smallest of the ladder ``default / 4, default / 2, default, 2 default, ...``
-    (:data:`~geograph.functional.knn_policy.LADDER_DESCENT`) whose predicted recall reaches the
-    target (:func:`~geograph.functional.ivf_recall.choose_nprobe`; the refining round
+    (:data:`~geograph.knn.policy.LADDER_DESCENT`) whose predicted recall reaches the
+    target (:func:`~geograph.knn.ivf_recall.choose_nprobe`; the refining round
     only adds to it). Above ``nlist / 4`` cells (probed from both sides, a large share of all
     pairs) the rows are computed exactly instead: a simple bound, not a cost model. Either way
     ``recall_rows`` other sampled rows measure the recall of the result. Why: IVF's recall
@@ -93,7 +93,7 @@ def ivf_self_topk(
     Args:
         z: ``(N, D)`` rows (unit for cosine), CPU or CUDA.
         k: neighbours per row, ``1 <= k < N``.
-        options: the join's settings (:class:`~geograph.functional.knn_policy.IVFOptions`;
+        options: the join's settings (:class:`~geograph.knn.policy.IVFOptions`;
             default: every default, no recall target).
         block: largest tile side.
         transform: an elementwise map of the inner products (symmetric in the pair; ``-inf``
@@ -105,12 +105,12 @@ def ivf_self_topk(
             a string labels them.
 
     Returns:
-        :class:`~geograph.functional.knn_policy.SelfTopk`: ``values``, ``indices`` ``(N, k)``,
+        :class:`~geograph.knn.policy.SelfTopk`: ``values``, ``indices`` ``(N, k)``,
         best first (ties: lowest index; a row with fewer than ``k`` candidates pads with
         ``-inf`` and index ``-1``, rare: tiny cells only), the seconds of each stage
         (``train``, ``assign``, ``join``, ``own_probes``, ``refine``; ``recall`` for the sampled
         exact rows; ``exact`` after a fall-back) and the
-        :class:`~geograph.functional.knn_policy.IVFReport` (after a fall-back to the exact scan
+        :class:`~geograph.knn.policy.IVFReport` (after a fall-back to the exact scan
         ``exact`` is True, ``nprobe`` None and ``recall`` 1.0 by construction, not measured).
 
     Example:
@@ -296,7 +296,7 @@ def _join_cell(shared: dict[str, Any], a: int, sink: Callable[[slice | Tensor, T
 
 
 def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-    """A group of cells of the IVF join as one independent tile (:func:`~geograph.functional.allpairs.map_tiles`):
+    """A group of cells of the IVF join as one independent tile (:func:`~geograph.knn.allpairs.map_tiles`):
     returns the sorted positions it touched and their merged lists ``(rows, values (R, k), ids (R, k))``.
     Memory: one ``(N, k)`` list buffer for the group."""
     z, k = shared["z"], shared["k"]

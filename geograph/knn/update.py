@@ -2,7 +2,7 @@
 
 Each row ``i`` holds :class:`TopkLists`: its ``depth`` best other rows, best first, ranked by
 ``transform(s_ij)`` (default: the inner product ``s_ij``; ties: lowest row index first, the
-rule of :func:`~geograph.functional.allpairs.tiled_pairs`). The list is exact: it is the row's
+rule of :func:`~geograph.knn.allpairs.tiled_pairs`). The list is exact: it is the row's
 true top-``depth`` over the current rows. A row is **complete** when its list holds every other
 row of finite rank (fewer than ``K`` exist).
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from geograph.functional.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
-from geograph.functional.knn_exact import pair_score
-from geograph.functional.knn_policy import Transform
+from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
+from geograph.knn.exact import pair_score
+from geograph.knn.policy import Transform
 
 __all__ = ["TopkLists", "ListsChange", "topk_lists", "scan_rows", "lists_add", "lists_remove", "lists_edges"]
 

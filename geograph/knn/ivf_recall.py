@@ -1,7 +1,7 @@
 """The recall of IVF lists on sampled rows: predicted for any ``nprobe`` before the join, measured after.
 
 Both compare with the exact lists of sampled rows
-(:func:`~geograph.functional.knn_exact.exact_rows`). Before the join, the cells of those exact
+(:func:`~geograph.knn.exact.exact_rows`). Before the join, the cells of those exact
 neighbours say which of them a join with ``nprobe`` cells would meet, so :func:`choose_nprobe`
 picks the least ``nprobe`` whose predicted recall reaches a target; after it,
 :func:`measure_recall` counts what the built lists found on other sampled rows
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from geograph.functional.allpairs import DEFAULT_BLOCK
-from geograph.functional.knn_exact import exact_rows
-from geograph.functional.knn_policy import IVFReport, Transform, log
+from geograph.knn.allpairs import DEFAULT_BLOCK
+from geograph.knn.exact import exact_rows
+from geograph.knn.policy import IVFReport, Transform, log
 
 __all__ = ["sample_recall", "choose_nprobe", "measure_recall"]
 
@@ -121,7 +121,7 @@ def measure_recall(
 ) -> IVFReport:
     """The report of a join asked for ``recall_target``: the recall of its lists ``indices`` ``(N, k)``
     measured on the sampled ``rows`` (not those that chose ``nprobe``) against
-    :func:`~geograph.functional.knn_exact.exact_rows`, logged (a warning below the target); 1.0
+    :func:`~geograph.knn.exact.exact_rows`, logged (a warning below the target); 1.0
     when the lists are ``exact`` (the fall-back: not measured). ``nprobe`` and ``predicted`` are
     what the join chose and predicted.
 
