@@ -33,7 +33,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/codespell $$(git ls-files 2>/dev/null || find . -path ./.venv -prune -o -type f -print)
+	# every file of the tree, tracked or not (a new file is checked before its first commit); ignored ones are not
+	$(VENV)/bin/codespell $$(git ls-files --cached --others --exclude-standard 2>/dev/null || find . -path ./.venv -prune -o -type f -print)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

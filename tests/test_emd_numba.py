@@ -7,9 +7,9 @@ import pytest
 import torch
 from ricci_helpers import random_adjacency, real_adjacency
 
-from geograph.functional import _ricci_numba as R
-from geograph.functional import _simplex_numba as S
-from geograph.functional.transport import _MAX_PIVOTS, pot_emd
+from geograph.transport._numba import ricci as R
+from geograph.transport._numba import simplex as S
+from geograph.transport.solvers import _MAX_PIVOTS, pot_emd
 
 
 @pytest.mark.parametrize("n", [2, 7, 21])

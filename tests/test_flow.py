@@ -184,8 +184,8 @@ def test_flow_dtype_follows_input_and_step_is_validated():
 
 def test_compiled_flow_equals_the_torch_loop():
     """The one-call numba flow vs the torch loop over steps with per-step compiled curvature."""
-    from geograph.functional.curvature import validate_graph
-    from geograph.functional.flow import _torch_flow
+    from geograph.transport.curvature import validate_graph
+    from geograph.transport.flow import _torch_flow
 
     rng = np.random.default_rng(5)
     adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])
@@ -217,10 +217,10 @@ def test_compiled_flow_equals_the_torch_loop():
 @pytest.mark.parametrize("step", [1.0, 0.35])
 def test_torch_and_compiled_flow_steps_are_the_same_update(step):
     """The flow's update is written twice (the torch loop's ``flow._flow_step`` on dense batches, the
-    compiled ``_ricci_numba._flow_step`` on one graph's edge list): both equal numpy's
+    compiled ``_numba.ricci._flow_step`` on one graph's edge list): both equal numpy's
     ``w - step * kappa * w`` rescaled to mean edge length 1, on the same random graphs and curvatures."""
-    from geograph.functional._ricci_numba import _flow_step as compiled_step
-    from geograph.functional.flow import _flow_step as torch_step
+    from geograph.transport._numba.ricci import _flow_step as compiled_step
+    from geograph.transport.flow import _flow_step as torch_step
 
     rng = np.random.default_rng(21)
     adj = torch.cat([real_adjacency(2), random_adjacency(rng, 4, 21)])
@@ -267,8 +267,8 @@ def test_warm_started_simplex_equals_cold_solves():
     """Each edge's simplex starts from its previous optimal basis (completed where the supports
     changed, repaired by dual steps where the new masses make it infeasible): the flow equals
     the one with every problem solved cold, and the warm path is the one taken."""
-    from geograph.functional._ricci_numba import flow_batch
-    from geograph.functional.transport import _MAX_PIVOTS
+    from geograph.transport._numba.ricci import flow_batch
+    from geograph.transport.solvers import _MAX_PIVOTS
 
     rng = np.random.default_rng(11)
     adj = torch.cat([real_adjacency(4), random_adjacency(rng, 4, 21), torch.zeros(2, 21, 21, dtype=torch.bool)])
@@ -296,8 +296,8 @@ def test_exact_flow_stats_are_the_flows_and_thread_independent():
     """The public statistics count the same flow as ricci_flow runs, and do not depend on how the
     problems are split over numba's threads (each problem's pivots depend only on its own edge)."""
     from geograph.functional import SimplexStats, exact_flow_stats
-    from geograph.functional._ricci_numba import flow_batch
-    from geograph.functional.transport import _MAX_PIVOTS
+    from geograph.transport._numba.ricci import flow_batch
+    from geograph.transport.solvers import _MAX_PIVOTS
 
     rng = np.random.default_rng(3)
     adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])

@@ -158,7 +158,7 @@ def test_conformal_volume_has_one_home():
 
 
 def test_solver_resolution_has_one_home():
-    from geograph.functional.curvature import resolve_solver
+    from geograph.transport.curvature import resolve_solver
 
     model = RicciFiltration()
     for dev in ("cpu", "meta"):

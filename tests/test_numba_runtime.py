@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from geograph import RicciFiltration
-from geograph.functional import _numba
-from geograph.functional._numba import cache_info, warmup
+from geograph.transport._numba import runtime as _numba
+from geograph.transport._numba.runtime import cache_info, warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,14 +254,14 @@ def test_cached_kernels_are_keyed_on_every_kernel_source(tmp_path, monkeypatch):
 
 def test_kernel_sources_list_every_module_a_kernel_reads():
     """Every module that compiles kernels, and every private module of the package one of them imports."""
-    folder = ROOT / "geograph" / "functional"
+    folder = ROOT / "geograph" / "transport" / "_numba"
     listed = set(_numba.KERNEL_SOURCES)
-    uses_jit = re.compile(r"^from geograph\.functional\._numba import .*\bjit\b", re.M)
+    uses_jit = re.compile(r"^from geograph\.transport\._numba\.runtime import .*\bjit\b", re.M)
     kernels = [f for f in folder.glob("*.py") if uses_jit.search(f.read_text())]
-    assert {f.name for f in kernels} >= {"_simplex_numba.py", "_ricci_numba.py"}
+    assert {f.name for f in kernels} >= {"simplex.py", "ricci.py"}
     for f in kernels:
         assert f.name in listed, f.name
-        for name in re.findall(r"from geograph\.functional\.(_\w+) import", f.read_text()):
+        for name in re.findall(r"from geograph\.transport\._numba\.(\w+) import", f.read_text()):
             assert f"{name}.py" in listed, (f.name, name)
     digest = _numba.sources_digest()
     assert len(digest) == 64 and all((folder / name).is_file() for name in listed)
@@ -269,8 +269,8 @@ def test_kernel_sources_list_every_module_a_kernel_reads():
 
 def test_warmup_compiles_what_the_modules_call():
     """After warmup(), Ricci-Filtration (exact, and Sinkhorn's exact re-solves) compiles nothing new."""
-    from geograph.functional._ricci_numba import curvature_batch, flow_batch
-    from geograph.functional._simplex_numba import emd_batch
+    from geograph.transport._numba.ricci import curvature_batch, flow_batch
+    from geograph.transport._numba.simplex import emd_batch
 
     info = warmup()
     assert info["source"] == cache_info()["source"] and info["threading_layer"] in {"tbb", "omp", "workqueue"}
@@ -298,9 +298,9 @@ def test_parallel_entry_points_release_the_gil():
     """
     import numpy as np
 
-    from geograph.functional._ricci_numba import curvature_batch, flow_batch
-    from geograph.functional._simplex_numba import emd_batch
-    from geograph.functional.transport import _MAX_PIVOTS
+    from geograph.transport._numba.ricci import curvature_batch, flow_batch
+    from geograph.transport._numba.simplex import emd_batch
+    from geograph.transport.solvers import _MAX_PIVOTS
 
     for f in (flow_batch, curvature_batch, emd_batch):
         assert f.kernel.targetoptions.get("nogil") is True and f.kernel.targetoptions.get("parallel"), f.__name__
@@ -333,7 +333,7 @@ THREADS_KEPT = """
 import torch
 torch.set_num_threads(1)
 from geograph import RicciFiltration
-from geograph.functional._numba import warmup
+from geograph.transport._numba.runtime import warmup
 q, docs = torch.randn(2, 8, dtype=torch.float64), torch.randn(2, 6, 8, dtype=torch.float64)
 RicciFiltration(solver="exact")(q, docs)
 after_call = torch.get_num_threads()

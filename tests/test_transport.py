@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from geograph.functional.transport import sinkhorn
+from geograph.transport.solvers import sinkhorn
 
 ot = pytest.importorskip("ot")
 
@@ -90,7 +90,7 @@ def test_exception():
 
 # ---- exact solver (compiled transportation simplex) vs POT -----------------------------
 
-from geograph.functional.transport import emd, emd_numpy, transport_bounds  # noqa: E402
+from geograph.transport.solvers import emd, emd_numpy, transport_bounds  # noqa: E402
 
 
 def exact_problems(seed, count=200, n=10, m=20):

@@ -1,9 +1,5 @@
 """Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
 
-from geograph.functional._numba import cache_info as numba_cache_info
-from geograph.functional._numba import warmup
-from geograph.functional.curvature import lazy_measures, ollivier_ricci
-from geograph.functional.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
 from geograph.functional.g3 import g3_diffuse, g3_retrieve, g3_top_up
 from geograph.functional.gain import gain_density, gain_transition
 from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
@@ -11,7 +7,6 @@ from geograph.functional.isoperimetric import compatible_edges, conformal_volume
 from geograph.functional.maniscope import maniscope_scores
 from geograph.functional.pagerank import personalized_pagerank
 from geograph.functional.ricci import ricci_filtration, ricci_surgery
-from geograph.functional.transport import SinkhornOutput, sinkhorn
 from geograph.ops.adjacency import csr_row_slots, knn_from_similarity, knn_graph, masked_percentile, query_graph
 from geograph.ops.paths import shortest_paths, single_source_shortest_paths
 from geograph.ops.ranking_metrics import (
@@ -23,6 +18,11 @@ from geograph.ops.ranking_metrics import (
     recall_at_k,
 )
 from geograph.ops.similarity import cosine_similarity, minmax_normalize, normalize, unit_rows
+from geograph.transport._numba.runtime import cache_info as numba_cache_info
+from geograph.transport._numba.runtime import warmup
+from geograph.transport.curvature import lazy_measures, ollivier_ricci
+from geograph.transport.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
+from geograph.transport.solvers import SinkhornOutput, sinkhorn
 
 __all__ = [
     "cosine_similarity",
@@ -72,9 +72,9 @@ __all__ = [
 
 # The helpers other docstrings and docs/architecture.md cite as ``geograph.functional.*``.
 from geograph.functional.gain import gain_density_info, gain_edges, gain_transition_edges
-from geograph.functional.transport import TransportBounds, emd, transport_bounds
 from geograph.knn.allpairs import tiled_pairs, tiled_topk
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
+from geograph.transport.solvers import TransportBounds, emd, transport_bounds
 
 __all__ += [
     "emd",

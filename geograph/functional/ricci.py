@@ -15,11 +15,11 @@ from geograph._checks import (
     check_positive_int,
     check_unit_interval,
 )
-from geograph.functional.curvature import check_solver, resolve_solver
-from geograph.functional.flow import check_step, ricci_flow
 from geograph.ops.adjacency import query_graph
 from geograph.ops.similarity import cosine_similarity
 from geograph.outputs import RerankOutput, order_by_score
+from geograph.transport.curvature import check_solver, resolve_solver
+from geograph.transport.flow import check_step, ricci_flow
 
 __all__ = ["ricci_filtration", "ricci_surgery", "check_ricci_options"]
 

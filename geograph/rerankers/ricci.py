@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from geograph.functional.curvature import resolve_solver
 from geograph.functional.ricci import check_ricci_options, ricci_filtration
 from geograph.outputs import RerankOutput
+from geograph.transport.curvature import resolve_solver
 
 __all__ = ["RicciFiltration"]
 

@@ -181,7 +181,7 @@ def run_peer(task: dict, x: np.ndarray, out: dict) -> None:
     each one's lists saved to ``task["out"] + ".<i>.npy"``; ``out["missing"]`` if its package is not importable."""
     import importlib
 
-    from geograph.functional._numba import torch_threads_kept
+    from geograph.transport._numba.runtime import torch_threads_kept
 
     name = task["builder"]
     try:

@@ -7,14 +7,14 @@ whole flow in one call) wrap them with torch tensors at the boundary;
 
 Per graph, the all-pairs shortest paths and the lazy measures (:func:`_apsp_measures`); per edge
 ``(x, y)``, the Kantorovich-Rubinstein compaction of ``W1(m_x, m_y)`` (:func:`_kr_compact`) solved
-by the transportation simplex of :mod:`geograph.functional._simplex_numba` in one
-:class:`~geograph.functional._simplex_numba.Workspace` per chunk of edges (:func:`_edge_kappa`);
+by the transportation simplex of :mod:`geograph.transport._numba.simplex` in one
+:class:`~geograph.transport._numba.simplex.Workspace` per chunk of edges (:func:`_edge_kappa`);
 per flow step, every graph's update (:func:`_flow_step`, the twin of the torch loop's
-``geograph.functional.flow._flow_step``). In the flow, each edge's simplex starts from its
-optimal basis of the previous step, kept in a :class:`~geograph.functional._simplex_numba.WarmStore`
+``geograph.transport.flow._flow_step``). In the flow, each edge's simplex starts from its
+optimal basis of the previous step, kept in a :class:`~geograph.transport._numba.simplex.WarmStore`
 (the warm start is described in that module's docstring), and all graphs and then all edges of
 a step run in parallel (``prange``); the threads, the GIL and the cache follow the rules of
-:mod:`geograph.functional._simplex_numba` and :mod:`geograph.functional._numba`.
+:mod:`geograph.transport._numba.simplex` and :mod:`geograph.transport._numba.runtime`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-# GraphRicciCurvature's thresholds (one home: functional/_grc.py): d(x, y) below _DIST_EPS gives
+# GraphRicciCurvature's thresholds (one home: transport/_numba/grc.py): d(x, y) below _DIST_EPS gives
 # curvature 0; a neighbour weight sum at or below _WEIGHT_SUM_EPS falls back to the uniform measure
-from geograph.functional._grc import DIST_EPS as _DIST_EPS
-from geograph.functional._grc import WEIGHT_SUM_EPS as _WEIGHT_SUM_EPS
-from geograph.functional._numba import jit, locked
-from geograph.functional._simplex_numba import (
+from geograph.transport._numba.grc import DIST_EPS as _DIST_EPS
+from geograph.transport._numba.grc import WEIGHT_SUM_EPS as _WEIGHT_SUM_EPS
+from geograph.transport._numba.runtime import jit, locked
+from geograph.transport._numba.simplex import (
     STATUS_OK,
     WarmStore,
     Workspace,
@@ -41,7 +41,14 @@ from geograph.functional._simplex_numba import (
     _workspace,
     num_chunks,
 )
-from geograph.functional._simplex_stats import N_STATS, STAT_DUAL, STAT_PIVOTS, STAT_PROBLEMS, STAT_WARM, SimplexStats
+from geograph.transport._numba.simplex_stats import (
+    N_STATS,
+    STAT_DUAL,
+    STAT_PIVOTS,
+    STAT_PROBLEMS,
+    STAT_WARM,
+    SimplexStats,
+)
 
 # |m_x(v) - m_y(v)| at or below this puts v in neither support: rounding noise of the lazy
 # measures (sums of a few exp terms) is a few ulps, and a spurious tiny support only adds work
@@ -299,7 +306,7 @@ def _spread(ke: np.ndarray, e0: int, e1: int) -> float:
 @jit(nogil=True)
 def _flow_step(w: np.ndarray, ke: np.ndarray, e0: int, e1: int, ex: np.ndarray, ey: np.ndarray, step: float) -> None:
     """One graph's update ``w <- w - step * kappa * w``, then ``w <- w * |E| / sum(w)``; the torch
-    loop's twin is ``geograph.functional.flow._flow_step`` (tested equal in ``tests/test_flow.py``)."""
+    loop's twin is ``geograph.transport.flow._flow_step`` (tested equal in ``tests/test_flow.py``)."""
     total = 0.0
     for e in range(e0, e1):
         v = w[ex[e], ey[e]] - step * ke[e] * w[ex[e], ey[e]]

@@ -1,7 +1,7 @@
 """Compiled exact optimal transport for many small problems (numba, float64, CPU): the transportation simplex.
 
 The kernels here are private: :func:`geograph.functional.emd` wraps :func:`emd_batch` with torch
-tensors at the boundary, and the Ricci drivers (:mod:`geograph.functional._ricci_numba`: the
+tensors at the boundary, and the Ricci drivers (:mod:`geograph.transport._numba.ricci`: the
 exact path of :func:`geograph.functional.ollivier_ricci` / :func:`geograph.functional.ricci_flow`)
 solve each edge's transport problem with :func:`_simplex` in a :class:`Workspace`, warm-started
 from a :class:`WarmStore`; :func:`geograph.functional.exact_flow_stats` reports the work of the
@@ -106,9 +106,9 @@ union_root     (n,)          i8      ``[:nn]`` union-find parents (:func:`_warm_
 =============  ============  ======  =========================================================
 
 Solver statistics: each chunk adds into one row of an ``(chunks, 4)`` int64 array whose columns
-are named in :mod:`geograph.functional._simplex_stats`; the entry points sum it into a
+are named in :mod:`geograph.transport._numba.simplex_stats`; the entry points sum it into a
 :class:`~geograph.functional.SimplexStats`. A problem is counted when the simplex runs on it (an edge with
-``d(x, y) <`` ``_grc.DIST_EPS`` (1e-7) or an empty support has no problem).
+``d(x, y) <`` ``grc.DIST_EPS`` (1e-7) or an empty support has no problem).
 
 Threads and the GIL
 -------------------
@@ -119,12 +119,12 @@ releases the GIL around each parallel region even without ``nogil``; ``nogil`` a
 it for the serial code between them: the edge counting, allocations, the flow's step loop.
 ``tests/test_numba_runtime.py`` checks the flags and that another thread runs during a
 solve.) The Python entry points :func:`emd_batch` here and
-:func:`~geograph.functional._ricci_numba.curvature_batch`,
-:func:`~geograph.functional._ricci_numba.flow_batch` run one kernel at a time per process (a lock,
-:func:`geograph.functional._numba.locked`): each already uses every numba thread, and numba's
+:func:`~geograph.transport._numba.ricci.curvature_batch`,
+:func:`~geograph.transport._numba.ricci.flow_batch` run one kernel at a time per process (a lock,
+:func:`geograph.transport._numba.runtime.locked`): each already uses every numba thread, and numba's
 ``workqueue`` threading layer cannot run parallel kernels launched from several threads at
 once. Everything is compiled once and cached on disk where a writable directory exists (the
-choice is in :func:`geograph.functional._numba.cache_info`).
+choice is in :func:`geograph.transport._numba.runtime.cache_info`).
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-from geograph.functional._numba import jit, locked, numba_threads
-from geograph.functional._simplex_stats import N_STATS, STAT_PIVOTS, STAT_PROBLEMS, SimplexStats
+from geograph.transport._numba.runtime import jit, locked, numba_threads
+from geograph.transport._numba.simplex_stats import N_STATS, STAT_PIVOTS, STAT_PROBLEMS, SimplexStats
 
 # a problem's status: solved, or still open after the Bland phase's pivot cap
 STATUS_OK = 0

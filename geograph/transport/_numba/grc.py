@@ -1,7 +1,7 @@
 """GraphRicciCurvature 0.6.1's numerical thresholds: their one home.
 
-Read by the torch path (:mod:`geograph.functional.curvature`) and the compiled exact path
-(:mod:`geograph.functional._ricci_numba`), so that both follow the reference's rules.
+Read by the torch path (:mod:`geograph.transport.curvature`) and the compiled exact path
+(:mod:`geograph.transport._numba.ricci`), so that both follow the reference's rules.
 """
 
 #: a neighbour weight sum at or below this falls back to the uniform measure

@@ -25,7 +25,7 @@ decorated, then restored). :func:`cache_info` reports it.
 
 Freshness: numba keys a cached kernel on its own source file only, but a kernel compiles in the
 kernels it calls and the constants it reads from other files (the Ricci drivers of
-``_ricci_numba.py`` call and inline the simplex of ``_simplex_numba.py``). Every cached kernel's
+``ricci.py`` call and inline the simplex of ``simplex.py``). Every cached kernel's
 key therefore also holds a digest of all of :data:`KERNEL_SOURCES` (:func:`sources_digest`): an
 edit to any of them recompiles every kernel instead of loading a stale one.
 
@@ -68,7 +68,7 @@ KERNEL_LOCK = threading.Lock()
 
 #: the files (in this package) whose code or constants a compiled kernel may hold: every module
 #: with a kernel, and the modules they read constants from (the module docstring's "Freshness")
-KERNEL_SOURCES = ("_numba.py", "_simplex_numba.py", "_ricci_numba.py", "_grc.py", "_simplex_stats.py")
+KERNEL_SOURCES = ("runtime.py", "simplex.py", "ricci.py", "grc.py", "simplex_stats.py")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _P = ParamSpec("_P")
@@ -360,9 +360,9 @@ def warmup() -> dict[str, object]:
     import numba
     import torch
 
-    from geograph.functional.curvature import ollivier_ricci
-    from geograph.functional.flow import ricci_flow
-    from geograph.functional.transport import emd
+    from geograph.transport.curvature import ollivier_ricci
+    from geograph.transport.flow import ricci_flow
+    from geograph.transport.solvers import emd
 
     t0 = time.perf_counter()
     n = 4

@@ -1,6 +1,6 @@
 """The work counters of the exact transport simplex (numba-free, so importing it compiles nothing).
 
-The compiled kernels (:mod:`geograph.functional._simplex_numba`, :mod:`geograph.functional._ricci_numba`)
+The compiled kernels (:mod:`geograph.transport._numba.simplex`, :mod:`geograph.transport._numba.ricci`)
 count into int64 arrays whose last axis has the columns below; :class:`SimplexStats` is what the
 Python side returns.
 """

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["sinkhorn", "SinkhornOutput", "emd", "transport_bounds", "TransportBounds"]
 
 # Dantzig pivots per exact problem before the simplex switches to Bland's rule (which cannot
-# cycle); a problem still open after a further 50 * cells + 1000 pivots (_simplex_numba's
+# cycle); a problem still open after a further 50 * cells + 1000 pivots (_numba/simplex.py's
 # _BLAND_PIVOTS_PER_CELL, _BLAND_PIVOTS_BASE) counts as stuck and POT re-solves it (never seen on
 # real or random problems; tested by forcing tiny caps)
 _MAX_PIVOTS = 1000
@@ -262,7 +262,7 @@ def emd_numpy(cost: np.ndarray, a: np.ndarray, b: np.ndarray, max_pivots: int = 
     """float64 numpy core of :func:`emd`: the numba kernel, POT for any problem it left stuck."""
     import numpy as np
 
-    from geograph.functional._simplex_numba import emd_batch
+    from geograph.transport._numba.simplex import emd_batch
 
     cost, a, b = (np.ascontiguousarray(x, dtype=np.float64) for x in (cost, a, b))
     out, status, _ = emd_batch(a, b, cost, max_pivots=max_pivots)

@@ -14,15 +14,15 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_cert_tol, check_mask, check_tensor, check_unit_interval
-from geograph.functional._grc import DIST_EPS, WEIGHT_SUM_EPS
-from geograph.functional.transport import emd_numpy, sinkhorn_unchecked, transport_bounds
 from geograph.ops.paths import floyd_warshall_unchecked, shortest_paths
 from geograph.outputs import true_first
+from geograph.transport._numba.grc import DIST_EPS, WEIGHT_SUM_EPS
+from geograph.transport.solvers import emd_numpy, sinkhorn_unchecked, transport_bounds
 
 __all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]
 
 _SOLVERS = ("auto", "exact", "sinkhorn")
-# GraphRicciCurvature's thresholds (see geograph.functional._grc)
+# GraphRicciCurvature's thresholds (see geograph.transport._numba.grc)
 _WEIGHT_SUM_EPS = WEIGHT_SUM_EPS
 _DIST_EPS = DIST_EPS
 
@@ -340,8 +340,8 @@ def _exact_kappa(
     the CPU in float64) and one back; nothing per edge in Python. Problems the simplex left
     stuck at its pivot cap (never seen in practice) are re-solved by POT.
     """
-    from geograph.functional._ricci_numba import curvature_batch
-    from geograph.functional.transport import _MAX_PIVOTS
+    from geograph.transport._numba.ricci import curvature_batch
+    from geograph.transport.solvers import _MAX_PIVOTS
 
     w_np = np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy())
     adj_np = np.ascontiguousarray(adj.detach().cpu().numpy())
@@ -361,7 +361,7 @@ def _exact_kappa(
 
 def _pot_kappa(dist: np.ndarray, meas: np.ndarray, edge: np.ndarray) -> float:
     """One edge's curvature by POT on the full supports (the fallback of :func:`_exact_kappa`)."""
-    from geograph.functional.transport import pot_emd
+    from geograph.transport.solvers import pot_emd
 
     g, x, y = (int(v) for v in edge.tolist())
     d_xy: float = dist[g, x, y]

@@ -11,11 +11,11 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_cert_tol, check_positive_int, tracing
-from geograph.functional._simplex_stats import SimplexStats
-from geograph.functional.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
+from geograph.transport._numba.simplex_stats import SimplexStats
+from geograph.transport.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
 
 if TYPE_CHECKING:
-    from geograph.functional._ricci_numba import FlowResult
+    from geograph.transport._numba.ricci import FlowResult
 
 __all__ = ["ricci_flow", "RicciFlowOutput", "exact_flow_stats", "SimplexStats"]
 
@@ -285,10 +285,10 @@ def _compiled_flow(
     exp_power: float,
     warm_start: bool = True,
 ) -> FlowResult:
-    """The compiled flow (:func:`~geograph.functional._ricci_numba.flow_batch`) on validated tensors: its
+    """The compiled flow (:func:`~geograph.transport._numba.ricci.flow_batch`) on validated tensors: its
     ``FlowResult`` (numpy, float64)."""
-    from geograph.functional._ricci_numba import flow_batch
-    from geograph.functional.transport import _MAX_PIVOTS
+    from geograph.transport._numba.ricci import flow_batch
+    from geograph.transport.solvers import _MAX_PIVOTS
 
     return flow_batch(
         np.ascontiguousarray(w.detach().to("cpu", torch.float64).numpy()),
@@ -389,7 +389,7 @@ def _flow_step(w: Tensor, kappa: Tensor, adj: Tensor, n_edges: Tensor, step: flo
     r"""One flow step of every graph: :math:`w \leftarrow w - \mathrm{step}\,\kappa\, w` on the edges,
     then :math:`w \leftarrow w \cdot |E| / \sum_E w`.
 
-    The compiled flow's twin is ``_ricci_numba._flow_step`` (one graph, an edge list); both are
+    The compiled flow's twin is ``_numba.ricci._flow_step`` (one graph, an edge list); both are
     checked against each other and numpy in ``tests/test_flow.py``.
 
     Args:
