@@ -164,6 +164,7 @@ if ls is not None:
                         _endpoint(handler, model, responses.get(path, response_type)),
                         methods=["POST"],
                         dependencies=[Depends(self.setup_auth(lit_api))],
+                        summary=getattr(lit_api, "summaries", {}).get(path),
                     )
             self._register_spec_endpoints(lit_api)
 

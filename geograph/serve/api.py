@@ -117,9 +117,12 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.routes = {"/retrieve": RetrieveRequest}
         #: route -> response model (the 200 schema of the route in the OpenAPI document)
         self.responses = {"/retrieve": RetrieveResponse}
+        #: route -> its summary in the OpenAPI document
+        self.summaries = {"/retrieve": "Retrieve the corpus passages for a query"}
         if self.method in RERANKERS:
             self.routes["/rerank"] = RerankRequest
             self.responses["/rerank"] = RerankResponse
+            self.summaries["/rerank"] = "Rerank a query's candidates"
 
     def setup(self, device) -> None:
         import torch
