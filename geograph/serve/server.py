@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from geograph.serve.config import ServeConfig
-from geograph.serve.lifecycle import STATE, default_signals, interrupt, stop_children, stopping_flag
+from geograph.serve.lifecycle import STATE, arm_fork_hooks, interrupt, stop_children, stopping_flag
 from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
 from geograph.serve.pool import worker_threads, workers_per_device
 
@@ -167,7 +167,7 @@ def run(cfg: ServeConfig) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main_pid = os.getpid()
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
-    os.register_at_fork(after_in_child=default_signals)
+    arm_fork_hooks()  # the processes forked from here end when this one does, however it ends
     for key in ("draining", "port", "failure"):
         STATE.pop(key, None)
     if "stopping" in STATE:
@@ -201,6 +201,7 @@ def run(cfg: ServeConfig) -> int:
                 shutil.rmtree(own_dir, ignore_errors=True)
             for s, h in previous.items():
                 signal.signal(s, h)
+            arm_fork_hooks(False)
     if "failure" in STATE:
         print(f"geograph serve: {STATE['failure']}", file=sys.stderr, flush=True)
         return 1
