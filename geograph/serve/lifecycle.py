@@ -160,7 +160,8 @@ _TERMINATED = {"by_sigterm": False}
 
 def _exit_on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the exit short (SIGKILL still does)
-    signal.alarm(EXIT_GRACE)  # SIGALRM's default action ends a worker whose exit hangs
+    if hasattr(signal, "alarm"):  # SIGALRM's default action ends a worker whose exit hangs (not on Windows)
+        signal.alarm(EXIT_GRACE)
     _TERMINATED["by_sigterm"] = True
     raise SystemExit(0)
 
@@ -191,17 +192,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _set_pdeathsig(sig: int) -> bool:
-    """``prctl(PR_SET_PDEATHSIG, sig)`` through libc; False where it is not available (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
+_PRCTL: list = []  # libc's prctl, looked up once (None: not available)
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
-        return False
+
+def _prctl():
+    """libc's ``prctl`` (``None`` where there is none: not Linux). Looked up before the server forks
+    (:func:`arm_fork_hooks`), so a forked child only calls it: loading a library right after a fork
+    of a process with threads could wait for a lock another thread held at the fork."""
+    if not _PRCTL:
+        fn = None
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).prctl
+            except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+                fn = None
+        _PRCTL.append(fn)
+    return _PRCTL[0]
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, sig)``; False where it is not available."""
+    fn = _prctl()
+    return fn is not None and fn(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
 def _watch_parent(parent: int, sig: int) -> None:
@@ -275,6 +289,7 @@ def arm_fork_hooks(armed: bool = True) -> None:
     """While ``armed``, a process forked from this one (LitServe's queue manager and API servers)
     gets the default signal handlers (uvicorn installs its own) and SIGKILL when this process ends."""
     if not _FORK["registered"]:
+        _prctl()  # looked up here, not in a forked child
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
         _FORK["registered"] = True
     _FORK["armed"] = armed
