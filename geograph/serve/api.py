@@ -43,7 +43,8 @@ except ImportError:  # pragma: no cover - exercised only without the serve extra
     ls = None
 
 #: LitServe's name of the server's one API: its queue and workers (``infer_0``, ``infer_1``, ...)
-#: and its key in LitServe's ``GET /info``; not a route (the routes are :attr:`GeoAPI.routes`)
+#: (a name internal to the server: not a route, the routes are :attr:`GeoAPI.routes`, and not shown
+#: by ``GET /info``, :mod:`geograph.serve.info`)
 API_PATH = "/infer"
 
 
