@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, G3Graph, PoincareProjection
-from geograph.artefact import ArtefactMismatch, EncoderIdentity
+from geograph.artefacts import ArtefactMismatch, EncoderIdentity
 from geograph.retrievers import DenseRetriever
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -31,7 +31,7 @@ def test_corpus_graph_saved_by_an_earlier_writer():
     want = made.corpus_graph()
     assert all(equal(getattr(g, k), getattr(want, k)) for k in ("embeddings", "edge_index", "rowptr"))
     assert g.name == want.name and g.corpus_version == 0
-    from geograph.graphs.artefact import read_passages
+    from geograph.artefacts.saved_graphs import read_passages
 
     assert read_passages(SAVED / "corpus_graph") == (made.IDS, [f"k{i}" for i in made.IDS])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import os
@@ -16,7 +15,8 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, G3Graph, PoincareProjection, _io
-from geograph.artefact import MANIFEST, TENSORS
+from geograph.artefacts import MANIFEST, TENSORS
+from geograph.artefacts import format as artefact_format
 from geograph.retrievers import DenseRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,22 +84,20 @@ class Killed(BaseException):
 
 def kill_at_write(monkeypatch, step: int) -> None:
     """The ``step``-th file write of a save dies after writing half of its bytes to the temporary file."""
-    real = _io.atomic_write
+    real = _io.atomic_save
     count = itertools.count()
 
-    def write(path, fn):
+    def save(path, fn):
         if next(count) != step:
             return real(path, fn)
-        buf = io.BytesIO()
-        fn(buf)
-        data = buf.getvalue()
-        Path(path).with_name(f".{Path(path).name}.killed.tmp").write_bytes(data[: len(data) // 2])
+        tmp = Path(path).with_name(f".{Path(path).name}.killed.tmp")
+        fn(tmp)
+        data = tmp.read_bytes()
+        tmp.write_bytes(data[: len(data) // 2])
         raise Killed
 
-    monkeypatch.setattr(_io, "atomic_write", write)
-    import geograph.artefact as artefact
-
-    monkeypatch.setattr(artefact, "atomic_write", write)
+    monkeypatch.setattr(_io, "atomic_save", save)  # every file: atomic_write calls it too
+    monkeypatch.setattr(artefact_format, "atomic_save", save)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -43,7 +43,7 @@ def projection() -> PoincareProjection:
 
 
 def main() -> None:
-    from geograph.artefact import EncoderIdentity
+    from geograph.artefacts import EncoderIdentity
 
     out = Path(__file__).with_name("artefacts")
     shutil.rmtree(out, ignore_errors=True)
