@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, G3Graph, PoincareProjection, _io
-from geograph.artefacts import MANIFEST, TENSORS
+from geograph.artefacts import MANIFEST, TENSORS, corpus_fingerprint
 from geograph.artefacts import format as artefact_format
 from geograph.retrievers import DenseRetriever
 
@@ -127,6 +127,11 @@ def test_a_killed_save_never_leaves_a_loadable_mix(kind, tmp_path, monkeypatch):
             outcomes.add("refused")
         else:
             assert same(got, state(old)) or same(got, state(new)), f"kill at write {step}: a mix of two saves loaded"
+            recorded = json.loads((path / MANIFEST).read_text())["corpus"]
+            if recorded is not None:  # the manifest is the one written with these tensors
+                assert recorded["embeddings_sha256"] == corpus_fingerprint(got[0]).embeddings_sha256, (
+                    f"kill at write {step}: the manifest of one save loaded with the tensors of another"
+                )
             outcomes.add("old" if same(got, state(old)) else "new")
         if finished:
             assert outcomes >= {"new"} and step >= 1
