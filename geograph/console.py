@@ -1,5 +1,6 @@
 """Terminal text shared by the commands (demo, bench, build-graph, serve, cli): one-line usage
-errors, argument parsers whose help is plain text, and plain-text tables.
+errors, argument parsers whose help is plain text (and subcommands that add their arguments
+when first needed or forward them to a command of their own), and plain-text tables.
 
 It imports nothing from geograph, so every application can use it without importing another.
 """
@@ -9,8 +10,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 
 class UsageError(Exception):
@@ -21,16 +23,67 @@ class UsageError(Exception):
         return 2
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's layout, with a subcommand's name measured at the indentation it is printed at
+    (argparse counts it two columns short, and a long name then pushes its help to a new line)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS and isinstance(action, argparse._SubParsersAction):
+            longest = max((len(name) for name in action.choices), default=0)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 2)
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of argparse's usage block
+    """An argument parser whose mistakes are one line and whose help is plain text.
+
+    ``arguments``: a function that adds the parser's arguments the first time it parses or
+    prints its help (a subcommand whose options need imports that the other commands should
+    not pay for, or an extra that may be missing).
+    """
+
+    def __init__(self, *args, arguments: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+
+    def _add_arguments(self) -> None:
+        if self._arguments is not None:
+            add, self._arguments = self._arguments, None
+            add(self)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._add_arguments()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._add_arguments()
+        return super().format_usage()
+
+    def format_help(self) -> str:  # descriptions come from docstrings: no reST markup on a terminal
+        self._add_arguments()
+        return plain_text(super().format_help())
+
+    def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
         print(f"{self.prog}: error: {message} (see '{self.prog} --help')", file=sys.stderr)
         sys.exit(2)
 
 
-def make_parser(prog: str, description: str | None, **kwargs) -> argparse.ArgumentParser:
+class Forward(_Parser):
+    """A subcommand that hands every argument after its name, unparsed, to a command with its
+    own parser (``geograph bench <name>``): the namespace gets them as ``argv``."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace = argparse.Namespace() if namespace is None else namespace
+        namespace.argv = list(sys.argv[1:] if args is None else args)
+        return namespace, []
+
+
+def make_parser(prog: str | None, description: str | None, **kwargs) -> argparse.ArgumentParser:
     """An argument parser whose mistakes print one line and exit 2, and whose help is plain text
-    (``kwargs``: more :class:`argparse.ArgumentParser` options, e.g. ``argument_default``)."""
-    return _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    (``kwargs``: more :class:`argparse.ArgumentParser` options, e.g. ``argument_default``; and
+    ``arguments``, a function that adds the arguments when they are first needed)."""
+    return _Parser(prog=prog, description=description, **kwargs)
 
 
 def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> None:
@@ -92,11 +145,13 @@ _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|ref):`~?([^`<]*?)
 
 
 def plain_text(text: str) -> str:
-    """Help text without reStructuredText markup: roles, literals, emphasis and directives.
+    r"""Help text without reStructuredText markup: roles, literals, emphasis, directives and literal-block markers.
 
     Example:
         >>> plain_text("``geograph bench``: see :func:`~geograph.bench.common.tuning_split` and **this**.")
         'geograph bench: see tuning_split and this.'
+        >>> plain_text("Run it::\n\n    geograph demo\n\n::\n\n    geograph serve")
+        'Run it:\n\n    geograph demo\n\n    geograph serve'
     """
 
     def role(m: re.Match) -> str:
@@ -108,6 +163,8 @@ def plain_text(text: str) -> str:
     text = re.sub(r"(?<![\w`])`([^`\n]+)`_?(?![\w`])", r"\1", text)
     text = re.sub(r"\*\*([^*\n]+)\*\*", r"\1", text)
     text = re.sub(r"^(\s*)\.\. \w+::\s*", r"\1", text, flags=re.M)
+    text = re.sub(r"^[ \t]*::[ \t]*\n\n?", "", text, flags=re.M)  # a literal block's lone marker
+    text = re.sub(r"(\S)::$", r"\1:", text, flags=re.M)  # "Example::" -> "Example:"
     return text
 
 

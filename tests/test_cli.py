@@ -13,12 +13,27 @@ from geograph.testing import has_package
 DEMO = str(DEMO_PATH)
 
 
-def test_help(capsys):
+COMMANDS = ("demo", "bench", "build-graph", "update", "embed", "serve")
+
+
+def test_help_lists_every_command_with_a_summary(capsys):
     assert main(["--help"]) == 0
-    assert "demo" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("usage: geograph ")
+    for command in COMMANDS:  # the name, then its one-line summary on the same line
+        assert re.search(rf"^\s+{command}\s+\w", out, re.M), (command, out)
+    assert main([]) == 2 and "<command>" in capsys.readouterr().out  # no command: the help, status 2
     assert main(["nope"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "unknown command 'nope'" in err
+    assert err.count("\n") == 1 and "invalid choice: 'nope'" in err and "'serve'" in err
+
+
+def test_version(capsys):
+    from geograph._version import DISTRIBUTION, version
+
+    for flag in ("--version", "-V"):
+        assert main([flag]) == 0
+        assert capsys.readouterr().out.strip() == f"geograph {version()} ({DISTRIBUTION})"
 
 
 def test_bench_help_lists_its_subcommands(capsys):
@@ -29,36 +44,98 @@ def test_bench_help_lists_its_subcommands(capsys):
     assert all(re.search(rf"^\s+{name}\s+\w", out, re.M) for name in BENCHES), out
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "name a benchmark: " in err and "run" in err
+    assert err.count("\n") == 1 and "required: <name>" in err and "geograph bench --help" in err
     assert main(["bench", "nosuch"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "unknown benchmark 'nosuch': " in err and "scale" in err
+    assert err.count("\n") == 1 and "invalid choice: 'nosuch'" in err and "'scale'" in err
 
 
-@pytest.mark.parametrize("command", ["demo", "build-graph", "embed", "update"])
+@pytest.mark.parametrize("command", ["demo", "build-graph", "embed", "update", "serve"])
 def test_help_is_plain_text(command, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([command, "--help"])
-    assert exc.value.code == 0
+    if command == "serve" and not has_package("litserve"):
+        pytest.skip("serve extra not installed")
+    assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--data" in out
-    for markup in ("``", ":class:", ":func:", ":meth:", ".. "):
+    assert out.startswith(f"usage: geograph {command} ")
+    assert "--corpus" in out if command == "serve" else "--data" in out
+    for markup in ("``", ":class:", ":func:", ":meth:", ".. ", "\n::"):
         assert markup not in out, markup
 
 
-def test_bench_help_texts_are_plain_text(capsys):
+def test_bench_help_texts_are_plain_text(capsys, monkeypatch):
     from geograph.bench.__main__ import BENCHES
 
+    def patched(*args, **kwargs):  # nothing may patch argparse for the whole process
+        raise AssertionError("argparse.ArgumentParser.format_help was replaced")
+
     for name in BENCHES:
-        with pytest.raises(SystemExit) as exc:
-            main(["bench", name, "--help"])
-        assert exc.value.code == 0
+        assert main(["bench", name, "--help"]) == 0
         out = capsys.readouterr().out
         assert out.startswith("usage: geograph bench " + name), out[:200]
         for markup in ("``", ":class:", ":func:", ":meth:", "**", ".. math::"):
             assert markup not in out, (name, markup)
-    assert argparse.ArgumentParser.format_help.__name__ == "format_help"
-    assert argparse.ArgumentParser.format_help.__module__ == "argparse"  # restored afterwards
+        assert argparse.ArgumentParser.format_help.__module__ == "argparse"
+    monkeypatch.setattr(argparse.ArgumentParser, "format_help", patched)
+    with pytest.raises(AssertionError, match="was replaced"):  # the check above sees a patch
+        argparse.ArgumentParser(prog="x").format_help()
+
+
+def test_import_and_help_stay_cheap():
+    """``import geograph.cli`` imports no command; ``geograph --help`` imports the command modules
+    but neither the server's configuration (pydantic) nor a benchmark, Ray or sentence-transformers."""
+    import subprocess
+    import sys
+
+    heavy = ("pydantic", "litserve", "sentence_transformers", "ray", "geograph.serve.config", "geograph.bench.run")
+    code = (
+        "import sys, geograph\n"
+        "before = set(sys.modules)\n"
+        "import geograph.cli\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('geograph')))\n"
+        "import contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert geograph.cli.main(['--help']) == 0\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    imported, loaded = out.stdout.splitlines()
+    assert imported == "['geograph.cli', 'geograph.console']", imported
+    assert loaded == "[]", loaded
+
+
+def test_method_choices_are_the_registry_and_the_docs(capsys):
+    """``geograph serve --method`` offers every registered method, and docs/commands.md lists the same."""
+    if not has_package("litserve"):
+        pytest.skip("serve extra not installed")
+    from geograph.registry import names
+
+    assert main(["serve", "--help"]) == 0
+    shown = re.search(r"--method \{([^}]*)\}", capsys.readouterr().out).group(1).split(",")
+    assert sorted(shown) == sorted(names())
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "commands.md").read_text()
+    listed = re.findall(r"geograph serve --method \{([^}]*)\}", docs)
+    assert listed and all(sorted(x.split(",")) == sorted(names()) for x in listed), listed
+
+
+def test_shipped_corpus_by_name_from_any_directory(tmp_path, monkeypatch):
+    """``--data demo`` names the shipped corpus in every command that takes a corpus; a folder
+    of that name in the working directory wins."""
+    from geograph.commands import build_graph, demo, embed, update
+    from geograph.data import corpus_path
+
+    monkeypatch.chdir(tmp_path)
+    argvs = {
+        demo: ["--data", "demo"],
+        build_graph: ["--data", "demo", "--knn", "3", "--out", "g"],
+        embed: ["--data", "demo"],
+        update: ["--data", "demo", "--graph", "g"],
+    }
+    for module, argv in argvs.items():
+        assert module.build_parser().parse_args(argv).data == DEMO_PATH, module.__name__
+    assert corpus_path("geograph/data/demo") == DEMO_PATH  # as the source tree's docs write it
+    (tmp_path / "demo").mkdir()
+    assert corpus_path("demo") == Path("demo")
+    assert corpus_path("nowhere") == Path("nowhere")  # the caller's error names it
 
 
 def _beir(root: Path, passages, queries=(("q1", "a question"),), qrels=(("q1", "d0"),)) -> str:
@@ -169,8 +246,9 @@ def _cases(tmp: Path):
         (["build-graph", "--data", DEMO, "--knn", "3", "--out", str(not_beir / "notes.txt")], "--out", "is a file"),
         *(  # without the serve extra, `geograph serve` says which extra it needs (tested in test_packaging)
             [
-                (["serve", "--port", "abc"], "--port", "invalid int value"),
-                (["serve", "--max-batch-texts", "x"], "--max-batch-texts", "invalid int value"),
+                (["serve", "--port", "abc"], "port: ", "invalid int value: 'abc'"),
+                (["serve", "--max-batch-texts", "x"], "max_batch_texts: ", "invalid int value"),
+                (["serve", "--method", "nope"], "--method", "invalid choice: 'nope'"),
             ]
             if has_package("litserve")
             else []
@@ -203,7 +281,7 @@ def test_every_mistake_is_one_line_naming_the_argument(tmp_path, capsys, no_embe
 def test_build_graph_g3_with_ivf_saves_a_loadable_g3graph(tmp_path, capsys):
     from geograph.graphs import G3Graph
 
-    out = tmp_path / "g3"
+    out = out_dir = tmp_path / "g3"
     argv = [
         "build-graph",
         "--data",
@@ -230,21 +308,41 @@ def test_build_graph_g3_with_ivf_saves_a_loadable_g3graph(tmp_path, capsys):
     # every cell meets every cell (nprobe = nlist): the graph equals the exact build
     exact = G3Graph.build(graph.embeddings, max_degree=8)
     assert torch.equal(graph.col, exact.col) and torch.allclose(graph.val, exact.val, atol=1e-6)
-    assert graph.build_info["index"] == "ivf" and "build:" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert graph.build_info["index"] == "ivf" and out[0].startswith("built a G3 graph (max degree 8, ")
+    assert out[1].startswith("index: ivf, nprobe 2, recall ") and out[2].startswith(f"saved to {out_dir}: 3 files, ")
 
 
 @pytest.mark.skipif(not has_package("sentence_transformers"), reason="text extra not installed")
-@pytest.mark.parametrize("kind", [["--knn", "3"], ["--mentions"]])
-def test_build_graph_saves_a_loadable_graph(tmp_path, capsys, kind):
+@pytest.mark.parametrize("kind", [["--knn", "3"], ["--mentions", "--json"]])
+def test_build_graph_saves_a_loadable_graph(tmp_path, capsys, monkeypatch, kind):
+    """From a directory that holds no corpus, ``--data demo`` builds over the shipped corpus; the
+    command says what it built in lines, or as JSON with ``--json``."""
     from geograph import CorpusGraph
 
-    out = tmp_path / "graph"
-    assert main(["build-graph", "--data", DEMO, *kind, "--cache", str(tmp_path / "c"), "--out", str(out)]) == 0
-    graph = CorpusGraph.load(out)
-    assert graph.num_nodes == 111 and "CorpusGraph" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert main(["build-graph", "--data", "demo", *kind, "--cache", "c", "--out", "graph"]) == 0
+    graph = CorpusGraph.load(tmp_path / "graph")
+    out = capsys.readouterr().out
+    assert graph.num_nodes == 111
     if kind[0] == "--knn":
         assert (graph.degree() >= 3).all()
-    else:  # every bridge question's first passage links to the passage titled by its entity
+        lines = out.splitlines()
+        assert lines[0].startswith("built a k-NN graph (k = 3) over 111 passages (384-dimensional ")
+        assert lines[0].endswith(f": {graph.num_edges} edges") and lines[1] == "index: exact"
+        assert re.fullmatch(r"saved to graph: 3 files, \d+\.\d kB", lines[2]), lines[2]
+        assert re.fullmatch(r"took \S+ s: embedding \S+ s, graph \S+ s, saving \S+ s", lines[3]), lines[3]
+        assert "{" not in out  # no Python dict
+    else:
+        built = json.loads(out)
+        assert (built["kind"], built["name"], built["passages"], built["edges"]) == (
+            "CorpusGraph",
+            "mentions",
+            111,
+            graph.num_edges,
+        )
+        assert built["bytes"] == sum(p.stat().st_size for p in (tmp_path / "graph").iterdir())
+        # every bridge question's first passage links to the passage titled by its entity
         ids = [json.loads(line)["_id"] for line in (DEMO_PATH / "corpus.jsonl").read_text().splitlines()]
         edges = set(map(tuple, graph.edge_index.T.tolist()))
         for n in range(1, 31):

@@ -1,6 +1,7 @@
 """``geograph serve`` without HTTP: config file and flags, one-line start errors, the request schema,
 the in-memory text cache, and the worker's batched answers against per-request module calls."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -50,6 +51,113 @@ def test_example_config_is_valid():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_config(["--config", os.path.join(root, "configs", "serve.yaml")])
     assert cfg.method == "maniscope" and cfg.params
+
+
+# -- where a setting comes from: flag > environment variable > config file > default -------------------
+SOURCES = ("flag", "env", "file", "default")
+PORTS = {"flag": 9001, "env": 9002, "file": 9003, "default": 8000}
+
+
+@pytest.mark.parametrize("high, low", list(itertools.combinations(SOURCES, 2)), ids="-over-".join)
+def test_precedence_of_two_sources(tmp_path, high, low):
+    """Of two sources that set the port, the one first in flag > environment > file > default wins."""
+    argv, environ = ["--method", "maniscope", "--corpus", DEMO], {}
+    if "flag" in (high, low):
+        argv += ["--port", str(PORTS["flag"])]
+    if "env" in (high, low):
+        environ["GEOGRAPH_PORT"] = str(PORTS["env"])
+    if "file" in (high, low):
+        argv += ["--config", write(tmp_path, {"port": PORTS["file"]})]
+    assert load_config(argv, environ).port == PORTS[high]
+
+
+def test_every_source_reaches_the_model_and_params_merge_key_by_key(tmp_path, monkeypatch):
+    path = write(tmp_path, {"method": "iso", "corpus": DEMO, "params": {"beta": 0.3, "m": 4, "L": 10}, "port": 1})
+    monkeypatch.setenv("GEOGRAPH_PARAMS", "{m: 6, L: 12}")
+    monkeypatch.setenv("GEOGRAPH_MAX_BATCH_SIZE", "16")
+    monkeypatch.setenv("GEOGRAPH_PUBLIC", "metrics, docs")
+    monkeypatch.setenv("GEOGRAPH_HOST", "")  # empty: unset
+    cfg = load_config(["--config", path, "--param", "L=20"])
+    assert cfg.params == {"beta": 0.3, "m": 6, "L": 20}
+    assert (cfg.port, cfg.max_batch_size, cfg.public, cfg.host) == (1, 16, ["metrics", "docs"], "127.0.0.1")
+    monkeypatch.delenv("GEOGRAPH_PARAMS")
+    monkeypatch.setenv("GEOGRAPH_CONFIG", path)  # the file from the environment; --config beats it
+    assert load_config([]).method == "iso"
+    assert (
+        load_config(["--config", write(tmp_path, {"method": "ricci", "corpus": DEMO}, "other.yaml")]).method == "ricci"
+    )
+
+
+def test_every_setting_is_a_flag_and_a_variable_parsed_alike():
+    """The flags and variables are generated from the model: one of each per field, read the same way."""
+    from geograph.serve.config import ServeConfig, from_environment, from_flags, parser, settings
+
+    p = parser()
+    assert [s.name for s in settings()] == list(ServeConfig.model_fields)
+    assert {s.dest for s in settings()} | {"config", "help"} == {a.dest for a in p._actions}
+    for s in settings():
+        if s.name == "params":  # KEY=VALUE flags, a YAML mapping in the variable
+            assert from_environment({s.env: "{k: 3}"}) == {"params": {"k": 3}}
+            continue
+        assert s.env == "GEOGRAPH_" + s.name.upper() and s.flags[0] == "--" + s.name.replace("_", "-")
+        text = s.choices[-1] if s.choices else ("3" if s.parse is not None else "some text")
+        assert from_environment({s.env: text}) == from_flags(p.parse_args([s.flags[0], text])), s.name
+
+
+@pytest.mark.parametrize(
+    "name, value, fragment",
+    [
+        ("GEOGRAPH_PORT", "eighty", "GEOGRAPH_PORT: invalid int value: 'eighty'"),
+        ("GEOGRAPH_PORT", "0", "GEOGRAPH_PORT: Input should be greater than or equal to 1"),
+        ("GEOGRAPH_BATCH_TIMEOUT", "soon", "GEOGRAPH_BATCH_TIMEOUT: invalid float value: 'soon'"),
+        ("GEOGRAPH_METHOD", "nope", "GEOGRAPH_METHOD: invalid choice: 'nope' (choose from 'maniscope'"),
+        ("GEOGRAPH_THREADS", "many", "GEOGRAPH_THREADS: expected a positive integer or 'auto', got 'many'"),
+        ("GEOGRAPH_PUBLIC", "metrics,rerank", "GEOGRAPH_PUBLIC: invalid choice: 'rerank'"),
+        ("GEOGRAPH_PARAMS", "[unclosed", "GEOGRAPH_PARAMS: expected a YAML mapping"),
+        ("GEOGRAPH_CORPUS", "/no/such", "GEOGRAPH_CORPUS: /no/such is not a BEIR-format folder"),
+        ("GEOGRAPH_CONFIG", "/no/such.yaml", "GEOGRAPH_CONFIG /no/such.yaml: no such file"),
+    ],
+)
+def test_bad_environment_value_is_one_line_naming_the_variable(name, value, fragment):
+    argv = ["--method", "maniscope", "--corpus", DEMO]
+    if name in ("GEOGRAPH_METHOD", "GEOGRAPH_CORPUS"):  # not given as a flag, which would win
+        i = argv.index("--" + name.removeprefix("GEOGRAPH_").lower())
+        del argv[i : i + 2]
+    with pytest.raises(ConfigError) as e:
+        load_config(argv, {name: value})
+    assert str(e.value).startswith(fragment) and "\n" not in str(e.value), str(e.value)
+
+
+def test_bad_environment_value_exits_2_with_one_line(monkeypatch, capsys):
+    import geograph.serve.server
+    from geograph.cli import main
+
+    def serve(cfg):  # a configuration that passed would start a server here
+        raise AssertionError(f"served {cfg.port}")
+
+    monkeypatch.setattr(geograph.serve.server, "run", serve)
+    monkeypatch.setenv("GEOGRAPH_PORT", "eighty")
+    assert main(["serve", "--method", "maniscope", "--corpus", DEMO]) == 2
+    assert capsys.readouterr().err == "geograph serve: GEOGRAPH_PORT: invalid int value: 'eighty'\n"
+
+
+def test_shipped_config_and_corpus_by_name_from_any_directory(tmp_path, monkeypatch):
+    """``--config serve`` and ``--corpus demo`` name what the package ships, outside a clone;
+    a file of the given name in the working directory wins."""
+    from geograph import configs
+
+    monkeypatch.chdir(tmp_path)  # no configs/ or geograph/data/ here
+    assert yaml.safe_load(configs.resolve("serve").read_text())["corpus"] == "demo"
+    for value in ("serve", "serve.yaml", "configs/serve.yaml"):
+        cfg = load_config(["--config", value], {})
+        assert (cfg.method, cfg.corpus) == ("maniscope", str(DEMO_PATH)), value
+    for corpus in ("demo", "geograph/data/demo"):
+        assert load_config(["--method", "ricci", "--corpus", corpus], {}).corpus == str(DEMO_PATH)
+    assert load_config([], {"GEOGRAPH_CONFIG": "serve"}).corpus == str(DEMO_PATH)
+    write(tmp_path, {"method": "iso", "corpus": "demo"}, "serve.yaml")
+    assert load_config(["--config", "serve.yaml"], {}).method == "iso"
+    with pytest.raises(ConfigError, match=r"^corpus: nowhere is not a BEIR-format folder .* shipped corpus \(demo\)"):
+        load_config(["--method", "ricci", "--corpus", "nowhere"], {})
 
 
 @pytest.mark.parametrize(
@@ -318,7 +426,7 @@ def test_api_key_from_flag_or_environment_and_public_groups(monkeypatch):
     assert "from-flag" not in repr(cfg)  # a secret: not shown in reprs or logs
     with pytest.raises(ConfigError, match="api_key: must not be empty"):
         load_config(base + ["--api-key", " "])
-    with pytest.raises(ConfigError, match="public"):
+    with pytest.raises(SystemExit):  # a choice of the flag: argparse's one line, status 2
         load_config(base + ["--public", "rerank"])
 
 

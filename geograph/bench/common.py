@@ -70,8 +70,11 @@ def dense_candidate_set(data: str | None, split: str, cache: str | None, m: int)
 
 
 def resolve_data(path: str | None, name: str) -> Path:
-    """``path``, else ``<name>`` in the data folder (``$GEOGRAPH_DATA``, else ``./data``)."""
-    p = Path(path) if path else DEFAULT_DATA / name
+    """``path`` (a folder, or a shipped corpus's name: :func:`~geograph.data.corpus_path`), else
+    ``<name>`` in the data folder (``$GEOGRAPH_DATA``, else ``./data``)."""
+    from geograph.data import corpus_path
+
+    p = corpus_path(path) if path else DEFAULT_DATA / name
     if not p.is_dir():
         raise SystemExit(f"data folder {p} not found; pass --data DIR (a BEIR-format folder) or set GEOGRAPH_DATA")
     return p

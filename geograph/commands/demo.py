@@ -19,10 +19,12 @@ import torch
 from torch import Tensor
 
 from geograph.console import UsageError, add_encoder_options, encoder_options, format_table, make_parser
-from geograph.data import BEIRError, Dataset, Encoder, load_beir, load_demo
+from geograph.data import BEIRError, Dataset, Encoder, corpus_path, load_beir, load_demo
 from geograph.evaluation import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
 
+PROG = "geograph demo"
+SUMMARY = "every method side by side on the shipped corpus (or --data DIR), then a quality table"
 METRICS = ("nDCG@10", "Recall@5", "HitAll@5", "MRR@10")
 DEPTH = 10  # passages each method returns for the quality table
 
@@ -50,8 +52,26 @@ class MethodRun:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser("geograph demo", DESCRIPTION)
-    p.add_argument("--data", metavar="DIR", help="a BEIR-format folder (default: the shipped demo corpus)")
+    """The parser of ``geograph demo`` on its own (:func:`register` adds it to ``geograph``)."""
+    p = make_parser(PROG, DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``demo`` to the ``geograph`` command's subcommands."""
+    p = commands.add_parser("demo", help=SUMMARY, description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        type=corpus_path,
+        metavar="DIR",
+        help="a BEIR-format folder, or a shipped corpus by name (default: the shipped demo corpus)",
+    )
     p.add_argument("--split", default="test", help="qrels split to evaluate (default: test)")
     p.add_argument(
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
@@ -81,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="queries printed side by side, spread over the corpus parts (default: 4)",
     )
     add_encoder_options(p)
-    return p
 
 
 def validate(args: argparse.Namespace, dataset: Dataset) -> None:
@@ -343,15 +362,19 @@ def load(args: argparse.Namespace) -> Dataset:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run ``geograph demo`` with ``argv``; the exit status."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The demo of the parsed arguments; the exit status."""
     t0 = time.perf_counter()
     try:
         dataset = load(args)
         validate(args, dataset)
         options = encoder_options(args)
     except UsageError as e:
-        return e.exit(parser.prog)
+        return e.exit(PROG)
 
     encoder = Encoder(cache=args.cache, progress=True, **options)
     todo = missing_embeddings(dataset, encoder)

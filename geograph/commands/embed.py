@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -15,6 +16,10 @@ from geograph.console import (
     encoder_options,
     make_parser,
 )
+from geograph.data import corpus_path
+
+PROG = "geograph embed"
+SUMMARY = "embed a corpus (BEIR folder or JSONL file) into the embedding cache (--ray: a Ray Data actor pool)"
 
 DESCRIPTION = """\
 Embed every passage (title + " " + text) of a BEIR-format folder (only corpus.jsonl is read) or
@@ -29,9 +34,28 @@ shard per --rows-per-shard passages): alone it starts a local Ray; --ray auto or
 (shared storage)."""
 
 
-def build_parser():
-    p = make_parser("geograph embed", DESCRIPTION)
-    p.add_argument("--data", required=True, metavar="PATH", help="BEIR-format folder or a JSONL file of passages")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``geograph embed`` on its own (:func:`register` adds it to ``geograph``)."""
+    p = make_parser(PROG, DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``embed`` to the ``geograph`` command's subcommands."""
+    p = commands.add_parser("embed", help=SUMMARY, description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        required=True,
+        type=corpus_path,
+        metavar="PATH",
+        help="BEIR-format folder, a JSONL file of passages, or a shipped corpus by name (demo)",
+    )
     p.add_argument(
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
     )
@@ -40,12 +64,15 @@ def build_parser():
     p.add_argument(
         "--rows-per-shard", type=int, default=1024, help="passages per cache shard with --ray (default: 1024)"
     )
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run ``geograph embed`` with ``argv``; the exit status."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Embed the passages the parsed arguments name; the exit status."""
     from geograph.data import BEIRError, Encoder, load_corpus
 
     try:
@@ -62,13 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BEIRError as e:
             raise UsageError(f"--data: {e}") from None
     except UsageError as e:
-        return e.exit(parser.prog)
+        return e.exit(PROG)
     t0 = time.perf_counter()
     if args.ray is not None:
         try:
             from geograph.distributed import embed_corpus
         except ImportError as e:
-            return UsageError(f"--ray: {e}").exit(parser.prog)
+            return UsageError(f"--ray: {e}").exit(PROG)
         try:
             report = embed_corpus(
                 args.data,
@@ -81,9 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows_per_shard=args.rows_per_shard,
             )
         except ConnectionError as e:
-            return UsageError(f"--ray {args.ray}: cannot connect ({str(e).splitlines()[0]})").exit(parser.prog)
+            return UsageError(f"--ray {args.ray}: cannot connect ({str(e).splitlines()[0]})").exit(PROG)
         except RuntimeError as e:
-            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {e}", file=sys.stderr)
             return 1
         print(
             f"{report.passages} passages: {report.cached} already cached, {report.encoded} encoded on Ray by "

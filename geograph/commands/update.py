@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import secrets
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geograph.console import UsageError, add_encoder_options, encoder_options, make_parser
+from geograph.data import corpus_path
+
+PROG = "geograph update"
+SUMMARY = "apply a changed corpus (added, removed, edited passages) to a saved graph, in place"
 
 DESCRIPTION = """\
 Apply the passages of a changed BEIR-format folder (only corpus.jsonl is read) to a graph saved
@@ -34,13 +39,28 @@ swapped into place (one atomic step on Linux): an update interrupted at any poin
 graph it started from. Nothing to apply prints "no change" and writes nothing."""
 
 
-def build_parser():
-    p = make_parser("geograph update", DESCRIPTION)
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``geograph update`` on its own (:func:`register` adds it to ``geograph``)."""
+    p = make_parser(PROG, DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``update`` to the ``geograph`` command's subcommands."""
+    p = commands.add_parser("update", help=SUMMARY, description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         required=True,
+        type=corpus_path,
         metavar="PATH",
-        help="the changed corpus: a folder with corpus.jsonl (BEIR layout) or a JSONL file of passages",
+        help="the changed corpus: a folder with corpus.jsonl (BEIR layout), a JSONL file of passages, "
+        "or a shipped corpus by name (demo)",
     )
     p.add_argument("--graph", required=True, metavar="DIR", help="the graph saved by geograph build-graph")
     p.add_argument("--out", metavar="DIR", help="folder to write the updated graph to (default: --graph)")
@@ -48,7 +68,6 @@ def build_parser():
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
     )
     add_encoder_options(p)
-    return p
 
 
 @dataclass(frozen=True)
@@ -83,8 +102,12 @@ def diff(old_ids: Sequence[str], old_keys: Sequence[str], new_ids: Sequence[str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run ``geograph update`` with ``argv``; the exit status."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Apply the changed corpus to the saved graph as the parsed arguments say; the exit status."""
     from geograph.artefacts import ArtefactMismatch
     from geograph.artefacts.format import saved_kind
     from geograph.artefacts.saved_graphs import read_passages
@@ -126,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--out: {out} is a folder that holds no saved graph; give a new folder or a graph")
         options = encoder_options(args)
     except UsageError as e:
-        return e.exit(parser.prog)
+        return e.exit(PROG)
 
     from geograph.graphs import CorpusGraph, G3Graph
 
@@ -134,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         graph = (CorpusGraph if kind == "CorpusGraph" else G3Graph).from_pretrained(args.graph, encoder=encoder)
     except ArtefactMismatch as e:  # another encoder, prefixes or format
-        return UsageError(f"--encoder: {e}").exit(parser.prog)
+        return UsageError(f"--encoder: {e}").exit(PROG)
     except ValueError as e:
-        return UsageError(f"--graph: {e}").exit(parser.prog)
+        return UsageError(f"--graph: {e}").exit(PROG)
     texts = [encoder.passage_prefix + p for p in dataset.passages()]  # as build-graph embeds them
     keys = passage_keys(encoder, dataset)
     change = diff(old_ids, old_keys, dataset.doc_ids, keys)
@@ -148,12 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return UsageError(
             f"--graph: {args.graph} is a {graph.name!r} graph, which cannot take new or edited passages; "
             "build it again with geograph build-graph"
-        ).exit(parser.prog)
+        ).exit(PROG)
     t0 = time.perf_counter()
     try:
         graph = apply(graph, old_ids, dataset.doc_ids, texts, change, encoder)
     except ValueError as e:  # a graph that cannot take the change (a mentions graph, too few passages left)
-        return UsageError(f"--graph: {args.graph}: {e}").exit(parser.prog)
+        return UsageError(f"--graph: {args.graph}: {e}").exit(PROG)
     except KeyboardInterrupt:
         print(f"interrupted: nothing was written; {out} is unchanged", file=sys.stderr)
         return 130

