@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -216,23 +217,48 @@ def test_shipped_training_config_from_the_wheel(venv):
     assert "f_theta exported to" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-def test_serve_from_the_wheel_answers(venv):
+def serving_page_commands() -> list[list[str]]:
+    """The ``geograph serve`` lines of the serving page's first code block that name only shipped
+    things (the demo corpus, the shipped configs): what a new user copies first."""
+    text = (ROOT / "docs" / "serving.md").read_text()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    cmds = []
+    for line in block.splitlines():
+        words = shlex.split(line.split("#", 1)[0])
+        if words[:2] == ["geograph", "serve"] and not any(w in ("DIR",) or "/" in w for w in words):
+            cmds.append(words)
+    return cmds
+
+
+def test_serving_page_names_shipped_commands():
+    cmds = serving_page_commands()
+    assert len(cmds) >= 2, cmds
+    assert any("demo" in c for c in cmds) and any(c[2:4] == ["--config", "serve"] for c in cmds), cmds
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_serving_page_commands_from_the_wheel(venv, index):
+    """The serving page's first commands, as written, from a directory outside the checkout."""
     requests = pytest.importorskip("requests")
     pytest.importorskip("litserve")
-    _, bin_dir, site, env, cwd, _ = venv
+    _, bin_dir, _, env, cwd, _ = venv
+    words = serving_page_commands()[index]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(bin_dir / "geograph"), "serve", "--method", "maniscope", "--corpus", str(site / "geograph/data/demo")]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--accelerator", "cpu", "--workers-per-device", "1"]
-    log = cwd / "serve.log"
+    if "--port" in words:  # the page's port may be taken on a test machine
+        i = words.index("--port")
+        words = words[:i] + words[i + 2 :]
+    cmd = [str(bin_dir / "geograph"), *words[1:], "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--accelerator", "cpu", "--workers-per-device", "1"]
+    log = cwd / f"serve-{index}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 900
         while True:
-            assert proc.poll() is None, f"the server exited with {proc.returncode}: {log.read_text()[-3000:]}"
+            assert proc.poll() is None, f"{words}: the server exited with {proc.returncode}: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-3000:]}"
             try:
                 if requests.get(url + "/health", timeout=2).text == "ok":
@@ -240,11 +266,15 @@ def test_serve_from_the_wheel_answers(venv):
             except requests.RequestException:
                 pass
             time.sleep(0.5)
+        r = requests.post(url + "/retrieve", json={"query": "why do volcanoes erupt?", "k": 5}, timeout=300)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["ids"]) == 5, r.json()
         body = {"query": "who founded the city?", "candidates": ["a city founded by a king", "a recipe", "a river"]}
         r = requests.post(url + "/rerank", json=body, timeout=300)
         assert r.status_code == 200, r.text
         order = r.json()["order"]
         assert order and set(order) <= {0, 1, 2} and len(set(order)) == len(order), r.json()
+        assert f"listening on {url}" in log.read_text()
     finally:
         os.killpg(proc.pid, 15)
         try:
