@@ -223,7 +223,7 @@ def serving_page_commands() -> list[list[str]]:
     text = (ROOT / "docs" / "serving.md").read_text()
     block = text.split("```bash\n", 1)[1].split("```", 1)[0]
     cmds = []
-    for line in block.splitlines():
+    for line in block.replace("\\\n", " ").splitlines():
         words = shlex.split(line.split("#", 1)[0])
         if words[:2] == ["geograph", "serve"] and not any(w in ("DIR",) or "/" in w for w in words):
             cmds.append(words)
