@@ -222,3 +222,12 @@ def test_max_tokens_cut_tokenizes_no_further_than_needed(encoder, monkeypatch):
     monkeypatch.setattr(type(tok), "__call__", lambda self, *a, **k: seen.append(k) or real(self, *a, **k))
     encoder.truncate(texts, 5)
     assert seen and all(k.get("truncation") is True and k.get("max_length") == 6 for k in seen)
+
+
+def test_a_max_tokens_beyond_any_integer_cuts_nothing(encoder):
+    """A ``max_tokens_per_doc`` larger than the tokenizer's integers (a fuzzer sent 10**20; the
+    tokenizer raised OverflowError, a 500) cuts nothing, as any count above the texts' tokens."""
+    texts = ["a cat sleeping on a sofa in the afternoon sun", "x" * 50000]
+    for n in (10**6, 2**31 - 2, 2**31 - 1, 2**32, 2**64, 10**20, 10**400):
+        assert encoder.truncate(texts, n) == encoder.cap(texts), n
+    assert encoder.truncate(texts, 3)[0] == "a cat sleeping"  # a small count still cuts

@@ -53,6 +53,9 @@ def read_corpus(corpus_dir: str | Path):
 #: request texts are padded to their token count (special tokens included) rounded up to a
 #: multiple of this, capped at the model's ``max_seq_length``; one forward per bucket
 BUCKET_TOKENS = 16
+#: the largest token cut :meth:`TextEncoder.truncate` asks the tokenizer for (a 32-bit integer:
+#: a request's texts are a few MB, so they never have that many tokens)
+TOKENIZER_MAX_LENGTH = 2**31 - 2
 
 
 def bucket_length(tokens: int, max_length: int) -> int:
@@ -139,15 +142,16 @@ class TextEncoder:
         character offsets, no special tokens, no prefix), so the truncated text is embedded
         and cached like any other. The encoder's own limit (``max_seq_length``) still applies.
         Texts are first cut to ``max_chars`` characters, and tokenized no further than
-        ``max_tokens + 1`` tokens.
+        ``max_tokens + 1`` tokens. Any positive ``max_tokens`` is taken: one beyond
+        :data:`TOKENIZER_MAX_LENGTH` (more tokens than any accepted text has) cuts nothing.
         """
         texts = self.cap(texts)
         if max_tokens is None:
             return texts
         tok = self._shared().model.tokenizer
-        enc = tok(
-            texts, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_tokens + 1
-        )
+        # the tokenizer holds max_length in a machine integer (OverflowError above it)
+        length = min(max_tokens, TOKENIZER_MAX_LENGTH) + 1
+        enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=length)
         return [
             t if len(offsets) <= max_tokens else t[: offsets[max_tokens - 1][1]]
             for t, offsets in zip(texts, enc["offset_mapping"])

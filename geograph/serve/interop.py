@@ -288,7 +288,12 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
 
 class MessageErrorMiddleware:
     """ASGI middleware: an error answered on ``/v1`` or ``/v2/rerank`` without a ``message`` (413,
-    415, 503 from the server's other layers) gets one, from its ``detail``, as clients read it."""
+    415, 503 from the server's other layers) gets one, from its ``detail``, as clients read it.
+
+    It reads and rewrites the body, so it must sit inside the response compression (LitServe's
+    gzip, which :func:`~geograph.serve.server.build_server` leaves outside every geograph
+    middleware): outside it, a compressed error would be read as text and sent on as JSON still
+    marked ``content-encoding: gzip``, which no client can decode."""
 
     def __init__(self, app) -> None:
         self.app = app

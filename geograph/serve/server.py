@@ -105,8 +105,9 @@ def build_server(cfg: ServeConfig):
     )
     apis = [GeoAPI(settings)]  # one queue and one pool of workers for every endpoint (geograph.serve.api)
     devices = cfg.devices
-    # the last middleware runs first: metrics count every answer, 401s and 504s included;
-    # LitServe's payload limit is outside them all, and the interop error bodies are rewritten last
+    # the last middleware runs first: metrics count every answer, 401s and 504s included, and the
+    # interop error bodies are rewritten last; LitServe appends its gzip compression and payload
+    # limit after these, outside them all, so every middleware here reads and writes plain bodies
     middlewares = [(DeadlineMiddleware, {"seconds": cfg.request_timeout}), JSONOnlyMiddleware]
     if key is not None:
         middlewares.append((APIKeyMiddleware, {"key": key, "public": cfg.public}))
@@ -117,6 +118,8 @@ def build_server(cfg: ServeConfig):
 
         channel = ReloadChannel(tempfile.mkdtemp(prefix="geograph-reload-"))
         middlewares.append((LimitsMiddleware, {"channel": channel}))
+    if cfg.method in RERANKERS:
+        middlewares.append(MessageErrorMiddleware)
     server = GeoLitServer(
         apis,
         accelerator=cfg.accelerator,
@@ -139,7 +142,6 @@ def build_server(cfg: ServeConfig):
     if cfg.method in RERANKERS:
         add_routes(server.app, method=cfg.method, bounds=bounds)
         add_tei_dialect(server.app, bounds=bounds)
-        server.app.add_middleware(MessageErrorMiddleware)
     identity = encoder.identity
     about = describe(
         cfg,
