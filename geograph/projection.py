@@ -20,7 +20,7 @@ from geograph.artefact import (
     resolve_source,
     write_artefact,
 )
-from geograph.functional.isoperimetric import conformal_volume  # its home; re-exported here
+from geograph.geometry.isoperimetric import conformal_volume  # its home; re-exported here
 
 __all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
 

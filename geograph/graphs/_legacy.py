@@ -12,7 +12,7 @@ from pathlib import Path
 from torch import Tensor
 
 from geograph._io import check_file_size, one_line, read_json, read_torch
-from geograph.functional.gain import csr
+from geograph.geometry.gain import csr
 
 __all__ = ["CORPUS_META", "G3_META", "load_corpus_graph_v1", "load_g3_graph_v1"]
 

@@ -41,7 +41,7 @@ from geograph.artefact import (
     resolve_source,
     write_artefact,
 )
-from geograph.functional.gain import check_band
+from geograph.geometry.gain import check_band
 from geograph.graphs._legacy import CORPUS_META, G3_META, load_corpus_graph_v1, load_g3_graph_v1
 
 __all__ = [

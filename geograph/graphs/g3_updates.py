@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from geograph.functional.gain import _unit, candidate_cap, gain_transition_edges
+from geograph.geometry.gain import _unit, candidate_cap, gain_transition_edges
 from geograph.graphs.updates import check_new_rows, passage_ids
 from geograph.knn.allpairs import DEFAULT_BLOCK, tiled_pairs
 from geograph.knn.update import TopkLists, lists_add, lists_remove

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from geograph.retrievers.dense import DenseRetriever
+    from geograph.methods.dense.module import DenseRetriever
 
 from geograph.artefact import (
     EncoderIdentity,
