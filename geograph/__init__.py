@@ -35,7 +35,10 @@ _STATIC = [
 def _modules() -> dict[str, type]:
     from geograph import registry
 
-    return {spec.module.__name__: spec.module for spec in registry.METHODS.values()}
+    found: dict[str, type] = {}
+    for spec in registry.METHODS.values():  # the first registered of two same-named classes is exported
+        found.setdefault(spec.module.__name__, spec.module)
+    return found
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,7 @@ A method declares itself in one place: the ``SPEC`` of its folder's ``spec.py``
 folders of :mod:`geograph.methods` (by their ``order``) and then the plugins (by entry-point name)
 the first time it is read, and everything that offers the methods reads it: the server
 (``geograph serve --method``), the benchmark (``geograph bench run``), the text-first API, the
-framework integrations, the exports (``geograph.X``, ``geograph.functional.x``), the method pages
+framework integrations, the exports (``geograph.Maniscope``, ``geograph.functional.maniscope_scores``), the method pages
 and the tests' parametrisation.
 
 A plugin that cannot be used (its import fails, it names no valid :class:`MethodSpec`, or its name
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     RETRIEVERS: tuple[str, ...]
 
 _table: dict[str, MethodSpec] | None = None
+_partial: dict[str, MethodSpec] | None = None  # the built-in methods while the plugins load
 
 
 def _builtin() -> list[MethodSpec]:
@@ -118,12 +119,20 @@ def _plugins(taken: dict[str, MethodSpec]) -> list[MethodSpec]:
 
 
 def _methods() -> dict[str, MethodSpec]:
-    """The table, collected on first use."""
-    global _table
-    if _table is None:
-        table = {s.name: s for s in _builtin()}
+    """The table, collected on first use. While the plugins load, a read (a plugin's own
+    ``from geograph.rerankers import Maniscope``) sees the built-in methods."""
+    global _table, _partial
+    if _table is not None:
+        return _table
+    if _partial is not None:
+        return _partial
+    _partial = {s.name: s for s in _builtin()}
+    try:
+        table = dict(_partial)
         table.update({s.name: s for s in _plugins(dict(table))})
         _table = table
+    finally:
+        _partial = None
     return _table
 
 

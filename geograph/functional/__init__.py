@@ -90,7 +90,11 @@ _STATIC += [
 
 
 def _method_exports() -> dict[str, Any]:
-    return {obj.__name__: obj for spec in registry.METHODS.values() for obj in spec.exports}
+    found: dict[str, Any] = {}
+    for spec in registry.METHODS.values():  # the first registered of two same-named functions is exported
+        for obj in spec.exports:
+            found.setdefault(obj.__name__, obj)
+    return found
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,11 @@ from geograph import registry
 
 
 def _classes() -> dict[str, type]:
-    return {s.module.__name__: s.module for s in registry.METHODS.values() if s.kind == "reranker"}
+    found: dict[str, type] = {}
+    for s in registry.METHODS.values():  # the first registered of two same-named classes is exported
+        if s.kind == "reranker":
+            found.setdefault(s.module.__name__, s.module)
+    return found
 
 
 def __getattr__(name: str) -> Any:

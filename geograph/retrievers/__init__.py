@@ -9,7 +9,9 @@ from geograph.retrievers.bm25 import BM25Retriever
 
 def _classes() -> dict[str, type]:
     found: dict[str, type] = {"BM25Retriever": BM25Retriever}
-    found.update({s.module.__name__: s.module for s in registry.METHODS.values() if s.kind == "retriever"})
+    for s in registry.METHODS.values():  # the first registered of two same-named classes is exported
+        if s.kind == "retriever":
+            found.setdefault(s.module.__name__, s.module)
     return found
 
 
