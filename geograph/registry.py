@@ -31,6 +31,7 @@ import importlib.metadata
 import logging
 import pkgutil
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 import geograph.methods
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 
 _table: dict[str, MethodSpec] | None = None
 _partial: dict[str, MethodSpec] | None = None  # the built-in methods while the plugins load
+_lock = threading.RLock()
 
 
 def _builtin() -> list[MethodSpec]:
@@ -124,16 +126,19 @@ def _methods() -> dict[str, MethodSpec]:
     global _table, _partial
     if _table is not None:
         return _table
-    if _partial is not None:
-        return _partial
-    _partial = {s.name: s for s in _builtin()}
-    try:
-        table = dict(_partial)
-        table.update({s.name: s for s in _plugins(dict(table))})
-        _table = table
-    finally:
-        _partial = None
-    return _table
+    with _lock:  # another thread waits for the whole table; the loading thread re-enters
+        if _table is not None:
+            return _table
+        if _partial is not None:
+            return _partial
+        _partial = {s.name: s for s in _builtin()}
+        try:
+            table = dict(_partial)
+            table.update({s.name: s for s in _plugins(dict(table))})
+            _table = table
+        finally:
+            _partial = None
+        return _table
 
 
 def _registered() -> tuple[MethodSpec, ...]:
@@ -151,6 +156,10 @@ def __getattr__(name: str) -> Any:
     if name == "RETRIEVERS":
         return names(kind="retriever")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"METHODS", "RERANKERS", "RETRIEVERS"})
 
 
 def names(*, kind: Kind | None = None, baseline: bool | None = None, with_graph: bool = False) -> tuple[str, ...]:
