@@ -57,7 +57,7 @@ ENTRY_POINT_GROUP = "geograph.methods"
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 if TYPE_CHECKING:
-    #: every registered method by name: the built-in folders in their order, then the plugins
+    #: every registered method by name (the built-in folders in their order, then the plugins)
     METHODS: dict[str, MethodSpec]
     #: the rerankers' names, in registration order
     RERANKERS: tuple[str, ...]
