@@ -1,7 +1,7 @@
 """Sphinx configuration of the geograph site: ``make docs`` builds it to ``docs/_build/html``
 with warnings as errors (``-W``, nitpicky: every cross-reference must resolve)."""
 
-import os
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -31,6 +31,8 @@ exclude_patterns += ["changelog-source.md"]
 
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
+# text as written: no "--" turned into an en dash (`--text-cache-size` stays a flag), no curly quotes
+smartquotes = False
 
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
 autodoc_member_order = "bysource"
@@ -70,17 +72,14 @@ html_css_files = ["geograph.css"]
 html_show_sourcelink = False
 pygments_style = "friendly"
 pygments_dark_style = "monokai"
-# MathJax 3 from its CDN by default; GEOGRAPH_DOCS_MATHJAX2=file:///usr/share/javascript/mathjax/MathJax.js
-# (Debian's libjs-mathjax) renders the formulas of a build viewed offline
-if os.environ.get("GEOGRAPH_DOCS_MATHJAX2"):
-    mathjax_path = os.environ["GEOGRAPH_DOCS_MATHJAX2"] + "?config=TeX-AMS-MML_HTMLorMML"
-    mathjax3_config = None
-    mathjax2_config = {
-        "tex2jax": {
-            "inlineMath": [["\\(", "\\)"]],
-            "displayMath": [["\\[", "\\]"]],
-            "processEscapes": True,
-            "ignoreClass": "document",
-            "processClass": "math",
-        }
-    }
+# Math renders without network: MathJax 3.2.2 ships inside the package sphinx-mathjax-offline (the `docs`
+# extra), whose static folder is copied to _build/html/_static/mathjax (its Sphinx extension is not used: it
+# would set the CHTML build, whose web fonts browsers refuse to load from file:// pages in another folder).
+# The SVG build has its glyphs inside the script. MyST marks the pages ignored and the `math` containers
+# processed, so MathJax typesets only what Sphinx wrapped as math.
+_mathjax = importlib.util.find_spec("sphinx-mathjax-offline")
+if _mathjax is None or _mathjax.origin is None:
+    raise ImportError("the docs need sphinx-mathjax-offline (MathJax): pip install 'geograph-rag[docs]'")
+html_static_path.append(str(Path(_mathjax.origin).parent / "static"))
+mathjax_path = "mathjax/tex-svg.js"
+mathjax3_config = {"options": {"processHtmlClass": "tex2jax_process|mathjax_process|math|output_area"}}

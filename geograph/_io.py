@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import torch
 
 __all__ = [
+    "atomic_save",
     "atomic_write",
     "atomic_write_json",
     "atomic_torch_save",
@@ -50,8 +51,9 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(path: PathLike, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(f)`` on a temporary file next to ``path``, fsync it, rename it to ``path``.
+def atomic_save(path: PathLike, save: Callable[[Path], None]) -> Path:
+    """Call ``save(tmp)`` with a new, empty temporary file ``tmp`` next to ``path`` (for a writer
+    that takes a file name), fsync it, rename it to ``path``.
 
     The temporary file is created with the usual permissions (``0o666`` less the umask), so
     the result is readable like any file the process writes. On an error the temporary file
@@ -59,12 +61,17 @@ def atomic_write(path: PathLike, write: Callable[[BinaryIO], None]) -> Path:
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        mode = tmp.stat().st_mode & 0o777
+        save(tmp)
+        if tmp.stat().st_mode & 0o777 != mode:  # a writer that replaced the file with its own (private) one
+            os.chmod(tmp, mode)
+        fd = os.open(tmp, os.O_RDWR | getattr(os, "O_BINARY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -72,6 +79,16 @@ def atomic_write(path: PathLike, write: Callable[[BinaryIO], None]) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def atomic_write(path: PathLike, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write(f)`` on a temporary file next to ``path``, then fsync and rename it as :func:`atomic_save`."""
+
+    def save(tmp: Path) -> None:
+        with tmp.open("wb") as f:
+            write(f)
+
+    return atomic_save(path, save)
 
 
 def atomic_torch_save(obj: Any, path: PathLike) -> int:

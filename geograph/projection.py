@@ -11,15 +11,8 @@ from torch import Tensor, nn
 
 from geograph._checks import check_positive_int
 from geograph._io import one_line, read_torch
-from geograph.artefact import (
-    CorpusFingerprint,
-    EncoderIdentity,
-    as_identity,
-    corpus_fingerprint,
-    read_artefact,
-    resolve_source,
-    write_artefact,
-)
+from geograph.artefacts.format import read_artefact, resolve_source, write_artefact
+from geograph.artefacts.identity import CorpusFingerprint, corpus_fingerprint, recorded_identity
 from geograph.geometry.isoperimetric import conformal_volume  # its home; re-exported here
 
 __all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
@@ -84,20 +77,16 @@ class PoincareProjection(nn.Module):
         return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden": self.hidden, "c": self.c}
 
     def save_pretrained(self, directory: str | Path, *, encoder=None, corpus=None) -> Path:
-        """Write the configuration and weights as an artefact directory (:mod:`geograph.artefact`).
+        """Write the configuration and weights as an artefact directory (:mod:`geograph.artefacts`).
 
         ``encoder`` (a :class:`geograph.data.Encoder` or an
-        :class:`~geograph.artefact.EncoderIdentity`) and ``corpus`` (the embeddings, or the
-        :class:`~geograph.artefact.CorpusFingerprint`, it was trained on) are recorded in the
+        :class:`~geograph.artefacts.EncoderIdentity`) and ``corpus`` (the embeddings, or the
+        :class:`~geograph.artefacts.CorpusFingerprint`, it was trained on) are recorded in the
         manifest; a projection loaded by :meth:`from_pretrained` keeps what it recorded. Written
         atomically: the manifest is removed first and written last.
         """
         saved = getattr(self, "manifest", None) or {}
-        identity = as_identity(encoder)
-        if identity is None and saved.get("encoder"):
-            identity = EncoderIdentity.from_dict(saved["encoder"])
-        if identity is not None and identity.dim is None:
-            identity = EncoderIdentity.from_dict({**identity.as_dict(), "dim": self.in_dim})
+        identity = recorded_identity(encoder, self.in_dim, saved)
         if isinstance(corpus, Tensor):
             corpus = corpus_fingerprint(corpus)
         elif corpus is None and saved.get("corpus"):
@@ -130,7 +119,7 @@ class PoincareProjection(nn.Module):
         Raises:
             ValueError: one line naming the file: unreadable or truncated, not a saved projection,
                 weights that do not fit its configuration, or another input size.
-            geograph.artefact.ArtefactMismatch: another format version or encoder.
+            geograph.artefacts.ArtefactMismatch: another format version or encoder.
         """
         path = resolve_source(source, cls.__name__)
         if isinstance(corpus, Tensor) and in_dim is None:

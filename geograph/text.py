@@ -149,9 +149,9 @@ def check_top(value: int | None, name: str) -> int | None:
 
 def check_artefacts(module: Any, encoder: Any, num_passages: int | None = None) -> None:
     """Refuse a module holding a loaded artefact (``from_pretrained``) whose manifest records another
-    encoder than ``encoder`` (when it has an :class:`~geograph.artefact.EncoderIdentity`) or another
+    encoder than ``encoder`` (when it has an :class:`~geograph.artefacts.EncoderIdentity`) or another
     number of passages than the corpus in use; one line naming both sides."""
-    from geograph.artefact import ArtefactMismatch, EncoderIdentity, check_encoder
+    from geograph.artefacts import ArtefactMismatch, EncoderIdentity, check_encoder
 
     if not isinstance(module, nn.Module):
         return

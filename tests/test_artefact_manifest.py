@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, G3Graph, G3Retriever, ISORetriever, PoincareProjection
-from geograph.artefact import MANIFEST, TENSORS, ArtefactMismatch, EncoderIdentity, corpus_fingerprint
+from geograph.artefacts import MANIFEST, TENSORS, ArtefactMismatch, EncoderIdentity, corpus_fingerprint
 from geograph.data import EmbeddingCache, Encoder
 from geograph.data.encoder_id import encoder_identity
 from geograph.retrievers import DenseRetriever

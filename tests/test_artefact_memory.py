@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from geograph import CorpusGraph
-from geograph.artefact import TENSORS
+from geograph.artefacts import TENSORS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import os
@@ -16,7 +15,8 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, G3Graph, PoincareProjection, _io
-from geograph.artefact import MANIFEST, TENSORS
+from geograph.artefacts import MANIFEST, TENSORS, corpus_fingerprint
+from geograph.artefacts import format as artefact_format
 from geograph.retrievers import DenseRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,22 +84,20 @@ class Killed(BaseException):
 
 def kill_at_write(monkeypatch, step: int) -> None:
     """The ``step``-th file write of a save dies after writing half of its bytes to the temporary file."""
-    real = _io.atomic_write
+    real = _io.atomic_save
     count = itertools.count()
 
-    def write(path, fn):
+    def save(path, fn):
         if next(count) != step:
             return real(path, fn)
-        buf = io.BytesIO()
-        fn(buf)
-        data = buf.getvalue()
-        Path(path).with_name(f".{Path(path).name}.killed.tmp").write_bytes(data[: len(data) // 2])
+        tmp = Path(path).with_name(f".{Path(path).name}.killed.tmp")
+        fn(tmp)
+        data = tmp.read_bytes()
+        tmp.write_bytes(data[: len(data) // 2])
         raise Killed
 
-    monkeypatch.setattr(_io, "atomic_write", write)
-    import geograph.artefact as artefact
-
-    monkeypatch.setattr(artefact, "atomic_write", write)
+    monkeypatch.setattr(_io, "atomic_save", save)  # every file: atomic_write calls it too
+    monkeypatch.setattr(artefact_format, "atomic_save", save)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -129,6 +127,11 @@ def test_a_killed_save_never_leaves_a_loadable_mix(kind, tmp_path, monkeypatch):
             outcomes.add("refused")
         else:
             assert same(got, state(old)) or same(got, state(new)), f"kill at write {step}: a mix of two saves loaded"
+            recorded = json.loads((path / MANIFEST).read_text())["corpus"]
+            if recorded is not None:  # the manifest is the one written with these tensors
+                assert recorded["embeddings_sha256"] == corpus_fingerprint(got[0]).embeddings_sha256, (
+                    f"kill at write {step}: the manifest of one save loaded with the tensors of another"
+                )
             outcomes.add("old" if same(got, state(old)) else "new")
         if finished:
             assert outcomes >= {"new"} and step >= 1

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from geograph.artefact import ArtefactMismatch, EncoderIdentity
+from geograph.artefacts import ArtefactMismatch, EncoderIdentity
 from geograph.cli import main
 from geograph.data import DEMO_PATH, Encoder, load_corpus
 from geograph.graphs import CorpusGraph

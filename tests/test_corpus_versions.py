@@ -7,8 +7,8 @@ import torch
 
 from geograph import CorpusGraph, G3Graph
 from geograph._io import replace_directory
-from geograph.artefact import corpus_fingerprint
-from geograph.graphs.artefact import PASSAGES, read_passages
+from geograph.artefacts import corpus_fingerprint
+from geograph.artefacts.saved_graphs import PASSAGES, read_passages
 from geograph.graphs.updates import reorder
 
 

@@ -2,6 +2,7 @@
 speed-up the README's results table quotes appears in the table the site generates from
 ``docs/bench`` for that method (``docs/_ext/geograph_docs.py``)."""
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -55,3 +56,28 @@ def test_readme_figures_come_from_the_benchmark_files(label):
 def test_a_changed_figure_is_caught():
     row = ROWS["Maniscope"].replace("19.9x", "29.9x")
     assert "29.9x" in FIGURE.findall(row) and "29.9x" not in generated("Maniscope")
+
+
+#: "same top-k as the reference on all N queries it ran (of M)" in a README row
+PARITY = re.compile(r"same top-k as the reference on all (\d+) queries it ran \(of (\d+)\)")
+
+
+def parity_claims(row: str) -> list[tuple[int, int]]:
+    return [(int(n), int(m)) for n, m in PARITY.findall(row)]
+
+
+@pytest.mark.parametrize("label", ["Maniscope", "Ricci-Filtration"])
+def test_readme_parity_counts_are_the_benchmark_files(label):
+    """The README's count of queries compared with the reference is SciFact's in results.json, and
+    the top-k was the reference's on every one of them."""
+    results = json.loads((ROOT / "docs" / "bench" / "results.json").read_text(encoding="utf-8"))
+    scifact = results["datasets"]["scifact"]
+    speed = scifact["methods"][LABELS[label]]["speed"]
+    claims = parity_claims(ROWS[label])
+    assert claims == [(speed["reference_queries"], scifact["queries_reported"])], (ROWS[label], speed)
+    assert speed["reference_top_k_identical"] == 1.0
+
+
+def test_a_changed_parity_count_is_caught():
+    assert parity_claims("x; same top-k as the reference on all 300 queries it ran (of 300) |") == [(300, 300)]
+    assert parity_claims("the reference's top-k on every query compared") == []

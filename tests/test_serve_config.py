@@ -115,7 +115,7 @@ def test_cli_startup_errors_exit_1_with_one_line(tmp_path):
 
     small = CorpusGraph.from_knn(torch.nn.functional.normalize(torch.randn(7, 384), dim=1), 2)
     small.save(tmp_path / "graph")
-    from geograph.artefact import EncoderIdentity
+    from geograph.artefacts import EncoderIdentity
     from geograph.data import load_demo
 
     e5 = EncoderIdentity("intfloat/e5-small-v2", sha256="b" * 64)  # a graph of the demo's size, another model

@@ -194,7 +194,9 @@ def test_api_key_guards_every_endpoint_but_health(server, case):
         assert requests.get(server.url + path, timeout=30).status_code == 401, path
         assert requests.get(server.url + path, headers={"Authorization": f"Basic {KEY}"}, timeout=30).status_code == 401
     assert requests.get(server.url + "/metrics", headers=headers(), timeout=30).status_code == 200
-    with pytest.raises(cohere.errors.UnauthorizedError):
+    from cohere.errors import UnauthorizedError  # cohere 5 loads its submodules lazily: import it by name
+
+    with pytest.raises(UnauthorizedError):
         cohere.ClientV2(api_key="wrong", base_url=server.url).rerank(model="ricci", query="q", documents=["a"])
     r = requests.post(server.url + "/retrieve", json={"query": case["query"], "k": 3}, headers=headers(), timeout=120)
     assert r.status_code == 200

@@ -106,4 +106,7 @@ def test_a_burst_of_the_largest_requests_is_batched_within_the_cap(server, env, 
     assert all(r.status_code == 200 for r in got), [r.text[:200] for r in got if r.status_code != 200]
     assert max(r.json()["batch_size"] for r in got) <= CELLS // MAX
     healthy(server)
-    assert json.loads(requests.get(server.url + "/info", timeout=30).text)["server"]
+    info = json.loads(requests.get(server.url + "/info", timeout=30).text)
+    assert info["server"] == "geograph" and info["method"] == "maniscope"
+    assert info["limits"]["max_candidates"] == MAX and info["limits"]["max_batch_candidates"] == CELLS
+    assert {"/retrieve", "/rerank", "/v1/rerank", "/v2/rerank"} <= set(info["routes"])

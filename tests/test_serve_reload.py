@@ -157,6 +157,8 @@ def test_reload_under_load_switches_every_worker_between_batches(setup):
         assert r.status_code == 200, (r.text, output())
         answer = r.json()
         assert answer["version"] == 1 and answer["corpus_version"] == 2 and answer["passages"] == len(setup["new"])
+        corpus = requests.get(url + "/info", headers=AUTH, timeout=30).json()["corpus"]  # what GET /info says now
+        assert (corpus["version"], corpus["corpus_version"], corpus["passages"]) == (1, 2, len(setup["new"]))
         time.sleep(1.5)
         results = load.finish()
         v1 = Version(setup["new"], root / "graph-v1", cache)
@@ -190,7 +192,8 @@ def test_reload_under_load_switches_every_worker_between_batches(setup):
 
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, output()
-        assert "Traceback" not in output()
+        reader.join(timeout=10)  # the output up to the last process's exit (the resource tracker's)
+        assert "Traceback" not in output() and "leaked semaphore" not in output(), output()
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -10,11 +10,11 @@ import os
 import pytest
 import torch
 
+from geograph.artefacts.saved_graphs import read_passages
 from geograph.cli import main
 from geograph.data import Encoder, load_demo
 from geograph.data.cache import text_key
 from geograph.graphs import CorpusGraph, G3Graph
-from geograph.graphs.artefact import read_passages
 from geograph.testing import has_package
 
 pytestmark = pytest.mark.skipif(
@@ -126,7 +126,7 @@ def test_update_to_another_folder_leaves_the_graph(tmp_path, corpora, capsys):
 
 
 def test_an_interrupted_update_leaves_the_graph_it_started_from(tmp_path, corpora, monkeypatch, capsys):
-    import geograph.artefact as artefact
+    from geograph.artefacts import format as artefact_format
 
     cache = ["--cache", corpora["cache"]]
     graph = tmp_path / "graph"
@@ -136,7 +136,7 @@ def test_an_interrupted_update_leaves_the_graph_it_started_from(tmp_path, corpor
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(artefact, "write_safetensors", killed)  # killed while the new version is written
+    monkeypatch.setattr(artefact_format, "write_safetensors", killed)  # killed while the new version is written
     assert main(["update", "--data", corpora["new"], "--graph", str(graph), *cache]) == 130
     assert "unchanged" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in graph.iterdir()} == files

@@ -231,3 +231,12 @@ def test_ivf_knn_updates_recall_against_exact_rebuild():
     rebuilt = edge_set(CorpusGraph.from_knn(rows, 5, index="ivf", nlist=16, nprobe=2, recall_target=None))
     got = edge_set(graph)
     assert len(got & want) / len(want) >= min(0.95, len(rebuilt & want) / len(want) - 0.02)
+
+
+def test_kept_lists_follow_to():
+    pool = torch.nn.functional.normalize(torch.randn(70, 6, generator=torch.Generator().manual_seed(6)), dim=1)
+    graph = CorpusGraph.from_knn(pool[:60], 4)
+    graph = graph.to(torch.float64)
+    assert graph.knn_state.lists.values.dtype == torch.float64  # the lists moved with the buffers
+    graph.add(pool[60:].double(), list(range(60, 70)))
+    assert edge_set(graph) == numpy_knn_edges(pool.double().numpy(), 4)

@@ -11,9 +11,10 @@ time, so a page cannot disagree with its source:
 * ``{bench-serve} FILE``: the runs of a ``geograph bench serve`` file;
 * ``{method-params} NAME``: the parameters a configuration may set, from :mod:`geograph.registry`;
 * ``{serve-config}``: the fields of :class:`geograph.serve.config.ServeConfig`;
-* ``{serve-endpoints}``: the routes of the server's OpenAPI schema, from the FastAPI app that
-  :func:`geograph.serve.server.build_server` builds over the demo corpus (nothing is started);
-  without the ``serve`` extra, from the request models.
+* ``{serve-endpoints}``: every route of the server, from the FastAPI apps that
+  :func:`geograph.serve.server.build_server` builds over the demo corpus (nothing is started):
+  its OpenAPI document's summaries and request bodies (required and optional fields), and the
+  routes the document leaves out; without the ``serve`` extra, from the request models.
 
 Each function returns Markdown; the directive parses it in place (MyST) and records the file it
 read as a dependency of the page.
@@ -113,6 +114,19 @@ def bench_method(label: str) -> str:
     return _table(header, rows) + note
 
 
+#: What the ``mixture-N`` and ``gauss-N`` sizes of a ``geograph bench scale`` file are.
+SYNTHETIC = (
+    "The `mixture` and `gauss` corpora are synthetic: N unit vectors drawn from generators fitted to "
+    "SciFact's MiniLM embeddings (`geograph.bench.scale.generators`: a mixture of topics, and one "
+    "Gaussian with no topics), not the embeddings of real passages."
+)
+
+
+def _synthetic_note(sizes: dict) -> str:
+    """:data:`SYNTHETIC` when ``sizes`` has a generated corpus, else nothing."""
+    return f" {SYNTHETIC}" if any(s.split("-")[0] in ("mixture", "gauss") for s in sizes) else ""
+
+
 def _gb(mb: float | None) -> str:
     return "-" if mb is None else f"{mb / 1024:.1f} GB"
 
@@ -159,7 +173,8 @@ def bench_scale(name: str) -> str:
             for k, r in data["real"].items()
         ]
         out += "\n" + _table(header, rows)
-    return out + f"\nFrom `docs/bench/{name}` (`geograph bench scale`, {data['threads']} torch threads).\n"
+    note = _synthetic_note(data["sizes"])
+    return out + f"\nFrom `docs/bench/{name}` (`geograph bench scale`, {data['threads']} torch threads).{note}\n"
 
 
 def bench_ray(name: str) -> str:
@@ -186,7 +201,7 @@ def bench_ray(name: str) -> str:
                     f"{info['warmup_seconds']:.1f}",
                 ]  # fmt: skip
             )
-    return _table(header, rows) + f"\nFrom `docs/bench/{name}`.\n"
+    return _table(header, rows) + f"\nFrom `docs/bench/{name}`.{_synthetic_note(data['sizes'])}\n"
 
 
 def _serve_row(label: str, run: dict) -> list[str]:
@@ -215,8 +230,9 @@ def bench_serve(name: str) -> str:
     soak = runs.get("soak_20000") if isinstance(runs, dict) else None
     if soak:
         s = soak["soak"]
+        flags = " ".join(f"`{a}`" for a in soak.get("server_args", [])) or "default"
         out += (
-            f"\nSoak (server flags {' '.join(soak.get('server_args', [])) or 'default'}): {s['requests']:,} requests "
+            f"\nSoak (server flags {flags}): {s['requests']:,} requests "
             f"in {s['seconds']:.0f} s ({s['req_per_s']:.1f} req/s), {s['wrong']} wrong answers, {s['status_5xx']} 5xx, "
             f"p99/p50 {s['p99_over_p50']:.2f}, largest resident memory growth of a server process "
             f"{s['max_rss_growth_mb']:.1f} MB after {s['warmup_requests']} warm-up requests.\n"
@@ -288,47 +304,125 @@ def serve_config() -> str:
     return _table(["key and flag", "type", "default", "description"], rows)
 
 
+#: The routes of the server that its OpenAPI document leaves out (FastAPI's own pages and
+#: ``/metrics``), with what each answers. A route outside the document and missing here fails the build.
+UNLISTED_ROUTES = {
+    "/metrics": "Prometheus metrics in text format ([Metrics](#metrics))",
+    "/openapi.json": "the OpenAPI document",
+    "/docs": "the OpenAPI document as a page (Swagger UI)",
+    "/docs/oauth2-redirect": "Swagger UI's OAuth2 redirect page",
+    "/redoc": "the OpenAPI document as a page (ReDoc)",
+}
+
+
+def _routes(method: str, key: str | None) -> tuple[dict, list[tuple[str, list[str], bool]]]:
+    """The OpenAPI document and the routes ``(path, verbs, in the document)`` of the FastAPI app
+    that ``geograph serve --method METHOD`` builds over the demo corpus (nothing is started)."""
+    import shutil
+
+    from geograph.data import DEMO_PATH
+    from geograph.serve.config import ServeConfig
+    from geograph.serve.server import build_server
+
+    server = build_server(ServeConfig(method=method, corpus=str(DEMO_PATH), api_key=key))
+    try:
+        spec = server.app.openapi()
+        routes = []
+        for r in server.app.router.routes:
+            verbs = sorted(getattr(r, "methods", None) or ()) or ["GET"]
+            verbs = [v for v in verbs if v != "HEAD"] or verbs
+            routes.append((r.path, verbs, bool(getattr(r, "include_in_schema", True))))
+    finally:
+        directory = getattr(server, "reload_directory", None)
+        if directory:  # the reload channel's folder (the server made one for its key)
+            shutil.rmtree(directory, ignore_errors=True)
+    return spec, routes
+
+
 @cache
 def _openapi() -> dict | None:
+    """The servers the endpoints table describes: ``full`` (a reranker with an API key: every
+    route), ``no_key`` (the same without a key) and ``retriever`` (a retriever without a key)."""
     try:
-        from geograph.data import DEMO_PATH
-        from geograph.serve.config import ServeConfig
-        from geograph.serve.server import build_server
+        from geograph.registry import RERANKERS, RETRIEVERS
 
-        return build_server(ServeConfig(method="maniscope", corpus=str(DEMO_PATH))).app.openapi()
+        return {
+            "full": _routes(RERANKERS[0], "docs-build"),
+            "no_key": _routes(RERANKERS[0], None),
+            "retriever": _routes(RETRIEVERS[0], None),
+        }
     except ImportError:
         return None
 
 
-def _schema_fields(schema: dict, components: dict) -> str:
+def _bodies(schema: dict, components: dict) -> list[tuple[str, dict]]:
+    """``(name, JSON schema)`` of each body a request schema accepts (a ``$ref``, or each
+    alternative of a ``oneOf`` / ``anyOf``)."""
     if "$ref" in schema:
-        schema = components[schema["$ref"].rsplit("/", 1)[-1]]
-    props = schema.get("properties", {})
-    required = set(schema.get("required", ()))
-    return ", ".join(f"`{k}`{'*' if k in required else ''}" for k in props) or "-"
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return [(name, components[name])]
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            return [b for alt in schema[key] for b in _bodies(alt, components)]
+    return [(schema.get("title", "body"), schema)]
+
+
+def _names(fields: list[str]) -> str:
+    return ", ".join(f"`{f}`" for f in fields) or "-"
 
 
 def serve_endpoints() -> str:
-    """The server's routes from its OpenAPI schema (``*``: required field)."""
-    spec = _openapi()
-    if spec is None:  # without the serve extra: the request models
+    """Every route of the server: those of its OpenAPI document (summary, request bodies with
+    their required and optional fields) and those the document leaves out, with which servers
+    have each (every method, the rerankers, or only with an API key)."""
+    servers = _openapi()
+    if servers is None:  # without the serve extra: the request models
         from geograph.serve.schema import RerankRequest, RetrieveRequest
 
-        rows = [[f"POST `/{n}`", m.__name__, ", ".join(f"`{k}`" for k in m.model_fields)]
-                for n, m in (("retrieve", RetrieveRequest), ("rerank", RerankRequest))]  # fmt: skip
-        return _table(["route", "request", "fields"], rows)
+        rows = []
+        for n, m in (("retrieve", RetrieveRequest), ("rerank", RerankRequest)):
+            required = [k for k, f in m.model_fields.items() if f.is_required()]
+            optional = [k for k in m.model_fields if k not in required]
+            rows.append([f"POST `/{n}`", f"`{m.__name__}`", _names(required), _names(optional)])
+        return _table(["route", "request body", "required fields", "optional fields"], rows)
+    from geograph.registry import RERANKERS
+
+    spec, routes = servers["full"]
+    plain = {p for p, _, _ in servers["no_key"][1]}
+    everywhere = {p for p, _, _ in servers["retriever"][1]}
+
+    def served(path: str) -> str:
+        if path in everywhere:
+            return "every method"
+        return ", ".join(RERANKERS) if path in plain else "with an API key"
+
     components = spec.get("components", {}).get("schemas", {})
     rows = []
     for path, ops in spec["paths"].items():
         for verb, op in ops.items():
-            body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
-            fields = _schema_fields(body, components) if body else "-"
-            rows.append([f"{verb.upper()} `{path}`", op.get("summary", ""), fields])
+            schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            bodies = _bodies(schema, components) if schema else [("-", {})]
+            for name, body in bodies:
+                required = [k for k in body.get("properties", {}) if k in body.get("required", ())]
+                optional = [k for k in body.get("properties", {}) if k not in required]
+                shown = f"`{name}`" if name != "-" else "-"
+                rows.append([f"{verb.upper()} `{path}`", served(path), op.get("summary", ""), shown,
+                             _names(required), _names(optional)])  # fmt: skip
+    for path, verbs, listed in routes:
+        if listed:
+            continue
+        if path not in UNLISTED_ROUTES:
+            raise ValueError(f"serve-endpoints: route {path} is not in the OpenAPI document nor in UNLISTED_ROUTES")
+        rows.append([f"{' '.join(verbs)} `{path}`", served(path), UNLISTED_ROUTES[path], "-", "-", "-"])
+    missing = {p for p, _, _ in routes} - {r[0].split("`")[1] for r in rows}
+    if missing:
+        raise ValueError(f"serve-endpoints: routes left out of the table: {sorted(missing)}")
     version = spec.get("info", {}).get("version", "")
     return (
-        _table(["route", "summary", "request fields (`*` required)"], rows)
-        + f"\nFrom the OpenAPI schema (version {version}) of `geograph serve --method maniscope` "
-        "over the demo corpus.\n"
+        _table(["route", "served by", "summary", "request body", "required fields", "optional fields"], rows)
+        + f"\nFrom the OpenAPI document (version {version}) and the routes of the app `geograph serve` builds "
+        "over the demo corpus, for a reranker and a retriever, with and without an API key (the routes "
+        "outside the document are FastAPI's pages of the document and `/metrics`).\n"
     )
 
 

@@ -85,10 +85,11 @@ def diff(old_ids: Sequence[str], old_keys: Sequence[str], new_ids: Sequence[str]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from geograph.artefact import ArtefactMismatch
+    from geograph.artefacts import ArtefactMismatch
+    from geograph.artefacts.format import saved_kind
+    from geograph.artefacts.saved_graphs import read_passages
     from geograph.commands.build_graph import passage_keys
     from geograph.data import BEIRError, Encoder, load_corpus
-    from geograph.graphs.artefact import read_passages, saved_kind
 
     out = Path(args.out if args.out is not None else args.graph)
     try:

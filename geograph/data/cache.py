@@ -41,7 +41,7 @@ class EmbeddingCache:
         model_name: what the vectors were made with; part of the key.
         directory: cache root (see :func:`cache_dir`).
         weights: what identifies the model's weights (:attr:`EncoderIdentity.weights
-            <geograph.artefact.EncoderIdentity.weights>`: a checksum of its files or its
+            <geograph.artefacts.EncoderIdentity.weights>`: a checksum of its files or its
             revision); part of the key, so a model changed in place reads none of the old
             vectors. :class:`Encoder` always gives it.
     """
@@ -208,7 +208,7 @@ class Encoder:
 
     @property
     def identity(self):
-        """The :class:`~geograph.artefact.EncoderIdentity` of this encoder (its files hashed, not loaded)."""
+        """The :class:`~geograph.artefacts.EncoderIdentity` of this encoder (its files hashed, not loaded)."""
         if self._identity is None:
             from geograph.data.encoder_id import encoder_identity
 

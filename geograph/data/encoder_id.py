@@ -1,7 +1,7 @@
 """The identity of a text encoder: its name, revision, a checksum of its files, its prefixes.
 
 It keys the embedding cache (a model changed in place never reads the old model's vectors) and
-is recorded in saved artefacts (:mod:`geograph.artefact`), which refuse to load under another.
+is recorded in saved artefacts (:mod:`geograph.artefacts`), which refuse to load under another.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 import threading
 from pathlib import Path
 
-from geograph.artefact import EncoderIdentity
+from geograph.artefacts import EncoderIdentity
 
 __all__ = ["EncoderIdentity", "encoder_identity", "model_files_sha256"]
 

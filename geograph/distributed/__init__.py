@@ -4,8 +4,8 @@ Importing this package does not import Ray; the functions do, when called. See d
 for the workflow on a cluster.
 """
 
+from geograph.distributed.builds import g3_graph, knn_graph, on_ray
 from geograph.distributed.cluster import LOCAL, RayExecutor, ray_session
 from geograph.distributed.embed import EmbedReport, embed_corpus
-from geograph.distributed.graphs import g3_graph, knn_graph, on_ray
 
 __all__ = ["ray_session", "RayExecutor", "LOCAL", "on_ray", "knn_graph", "g3_graph", "embed_corpus", "EmbedReport"]

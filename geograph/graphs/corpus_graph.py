@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from geograph._checks import check_positive_int, check_tensor
-from geograph.graphs.artefact import load_corpus_graph, save_graph
-from geograph.graphs.updates import (
-    KnnState,
-    PassageIds,
-    UpdateReport,
-    add_passages,
-    kept_lists,
-    move_knn_state,
-    remove_passages,
-)
+from geograph.graphs._base import PassageGraph
+from geograph.graphs.updates import KnnState, PassageId, UpdateReport, add_passages, kept_lists, remove_passages
 from geograph.knn.build import self_topk
 from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
@@ -28,7 +20,7 @@ from geograph.outputs import true_first
 __all__ = ["CorpusGraph"]
 
 
-class CorpusGraph(nn.Module):
+class CorpusGraph(PassageGraph):
     """Passage embeddings ``(V, D)`` and an undirected graph over the passages, stored sparse.
 
     The graph is kept as a clean ``edge_index (2, E)`` (both directions, sorted by source, no
@@ -41,7 +33,8 @@ class CorpusGraph(nn.Module):
     ``.to(dtype)`` casts only the embeddings; the integer index buffers keep their dtype.
 
     Builders: :meth:`from_knn`, :meth:`from_groups`, :meth:`from_mentions`,
-    :meth:`from_edge_index`; :meth:`save_pretrained` / :meth:`from_pretrained` an artefact directory.
+    :meth:`from_edge_index`; :meth:`save_pretrained` / :meth:`from_pretrained` an artefact directory
+    (:mod:`geograph.artefacts`); :meth:`set_ids`, :meth:`add` and :meth:`remove` change the corpus.
 
     Args:
         embeddings: ``(V, D)`` floating passage embeddings (finite).
@@ -53,6 +46,8 @@ class CorpusGraph(nn.Module):
         >>> g.num_edges, g.degree().tolist()
         (1, [1, 1, 0])
     """
+
+    _artefact_layout = "CorpusGraph"
 
     embeddings: Tensor
     edge_index: Tensor
@@ -66,14 +61,20 @@ class CorpusGraph(nn.Module):
         if isinstance(edge_index, Tensor):
             edge_index = edge_index.to(embeddings.device)
         clean = clean_edge_index(edge_index, embeddings.shape[0])
+        self._hold(embeddings, clean, csr_rowptr(clean[0], embeddings.shape[0]), name=name)
+
+    def _hold(self, embeddings: Tensor, edge_index: Tensor, rowptr: Tensor, *, name: str) -> None:
+        """Hold a clean ``edge_index`` and its row pointer as given (on a :meth:`_bare` graph: a loaded
+        graph's memory-mapped tensors, no copy)."""
         self.name = name
-        self.build_info: dict = {}  # how a builder made it (index, seconds per stage); saved in the manifest
-        self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
-        self.knn_state = None  # a k-NN graph's directed lists, kept for updates (geograph.graphs.updates.KnnState)
-        self.corpus_version = 0  # 0 when built, one more for each add or remove; saved in the manifest
+        self._start()
+        self.knn_state: KnnState | None = None  # a k-NN graph's directed lists, kept for updates
         self.register_buffer("embeddings", embeddings)
-        self.register_buffer("edge_index", clean)
-        self.register_buffer("rowptr", csr_rowptr(clean[0], embeddings.shape[0]))
+        self.register_buffer("edge_index", edge_index)
+        self.register_buffer("rowptr", rowptr)
+
+    def _kept_state(self) -> KnnState | None:
+        return self.knn_state
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -161,8 +162,8 @@ class CorpusGraph(nn.Module):
             z = normalize(embeddings.float())  # CPU matrix products of half floats are slow and round the scores
         else:
             z = unit_rows(embeddings)  # in the embeddings' dtype (float64 stays float64); unit rows: no copy
-        seconds: dict = {}
-        report: dict = {}
+        seconds: dict[str, Any] = {}
+        report: dict[str, Any] = {}
         index = "faiss-flat" if faiss else resolve_index(index, v, "CorpusGraph.from_knn")
         if faiss:
             idx = _faiss_knn(z, k + 1)
@@ -241,7 +242,10 @@ class CorpusGraph(nn.Module):
         v = embeddings.shape[0]
         if len(titles) != v or len(texts) != v:
             raise ValueError(f"need one title and one text per passage ({v}), got {len(titles)} and {len(texts)}")
-        fold = (lambda s: s) if case_sensitive else (lambda s: s.casefold())
+
+        def fold(s: str) -> str:
+            return s if case_sensitive else s.casefold()
+
         by_title: dict[str, list[int]] = {}
         for i, t in enumerate(titles):
             key = fold(str(t).strip())
@@ -266,95 +270,10 @@ class CorpusGraph(nn.Module):
         ei = torch.tensor([src, dst], dtype=torch.long) if src else torch.zeros(2, 0, dtype=torch.long)
         return cls(embeddings, ei.to(embeddings.device), name="mentions")
 
-    # -- persistence --------------------------------------------------------------------
-    def save_pretrained(
-        self,
-        directory: str | Path,
-        *,
-        encoder=None,
-        ids: Sequence[str] | None = None,
-        text_keys: Sequence[str] | None = None,
-    ) -> Path:
-        """Write the graph as an artefact directory: ``tensors.safetensors`` and ``manifest.json``.
-
-        The manifest records the encoder's identity (``encoder``: a :class:`geograph.data.Encoder`
-        or an :class:`~geograph.artefact.EncoderIdentity`), the corpus fingerprint (the
-        embeddings' checksum and, given ``ids``, the passage ids'), the build parameters and
-        :attr:`build_info`; a graph loaded by :meth:`from_pretrained` keeps what it recorded.
-        Every file is written under a temporary name and renamed; the manifest is removed first
-        and written last, so a save killed at any point leaves the previous graph or a directory
-        that does not load, never a mix of two. See :mod:`geograph.artefact`.
-
-        The manifest's ``corpus.version`` is :attr:`corpus_version` (0 when built, one more for each
-        :meth:`add` or :meth:`remove`), with the saved corpus it was updated from as ``parent``.
-        ``ids`` default to the graph's own string ids once it has them (:meth:`set_ids`, an update).
-        ``text_keys`` (with ``ids``): the embedding cache's key of each passage's embedded text
-        (:func:`geograph.data.cache.text_key`), written as ``passages.jsonl`` for ``geograph update``.
-        """
-        return save_graph(self, directory, encoder=encoder, ids=ids, text_keys=text_keys)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        source: str | Path,
-        *,
-        corpus=None,
-        encoder=None,
-        device: str | torch.device | None = None,
-        corpus_shape: tuple[int, int] | None = None,
-    ) -> CorpusGraph:
-        """Load a graph saved by :meth:`save_pretrained`, its tensors memory-mapped (shared between processes).
-
-        Args:
-            source: the directory, or a Hugging Face Hub repository id (needs ``huggingface_hub``).
-            corpus: the corpus in use: ``(V, D)`` embeddings, an ``(ids, embeddings)`` pair or a
-                :class:`~geograph.artefact.CorpusFingerprint`; a graph built over other passage ids
-                or other embeddings (beyond re-encoding noise) is refused.
-            encoder: the encoder in use (an ``Encoder`` or ``EncoderIdentity``): a graph built with
-                another model, prefixes or normalisation is refused.
-            device: where to put the tensors (default: CPU, memory-mapped).
-            corpus_shape: ``(V, D)`` the graph must have, if known.
-
-        Raises:
-            ValueError: one line naming the file: unreadable, truncated, tensors that do not fit the
-                manifest, or another size than ``corpus_shape``.
-            geograph.artefact.ArtefactMismatch: another format version, encoder or corpus (one line
-                naming both sides).
-
-        A directory in the former ``torch.save`` format loads with a ``DeprecationWarning``.
-        """
-        return load_corpus_graph(cls, source, corpus=corpus, encoder=encoder, device=device, corpus_shape=corpus_shape)
-
-    def save(self, directory: str | Path) -> Path:
-        """:meth:`save_pretrained` without provenance."""
-        return self.save_pretrained(directory)
-
-    @classmethod
-    def load(
-        cls,
-        directory: str | Path,
-        *,
-        device: str | torch.device | None = None,
-        corpus_shape: tuple[int, int] | None = None,
-    ) -> CorpusGraph:
-        """:meth:`from_pretrained` without the encoder and corpus checks."""
-        return cls.from_pretrained(directory, device=device, corpus_shape=corpus_shape)
-
     # -- updates (geograph.graphs.updates) ----------------------------------------------
-    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the kept lists follow the buffers
-        out = super()._apply(fn, *args, **kwargs)
-        move_knn_state(self, fn)
-        return out
-
-    def set_ids(self, ids: Sequence) -> None:
-        """Name the passages (``str`` or ``int``, one per row, unique) for :meth:`add` and :meth:`remove`
-        (default: ``0 .. V-1``)."""
-        ids = list(ids)
-        if len(ids) != self.num_nodes:
-            raise ValueError(f"ids: {len(ids)} ids for {self.num_nodes} passages")
-        self.passage_ids = PassageIds(ids)
-
-    def add(self, embeddings: Tensor, ids: Sequence, *, groups: Iterable[Sequence] | None = None) -> UpdateReport:
+    def add(
+        self, embeddings: Tensor, ids: Sequence[PassageId], *, groups: Iterable[Sequence[PassageId]] | None = None
+    ) -> UpdateReport:
         """Add passages in place, appended in order; the graph equals a rebuild on the new corpus.
 
         A k-NN graph computes the new rows' lists by the exact tiled scan and merges them into
@@ -366,7 +285,7 @@ class CorpusGraph(nn.Module):
         """
         return add_passages(self, embeddings, ids, groups=groups)
 
-    def remove(self, ids: Iterable) -> UpdateReport:
+    def remove(self, ids: Iterable[PassageId]) -> UpdateReport:
         """Remove passages in place (the rest keep their order); equal to a rebuild without them.
 
         A k-NN row that lost a neighbour keeps the rest of its list and is scanned again (that

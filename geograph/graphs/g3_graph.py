@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
 from geograph.geometry.gain import (
@@ -20,9 +20,9 @@ from geograph.geometry.gain import (
     gain_rank,
     gain_transition_edges,
 )
-from geograph.graphs.artefact import load_g3_graph, save_graph
-from geograph.graphs.g3_updates import G3UpdateReport, g3_add, g3_remove, move_g3_state
-from geograph.graphs.updates import PassageIds
+from geograph.graphs._base import PassageGraph
+from geograph.graphs.g3_updates import G3State, G3UpdateReport, g3_add, g3_remove
+from geograph.graphs.updates import PassageId
 from geograph.knn.allpairs import DEFAULT_BLOCK
 from geograph.knn.build import self_topk
 from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
@@ -43,7 +43,7 @@ DEFAULT_DENSITY_SAMPLE = 8192
 log = logging.getLogger("geograph.g3")
 
 
-class G3Graph(nn.Module):
+class G3Graph(PassageGraph):
     """Passage embeddings and G3RAG's sparse transition matrix ``T`` (see :func:`~geograph.functional.gain_transition`).
 
     Embeddings are L2-normalised when the graph is built (stored as given). A
@@ -67,6 +67,8 @@ class G3Graph(nn.Module):
         (torch.Size([50, 50]), True)
     """
 
+    _artefact_layout = "G3Graph"
+
     embeddings: Tensor
     density: Tensor
     crow: Tensor
@@ -74,7 +76,14 @@ class G3Graph(nn.Module):
     val: Tensor
 
     def __init__(
-        self, embeddings: Tensor, transition: Tensor, density: Tensor, *, band, beta: float, max_degree: int | None
+        self,
+        embeddings: Tensor,
+        transition: Tensor,
+        density: Tensor,
+        *,
+        band: tuple[float, float] | None,
+        beta: float,
+        max_degree: int | None,
     ) -> None:
         super().__init__()
         check_tensor(embeddings, "embeddings", 2)
@@ -107,26 +116,6 @@ class G3Graph(nn.Module):
             max_degree=max_degree,
         )
 
-    @classmethod
-    def _from_parts(
-        cls,
-        embeddings: Tensor,
-        density: Tensor,
-        crow: Tensor,
-        col: Tensor,
-        val: Tensor,
-        *,
-        band,
-        beta: float,
-        max_degree: int | None,
-    ) -> G3Graph:
-        """A graph holding ``T``'s CSR parts as given (no copy: :meth:`build`'s own fresh arrays; at
-        1M passages x 128 edges a copy would be 1.5 GB more at the peak)."""
-        graph = cls.__new__(cls)
-        nn.Module.__init__(graph)
-        graph._hold(embeddings, density, crow, col, val, band=band, beta=beta, max_degree=max_degree)
-        return graph
-
     def _hold(
         self,
         embeddings: Tensor,
@@ -135,10 +124,13 @@ class G3Graph(nn.Module):
         col: Tensor,
         val: Tensor,
         *,
-        band,
+        band: tuple[float, float] | None,
         beta: float,
         max_degree: int | None,
     ) -> None:
+        """Hold ``T``'s CSR parts as given (on a :meth:`_bare` graph: :meth:`build`'s own fresh arrays,
+        where a copy at 1M passages x 128 edges would be 1.5 GB more at the peak, or a loaded graph's
+        memory-mapped tensors)."""
         self.register_buffer("embeddings", embeddings)
         self.register_buffer("density", density)
         self.register_buffer("crow", crow)
@@ -147,12 +139,11 @@ class G3Graph(nn.Module):
         self.band = check_band(band)
         self.beta = check_finite_float(beta, "beta")
         self.max_degree = max_degree
-        self.build_info: dict = {}
-        self.passage_ids = None  # the passages' ids once given or updated (geograph.graphs.updates.PassageIds)
-        self.update_state = None  # density sums and cosine lists kept for updates (geograph.graphs.g3_updates)
-        self.corpus_version = 0  # 0 when built, one more for each add or remove; saved in the manifest
+        self._start()
+        self.update_state: G3State | None = None  # density sums and cosine lists kept for updates (g3_updates)
         self._update_width()
-        self.register_load_state_dict_post_hook(_update_width_after_load)  # (a function: the module pickles)
+        # (a function: the module pickles)
+        self.register_load_state_dict_post_hook(_update_width_after_load)  # type: ignore[no-untyped-call]
 
     def _update_width(self) -> None:
         self.row_width = int(self.degree().max()) if self.num_nodes else 0
@@ -241,7 +232,7 @@ class G3Graph(nn.Module):
                 )
             candidates = min(candidates, n - 1)
         z = _unit(embeddings)
-        info: dict = {"index": index, "passages": n}
+        info: dict[str, Any] = {"index": index, "passages": n}
         t0 = time.perf_counter()
         dinfo = gain_density_info(
             z, block=block, sample=density_sample, seed=seed, progress="G3 density" if progress else False
@@ -253,6 +244,7 @@ class G3Graph(nn.Module):
         if candidates is not None and max_degree is not None and max_degree < n:
             t0 = time.perf_counter()
             tile = DEFAULT_BLOCK if block is None else block
+            rank: dict[str, Any]
             if ranking == "cosine":
                 rank = dict(transform=candidate_cap(band))
             else:
@@ -293,7 +285,8 @@ class G3Graph(nn.Module):
         # T's parts are fresh arrays of this build (not views of another tensor): held without a copy
         crow, col, val = t.crow_indices(), t.col_indices(), t.values()
         del t
-        graph = cls._from_parts(
+        graph = cls._bare()
+        graph._hold(
             embeddings,
             rho.to(embeddings.dtype),
             _plain(crow),
@@ -324,68 +317,18 @@ class G3Graph(nn.Module):
         """Out-degree of every passage in ``T``."""
         return self.crow[1:] - self.crow[:-1]
 
-    def save_pretrained(
-        self,
-        directory: str | Path,
-        *,
-        encoder=None,
-        ids: Sequence[str] | None = None,
-        text_keys: Sequence[str] | None = None,
-    ) -> Path:
-        """Write the graph as an artefact directory (as :meth:`CorpusGraph.save_pretrained`: the corpus
-        version, ``ids`` and ``text_keys`` too)."""
-        return save_graph(self, directory, encoder=encoder, ids=ids, text_keys=text_keys)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        source: str | Path,
-        *,
-        corpus=None,
-        encoder=None,
-        device: str | torch.device | None = None,
-        corpus_shape: tuple[int, int] | None = None,
-    ) -> G3Graph:
-        """Load a graph saved by :meth:`save_pretrained`, memory-mapped; the arguments and errors are
-        :meth:`CorpusGraph.from_pretrained`'s."""
-        return load_g3_graph(cls, source, corpus=corpus, encoder=encoder, device=device, corpus_shape=corpus_shape)
-
-    def save(self, directory: str | Path) -> Path:
-        """:meth:`save_pretrained` without provenance."""
-        return self.save_pretrained(directory)
-
-    @classmethod
-    def load(
-        cls,
-        directory: str | Path,
-        *,
-        device: str | torch.device | None = None,
-        corpus_shape: tuple[int, int] | None = None,
-    ) -> G3Graph:
-        """:meth:`from_pretrained` without the encoder and corpus checks."""
-        return cls.from_pretrained(directory, device=device, corpus_shape=corpus_shape)
-
     # -- updates (geograph.graphs.g3_updates) ------------------------------------------
-    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda(): the update state follows the buffers
-        out = super()._apply(fn, *args, **kwargs)
-        move_g3_state(self, fn)
-        return out
+    def _kept_state(self) -> G3State | None:
+        return self.update_state
 
-    def set_ids(self, ids: Sequence) -> None:
-        """Name the passages (``str`` or ``int``, one per row, unique; default ``0 .. N-1``)."""
-        ids = list(ids)
-        if len(ids) != self.num_nodes:
-            raise ValueError(f"ids: {len(ids)} ids for {self.num_nodes} passages")
-        self.passage_ids = PassageIds(ids)
-
-    def add(self, embeddings: Tensor, ids: Sequence) -> G3UpdateReport:
+    def add(self, embeddings: Tensor, ids: Sequence[PassageId]) -> G3UpdateReport:
         """Add passages in place (appended in order); ``T`` and ``density`` equal the exact build's
         on the new corpus up to float rounding. The density sums move by the new x old block, the
         rows' cosine lists by :func:`~geograph.knn.update.lists_add`, and ``T`` is made
         from the lists, rows they cannot prove recomputed (see :mod:`geograph.graphs.g3_updates`)."""
         return g3_add(self, embeddings, ids)
 
-    def remove(self, ids: Iterable) -> G3UpdateReport:
+    def remove(self, ids: Iterable[PassageId]) -> G3UpdateReport:
         """Remove passages in place (the rest keep their order), as :meth:`add` keeps ``T`` exact."""
         return g3_remove(self, ids)
 
@@ -396,7 +339,7 @@ class G3Graph(nn.Module):
         )
 
 
-def _update_width_after_load(module: G3Graph, incompatible_keys) -> None:
+def _update_width_after_load(module: G3Graph, incompatible_keys: object) -> None:
     module._update_width()
 
 

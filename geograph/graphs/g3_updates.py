@@ -12,7 +12,7 @@ every update. What does not change is each row's ranking of **cosines**. The upd
   :func:`~geograph.knn.update.lists_add` / :func:`~geograph.knn.update.lists_remove`).
 
 ``T`` is then made from the lists under the new penalties by
-:func:`~geograph.functional.gain_transition_edges` with ``ranking="cosine"``: a row whose
+:func:`~geograph.geometry.gain_transition_edges` with ``ranking="cosine"``: a row whose
 list proves it (every pair outside weighs at most ``f(x_K')``, below the row's kept
 ``max_degree``-th weight) costs ``O(K')``; a row it cannot prove is recomputed against every
 passage. The result is the exact build's ``T`` (``index="exact"``) up to float rounding of the
@@ -25,17 +25,22 @@ full ``T``) is rebuilt from the kept density: every weight of it moves.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from geograph.geometry.gain import _unit, candidate_cap, gain_transition_edges
-from geograph.graphs.updates import check_new_rows, passage_ids
-from geograph.knn.allpairs import DEFAULT_BLOCK, tiled_pairs
+from geograph.graphs.updates import check_new_rows, mapped_lists, passage_ids
+from geograph.knn.allpairs import DEFAULT_BLOCK, Score, tiled_pairs
 from geograph.knn.update import TopkLists, lists_add, lists_remove
 from geograph.ops.similarity import minmax_normalize
+
+if TYPE_CHECKING:
+    from geograph.graphs.g3_graph import G3Graph
+    from geograph.graphs.updates import PassageId
 
 __all__ = ["G3State", "G3UpdateReport", "g3_add", "g3_remove", "DEFAULT_UPDATE_CANDIDATES"]
 
@@ -49,6 +54,12 @@ class G3State:
 
     raw: Tensor
     lists: TopkLists | None
+
+    def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
+        """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the sums and lists."""
+        self.raw = fn(self.raw)
+        if self.lists is not None:
+            self.lists = mapped_lists(self.lists, fn)
 
 
 @dataclass(frozen=True)
@@ -74,24 +85,15 @@ class G3UpdateReport:
     seconds: float
 
 
-def move_g3_state(graph, fn) -> None:
-    """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the update state."""
-    state = getattr(graph, "update_state", None)
-    if state is not None:
-        state.raw = fn(state.raw)
-        if state.lists is not None:
-            state.lists = TopkLists(fn(state.lists.values), fn(state.lists.indices), fn(state.lists.complete))
-
-
 def _positive(s: Tensor) -> Tensor:
     return s.clamp_min(0)
 
 
-def _width(graph) -> int:
-    return max(2 * graph.max_degree, DEFAULT_UPDATE_CANDIDATES)
+def _width(graph: G3Graph) -> int:
+    return max(2 * (graph.max_degree or 0), DEFAULT_UPDATE_CANDIDATES)
 
 
-def g3_state(graph, block: int = DEFAULT_BLOCK, width: int | None = None) -> G3State:
+def g3_state(graph: G3Graph, block: int = DEFAULT_BLOCK, width: int | None = None) -> G3State:
     """The graph's update state, made by one all-pairs pass when it has none (``width``: the
     cosine list length, default ``max(2 max_degree, DEFAULT_UPDATE_CANDIDATES)``)."""
     state = getattr(graph, "update_state", None)
@@ -103,12 +105,14 @@ def g3_state(graph, block: int = DEFAULT_BLOCK, width: int | None = None) -> G3S
     z = _unit(graph.embeddings)
     if graph.max_degree is None:
         _, _, sums = tiled_pairs(z, z, 0, block=block, exclude=True, row_sum=_positive)
+        assert sums is not None  # (a row_sum was given)
         state = G3State(sums.double(), None)
     else:
         width = _width(graph) if width is None else max(int(width), graph.max_degree)
         k = min(width, z.shape[0] - 1)
         cap = candidate_cap(graph.band)
         v, i, sums = tiled_pairs(z, z, k, block=block, exclude=True, row_sum=_positive, score=_score(cap))
+        assert sums is not None
         ok = torch.isfinite(v)
         i = torch.where(ok, i, torch.full_like(i, -1))
         if k < width:
@@ -119,7 +123,7 @@ def g3_state(graph, block: int = DEFAULT_BLOCK, width: int | None = None) -> G3S
     return state
 
 
-def _score(cap):
+def _score(cap: Callable[[Tensor], Tensor] | None) -> Score | None:
     return None if cap is None else (lambda s, cols: cap(s))
 
 
@@ -131,7 +135,7 @@ def _block_sums(z_rows: Tensor, z_cols: Tensor, block: int) -> Tensor:
     return out
 
 
-def _remake(graph, embeddings: Tensor, z: Tensor, state: G3State, block: int) -> tuple[int, int]:
+def _remake(graph: G3Graph, embeddings: Tensor, z: Tensor, state: G3State, block: int) -> tuple[int, int]:
     raw = state.raw
     rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True)
     cand = None if state.lists is None else (state.lists.values.clone(), state.lists.indices.clone())
@@ -152,13 +156,15 @@ def _remake(graph, embeddings: Tensor, z: Tensor, state: G3State, block: int) ->
     graph.col = t.col_indices().clone()
     graph.val = t.values().to(embeddings.dtype).clone()
     graph._update_width()
-    graph.corpus_version = int(getattr(graph, "corpus_version", 0)) + 1
+    graph.corpus_version += 1
     if edges is None:
         return 0, z.shape[0]
     return int(edges.certified.sum()), int(edges.redone.sum())
 
 
-def g3_add(graph, embeddings: Tensor, ids: Sequence, *, block: int = DEFAULT_BLOCK) -> G3UpdateReport:
+def g3_add(
+    graph: G3Graph, embeddings: Tensor, ids: Sequence[PassageId], *, block: int = DEFAULT_BLOCK
+) -> G3UpdateReport:
     """:meth:`geograph.G3Graph.add`."""
     t0 = time.perf_counter()
     check_new_rows(embeddings, graph.embeddings)
@@ -170,6 +176,7 @@ def g3_add(graph, embeddings: Tensor, ids: Sequence, *, block: int = DEFAULT_BLO
     z = _unit(emb)
     new_rows = torch.arange(n, n + m, device=z.device)
     _, _, fresh = tiled_pairs(z[n:], z, 0, block=block, exclude=new_rows, row_sum=_positive)
+    assert fresh is not None
     raw = torch.cat([state.raw + _block_sums(z[:n], z[n:], block), fresh.double()])
     changed = rescanned = 0
     lists = None
@@ -183,7 +190,7 @@ def g3_add(graph, embeddings: Tensor, ids: Sequence, *, block: int = DEFAULT_BLO
     return G3UpdateReport(m, 0, n + m, changed, rescanned, certified, redone, time.perf_counter() - t0)
 
 
-def g3_remove(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> G3UpdateReport:
+def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_BLOCK) -> G3UpdateReport:
     """:meth:`geograph.G3Graph.remove`."""
     t0 = time.perf_counter()
     known = passage_ids(graph)

@@ -13,17 +13,22 @@ without ids names its passages ``0 .. V-1``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from geograph._checks import check_tensor
+from geograph.artefacts.saved_graphs import saved_ids
 from geograph.knn.allpairs import DEFAULT_BLOCK
 from geograph.knn.update import TopkLists, lists_add, lists_edges, lists_remove, topk_lists
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 from geograph.ops.similarity import normalize, unit_rows
+
+if TYPE_CHECKING:
+    from geograph.graphs.corpus_graph import CorpusGraph
 
 __all__ = [
     "PassageIds",
@@ -51,8 +56,8 @@ class PassageIds:
         (['c'], [1])
     """
 
-    def __init__(self, ids: Iterable) -> None:
-        self.ids: list = list(ids)
+    def __init__(self, ids: Iterable[PassageId]) -> None:
+        self.ids: list[PassageId] = list(ids)
         self.row = {x: i for i, x in enumerate(self.ids)}
         if len(self.row) != len(self.ids):
             raise ValueError("ids must be unique")
@@ -60,7 +65,7 @@ class PassageIds:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def check_new(self, ids: Iterable, count: int | None = None) -> list:
+    def check_new(self, ids: Iterable[PassageId] | Tensor, count: int | None = None) -> list[PassageId]:
         """``ids`` as a list, or a one-line error for a bad or duplicate id, or a number of ids other
         than ``count`` (the embeddings' rows)."""
         if isinstance(ids, (str, bytes, int)):
@@ -69,7 +74,7 @@ class PassageIds:
         for x in new:
             if isinstance(x, bool) or not isinstance(x, (str, int)):
                 raise ValueError(f"ids must be str or int, got {x!r} of type {type(x).__name__}")
-        seen: set = set()
+        seen: set[PassageId] = set()
         for x in new:
             if x in self.row:
                 raise ValueError(f"ids: {x!r} is already in the corpus (remove it first to edit it)")
@@ -80,18 +85,17 @@ class PassageIds:
             raise ValueError(f"ids: {len(new)} ids for {count} embeddings rows")
         return new
 
-    def rows(self, ids: Iterable | str | int) -> Tensor:
+    def rows(self, ids: Iterable[PassageId] | Tensor | str | int) -> Tensor:
         """The rows of ``ids`` (sorted, unique), or a one-line error naming an unknown id."""
-        if isinstance(ids, (str, bytes, int)):
-            ids = [ids]
+        items = [ids] if isinstance(ids, (str, bytes, int)) else ids
         out = []
-        for x in ids.tolist() if isinstance(ids, Tensor) else ids:
+        for x in items.tolist() if isinstance(items, Tensor) else items:
             if x not in self.row:
                 raise ValueError(f"ids: {x!r} is not in the corpus")
             out.append(self.row[x])
         return torch.tensor(sorted(set(out)), dtype=torch.long)
 
-    def removal(self, ids: Iterable | str | int, keep_at_least: int = 1) -> tuple[Tensor, Tensor]:
+    def removal(self, ids: Iterable[PassageId] | str | int, keep_at_least: int = 1) -> tuple[Tensor, Tensor]:
         """The rows of ``ids`` and the ``keep`` mask of the other rows (CPU), or a one-line error
         naming an unknown id or a removal that leaves fewer than ``keep_at_least`` passages."""
         rows = self.rows(ids)
@@ -104,7 +108,7 @@ class PassageIds:
         keep[rows] = False
         return rows, keep
 
-    def add(self, ids: list) -> None:
+    def add(self, ids: list[PassageId]) -> None:
         for x in ids:
             self.row[x] = len(self.ids)
             self.ids.append(x)
@@ -142,6 +146,10 @@ class KnnState:
     k: int
     exact: bool = True
 
+    def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
+        """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the lists."""
+        self.lists = mapped_lists(self.lists, fn)
+
 
 def kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkLists:
     """The directed lists of a build, ``k`` wide (padded when the corpus had fewer than ``k + 1`` passages).
@@ -155,11 +163,9 @@ def kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkL
     return TopkLists(values, indices, complete)
 
 
-def move_knn_state(graph, fn) -> None:
-    """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the kept lists."""
-    if getattr(graph, "knn_state", None) is not None:
-        lists = graph.knn_state.lists
-        graph.knn_state.lists = TopkLists(fn(lists.values), fn(lists.indices), fn(lists.complete))
+def mapped_lists(lists: TopkLists, fn: Callable[[Tensor], Tensor]) -> TopkLists:
+    """``lists`` with ``fn`` (a module's ``_apply`` function: ``.to()``, ``.cuda()``) applied to each tensor."""
+    return TopkLists(fn(lists.values), fn(lists.indices), fn(lists.complete))
 
 
 def knn_unit(embeddings: Tensor) -> Tensor:
@@ -182,17 +188,16 @@ def check_new_rows(embeddings: Tensor, like: Tensor, name: str = "embeddings") -
         raise ValueError(f"{name} is on {embeddings.device}, the corpus is on {like.device}: move it first")
 
 
-def passage_ids(owner, n: int | None = None) -> PassageIds:
+def passage_ids(owner: Any, n: int | None = None) -> PassageIds:
     """``owner``'s ids: given (``set_ids``), saved with it (a loaded graph), else ``0 .. n-1``
     (default ``owner.num_nodes``)."""
     if getattr(owner, "passage_ids", None) is None:
-        from geograph.graphs.artefact import saved_ids
-
         owner.passage_ids = PassageIds(saved_ids(owner) or range(owner.num_nodes if n is None else n))
-    return owner.passage_ids
+    known: PassageIds = owner.passage_ids
+    return known
 
 
-def knn_state(graph, block: int = DEFAULT_BLOCK) -> KnnState | None:
+def knn_state(graph: CorpusGraph, block: int = DEFAULT_BLOCK) -> KnnState | None:
     """The graph's k-NN lists; made by one exact scan when a k-NN graph has none (e.g. loaded)."""
     state = getattr(graph, "knn_state", None)
     if state is not None and state.lists.values.device != graph.device:  # the graph was moved with .to()
@@ -205,16 +210,21 @@ def knn_state(graph, block: int = DEFAULT_BLOCK) -> KnnState | None:
     return state
 
 
-def _set(graph, embeddings: Tensor, edge_index: Tensor) -> None:
+def _set(graph: CorpusGraph, embeddings: Tensor, edge_index: Tensor) -> None:
     clean = clean_edge_index(edge_index, embeddings.shape[0])
     graph.embeddings = embeddings
     graph.edge_index = clean
     graph.rowptr = csr_rowptr(clean[0], embeddings.shape[0])
-    graph.corpus_version = int(getattr(graph, "corpus_version", 0)) + 1
+    graph.corpus_version += 1
 
 
 def add_passages(
-    graph, embeddings: Tensor, ids: Sequence, *, groups: Iterable[Sequence] | None = None, block: int = DEFAULT_BLOCK
+    graph: CorpusGraph,
+    embeddings: Tensor,
+    ids: Sequence[PassageId],
+    *,
+    groups: Iterable[Sequence[PassageId]] | None = None,
+    block: int = DEFAULT_BLOCK,
 ) -> UpdateReport:
     """:meth:`geograph.CorpusGraph.add`."""
     t0 = time.perf_counter()
@@ -251,7 +261,7 @@ def add_passages(
     return UpdateReport(m, 0, n + m, changed, rescanned, time.perf_counter() - t0)
 
 
-def _clique_edges(groups: Iterable[Sequence] | None, known: PassageIds, device) -> Tensor:
+def _clique_edges(groups: Iterable[Sequence[PassageId]] | None, known: PassageIds, device: torch.device) -> Tensor:
     if groups is None:
         raise ValueError("groups: a groups graph needs the groups of the new passages (lists of ids)")
     src, dst = [], []
@@ -265,7 +275,7 @@ def _clique_edges(groups: Iterable[Sequence] | None, known: PassageIds, device) 
     return torch.stack([torch.cat(src), torch.cat(dst)]).to(device)
 
 
-def remove_passages(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> UpdateReport:
+def remove_passages(graph: CorpusGraph, ids: Iterable[PassageId], *, block: int = DEFAULT_BLOCK) -> UpdateReport:
     """:meth:`geograph.CorpusGraph.remove`."""
     t0 = time.perf_counter()
     known = passage_ids(graph)
@@ -290,7 +300,7 @@ def remove_passages(graph, ids: Iterable, *, block: int = DEFAULT_BLOCK) -> Upda
     return UpdateReport(0, int(rows.numel()), n - int(rows.numel()), changed, rescanned, time.perf_counter() - t0)
 
 
-def reorder(graph, order: Sequence | Tensor) -> None:
+def reorder(graph: Any, order: Sequence[int] | Tensor) -> None:
     """Put a :class:`~geograph.CorpusGraph`'s or :class:`~geograph.G3Graph`'s passages in another order, in place.
 
     Row ``r`` of the result is row ``order[r]`` before; edges (and ``T``'s values and the G3 density)

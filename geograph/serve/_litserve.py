@@ -13,7 +13,8 @@ Overrides (each says the upstream behaviour it changes and why):
   <geograph.serve.api.GeoAPI.routes>`), all on the API's one queue, each handled by
   :class:`ForgetfulHandler` (upstream: one route, ``api_path``, and LitServe's handler);
 * ``LitServer._start_worker_monitoring``: geograph's monitor
-  (:func:`~geograph.serve.lifecycle.watch_workers`) instead of LitServe's;
+  (:func:`~geograph.serve.lifecycle.watch_workers`) instead of LitServe's, and the thread that
+  prints where the server listens once it answers (:func:`~geograph.serve.lifecycle.announce_ready`);
 * ``LitServer._init_manager``: notes LitServe's logger processes, to stop them first;
 * ``LitServer._perform_graceful_shutdown``: the logger processes stop before the manager, drained
   API servers are left out, the inference workers stop together;
@@ -39,7 +40,7 @@ import threading
 import time
 from queue import Empty
 
-from geograph.serve.lifecycle import stop_processes, watch_workers
+from geograph.serve.lifecycle import announce_ready, stop_processes, watch_workers
 from geograph.serve.schema import request_candidates, request_texts
 
 try:
@@ -164,6 +165,7 @@ if ls is not None:
                         _endpoint(handler, model, responses.get(path, response_type)),
                         methods=["POST"],
                         dependencies=[Depends(self.setup_auth(lit_api))],
+                        summary=getattr(lit_api, "summaries", {}).get(path),
                     )
             self._register_spec_endpoints(lit_api)
 
@@ -172,6 +174,8 @@ if ls is not None:
             # the server down from that thread while the main thread still waits on the manager;
             # here geograph's monitor: a dead worker stops the server with status 1
             threading.Thread(target=watch_workers, args=(self,), daemon=True, name="geograph-worker-monitor").start()
+            if hasattr(self, "ready_line"):  # the line that says where it listens, once /health says ok
+                threading.Thread(target=announce_ready, args=(self,), daemon=True, name="geograph-ready").start()
 
         def _init_manager(self, num_api_servers):
             # upstream: starts the manager process and LitServe's logger process; here the latter

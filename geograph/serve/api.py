@@ -26,10 +26,12 @@ carries the ``version`` that computed it.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, replace
 from typing import Any
 
 from geograph.serve._litserve import VersionConflict, logging_enabled
+from geograph.serve.lifecycle import ParentGuard
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model, k_bounds
 from geograph.serve.schema import RerankRequest, RerankResponse, RetrieveRequest, RetrieveResponse
 
@@ -41,7 +43,8 @@ except ImportError:  # pragma: no cover - exercised only without the serve extra
     ls = None
 
 #: LitServe's name of the server's one API: its queue and workers (``infer_0``, ``infer_1``, ...)
-#: and its key in LitServe's ``GET /info``; not a route (the routes are :attr:`GeoAPI.routes`)
+#: (a name internal to the server: not a route, the routes are :attr:`GeoAPI.routes`, and not shown
+#: by ``GET /info``, :mod:`geograph.serve.info`)
 API_PATH = "/infer"
 
 
@@ -110,6 +113,9 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         )
         self.settings = dict(settings)
         self.method = settings["method"]
+        #: a worker gets SIGTERM when the main process dies, as soon as it unpickles this API
+        #: (geograph.serve.lifecycle: no process outlives the main process)
+        self.parent_guard = ParentGuard(signal.SIGTERM)
         self.max_batch_texts = settings.get("max_batch_texts")  # None: batches are bounded by count only
         #: a batch's padded size (requests x their largest candidate count) stays within this (None: no bound)
         self.max_batch_candidates = settings.get("max_batch_candidates")
@@ -117,9 +123,12 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.routes = {"/retrieve": RetrieveRequest}
         #: route -> response model (the 200 schema of the route in the OpenAPI document)
         self.responses = {"/retrieve": RetrieveResponse}
+        #: route -> its summary in the OpenAPI document
+        self.summaries = {"/retrieve": "Retrieve the corpus passages for a query"}
         if self.method in RERANKERS:
             self.routes["/rerank"] = RerankRequest
             self.responses["/rerank"] = RerankResponse
+            self.summaries["/rerank"] = "Rerank a query's candidates"
 
     def setup(self, device) -> None:
         import torch

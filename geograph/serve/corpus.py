@@ -106,7 +106,7 @@ class TextEncoder:
 
     @property
     def identity(self):
-        """The :class:`~geograph.artefact.EncoderIdentity` (model files hashed, prefixes) that saved
+        """The :class:`~geograph.artefacts.EncoderIdentity` (model files hashed, prefixes) that saved
         artefacts are checked against."""
         return self.corpus_encoder.identity
 

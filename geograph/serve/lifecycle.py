@@ -16,6 +16,19 @@ unlinks the named semaphores libraries create in it (tqdm's lock, made when tran
 progress bar loading the encoder), and the resource tracker reports them as leaked when the
 server exits. A terminal's Ctrl-C reaches the whole process group: the workers and the logger
 ignore SIGINT and the main process coordinates the stop.
+
+No process outlives the main process, however it ends (``kill -9``, the out-of-memory killer):
+every process it starts asks Linux for a signal when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, :func:`die_with_parent`) as its first act, and ends at once if
+the parent is already gone. The processes forked from the main process (LitServe's queue
+manager and API servers) do it in a fork hook (:func:`arm_fork_hooks`) and get SIGKILL; the
+spawned ones (inference workers, LitServe's logger) do it while they unpickle their arguments
+(:class:`ParentGuard`, held by the LitAPI and the logger): a worker gets SIGTERM and leaves
+through Python's exit path as in a normal stop (so the resource tracker, which exits when the
+last of them has, finds nothing to report), the logger SIGKILL. Linux sends the signal when the
+*thread* that started the process ends: every process is started from the main thread, which
+lives as long as the main process; a process started from another thread watches its parent
+from a thread of its own instead (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 log = logging.getLogger("geograph.serve")
@@ -77,6 +91,35 @@ def watch_workers(server, interval: float = 0.5) -> None:
         time.sleep(interval)
 
 
+def announce_ready(server, interval: float = 0.1) -> None:
+    """Print ``server.ready_line`` (:func:`~geograph.serve.info.listening_line`) on stderr once, as
+    soon as ``/health`` answers ``ok``: every inference worker is ready and the port accepts
+    connections (an API server listens only once its application has started). A thread of the
+    main process, started with the worker monitor; it prints nothing if the server stops first.
+    """
+    import socket
+
+    from litserve.utils import WorkerSetupStatus
+
+    host, port = server.probe_address
+    while not _stopping():
+        try:
+            status = dict(server.workers_setup_status)
+        except Exception:  # the manager is gone: the server is stopping
+            return
+        if status and all(v == WorkerSetupStatus.READY for v in status.values()):
+            try:
+                with socket.create_connection((host, port), timeout=1):
+                    pass
+            except OSError:
+                pass
+            else:
+                if not _stopping():
+                    print(server.ready_line, file=sys.stderr, flush=True)
+                return
+        time.sleep(interval)
+
+
 def stop_processes(procs, timeout: float) -> None:
     """SIGTERM the multiprocessing processes ``procs`` (children of this one), SIGKILL after ``timeout`` s."""
     for p in procs:
@@ -94,19 +137,162 @@ def worker_signals() -> None:
 
     SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the main process
     stops the server); SIGTERM raises ``SystemExit(0)`` once, so the process leaves through
-    multiprocessing's exit path, which runs its finalizers (named semaphores are unlinked).
+    multiprocessing's exit path, which runs its finalizers (named semaphores are unlinked), and
+    then ends without the interpreter's native teardown (torch's and the tokenizer's thread
+    pools: about six seconds, during which the worker would still hold its memory); a worker whose
+    exit hangs all the same ends by SIGALRM after :data:`EXIT_GRACE` seconds.
     """
+    import atexit
     import multiprocessing as mp
 
     if mp.current_process().name == "MainProcess":  # a worker's setup called in-process (tests): leave it
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    atexit.register(_leave_after_sigterm)
+
+
+#: seconds an inference worker may take to leave after SIGTERM before SIGALRM ends it (nothing
+#: else would when the main process that stops the server is gone)
+EXIT_GRACE = 10
+_TERMINATED = {"by_sigterm": False}
 
 
 def _exit_on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the exit short (SIGKILL still does)
+    if hasattr(signal, "alarm"):  # SIGALRM's default action ends a worker whose exit hangs (not on Windows)
+        signal.alarm(EXIT_GRACE)
+    _TERMINATED["by_sigterm"] = True
     raise SystemExit(0)
+
+
+def _leave_after_sigterm() -> None:
+    # an exit handler of the worker: it runs after multiprocessing's exit path (the finalizers
+    # have run); a worker that leaves for another reason keeps its exit status and teardown
+    if _TERMINATED["by_sigterm"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+# -- no process outlives the main process ------------------------------------------------------
+#: Linux's ``prctl`` option that sets the signal a process gets when its parent thread ends
+PR_SET_PDEATHSIG = 1
+#: seconds between two looks at the parent by a process that cannot use the parent-death signal
+PARENT_POLL = 0.5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - another user's process of that pid
+        return True
+    return True
+
+
+_PRCTL: list = []  # libc's prctl, looked up once (None: not available)
+
+
+def _prctl():
+    """libc's ``prctl`` (``None`` where there is none: not Linux). Looked up before the server forks
+    (:func:`arm_fork_hooks`), so a forked child only calls it: loading a library right after a fork
+    of a process with threads could wait for a lock another thread held at the fork."""
+    if not _PRCTL:
+        fn = None
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).prctl
+            except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+                fn = None
+        _PRCTL.append(fn)
+    return _PRCTL[0]
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, sig)``; False where it is not available."""
+    fn = _prctl()
+    return fn is not None and fn(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _watch_parent(parent: int, sig: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    os.kill(os.getpid(), sig)
+
+
+def die_with_parent(sig: int, parent: int, main_thread: bool = True) -> None:
+    """Make this process get ``sig`` when its parent, the process ``parent``, ends (now if it has).
+
+    ``main_thread``: whether the parent started this process from its main thread. Linux's
+    parent-death signal (``prctl(PR_SET_PDEATHSIG)``) fires when the parent *thread* ends, so it
+    is used only then (the main thread ends with its process); otherwise, and where ``prctl`` is
+    missing, a daemon thread of this process looks at its parent every :data:`PARENT_POLL` s. A
+    process whose parent is alive but is not ``parent`` (not started by it) is left alone.
+    """
+    if os.getppid() != parent:  # adopted already, or not a child of ``parent`` at all
+        if not _alive(parent):
+            os.kill(os.getpid(), sig)
+        return
+    if not (main_thread and _set_pdeathsig(sig)):
+        threading.Thread(target=_watch_parent, args=(parent, sig), daemon=True, name="geograph-parent-watch").start()
+    elif os.getppid() != parent:  # the parent ended before the signal was set
+        os.kill(os.getpid(), sig)
+
+
+class ParentGuard:
+    """Held by an object pickled into a spawned process (the LitAPI, the metrics logger): when that
+    process unpickles it, before the process's target runs, the process calls
+    :func:`die_with_parent` with ``sig`` (a copy made in the process that pickled it does nothing).
+
+    Example:
+        >>> import pickle, signal
+        >>> copy = pickle.loads(pickle.dumps(ParentGuard(signal.SIGTERM)))  # same process: no effect
+        >>> copy.sig == signal.SIGTERM
+        True
+    """
+
+    def __init__(self, sig: int) -> None:
+        self.sig = int(sig)
+
+    def __reduce__(self):
+        main = threading.current_thread() is threading.main_thread()
+        return (_guarded, (self.sig, os.getpid(), main))
+
+
+def _guarded(sig: int, parent: int, main_thread: bool) -> ParentGuard:
+    if os.getpid() != parent:
+        die_with_parent(sig, parent, main_thread)
+    return ParentGuard(sig)
+
+
+#: the fork hooks' state: armed while :func:`~geograph.serve.server.run` serves; the forking
+#: process's pid and whether its main thread forks, noted just before each fork
+_FORK: dict = {"registered": False, "armed": False, "parent": 0, "main_thread": True}
+
+
+def _before_fork() -> None:
+    _FORK["parent"] = os.getpid()
+    _FORK["main_thread"] = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    if _FORK["armed"]:
+        default_signals()
+        die_with_parent(signal.SIGKILL, _FORK["parent"], _FORK["main_thread"])
+
+
+def arm_fork_hooks(armed: bool = True) -> None:
+    """While ``armed``, a process forked from this one (LitServe's queue manager and API servers)
+    gets the default signal handlers (uvicorn installs its own) and SIGKILL when this process ends."""
+    if not _FORK["registered"]:
+        _prctl()  # looked up here, not in a forked child
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _FORK["registered"] = True
+    _FORK["armed"] = armed
 
 
 def stopping_flag():

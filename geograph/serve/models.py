@@ -83,7 +83,7 @@ def build_model(
 ):
     """The module for ``method`` over ``corpus (V, D)`` (on the corpus's device).
 
-    ``ids`` (the corpus's passage ids) and ``encoder`` (its :class:`~geograph.artefact.EncoderIdentity`
+    ``ids`` (the corpus's passage ids) and ``encoder`` (its :class:`~geograph.artefacts.EncoderIdentity`
     or ``Encoder``) are checked against a saved ``graph``'s and ``projection``'s manifests.
 
     Raises:
@@ -122,7 +122,7 @@ def _corpus(ids, corpus):
 
 
 def _load(loader, path: str, what: str, **checks):
-    from geograph.artefact import ArtefactMismatch
+    from geograph.artefacts import ArtefactMismatch
 
     try:
         return loader(path, **checks)

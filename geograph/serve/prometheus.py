@@ -20,10 +20,12 @@ latency (milliseconds).
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from typing import Any
 
 from geograph.serve._litserve import logging_enabled
+from geograph.serve.lifecycle import ParentGuard
 
 try:
     import litserve as ls
@@ -71,12 +73,13 @@ class PrometheusLogger(ls.Logger if ls is not None else object):
     def __init__(self) -> None:
         super().__init__()
         self._metrics = None  # made in the logger process, after $PROMETHEUS_MULTIPROC_DIR is set
+        # the logger process gets SIGKILL when the main process dies (geograph.serve.lifecycle)
+        self._parent_guard = ParentGuard(signal.SIGKILL)
 
     def __setstate__(self, state) -> None:
         """Unpickled in LitServe's logger process: it ignores SIGINT (a terminal's Ctrl-C reaches
         the whole process group; the main process stops the server and then this process)."""
         import multiprocessing as mp
-        import signal
 
         self.__dict__.update(state)
         # never in the main process (a copy there keeps its handlers); while a spawned child

@@ -68,6 +68,13 @@ class ReloadChannel:
         serving: per worker, the version it serves.
         limits: the attempt whose request limits the API servers must use (0: the start's).
         directory: where workers leave the new limits and their errors.
+        lock: held by the API server that runs a reload (one at a time).
+
+    The lock is an unnamed semaphore shared with the API servers, which are forked from the main
+    process; the workers never take it and get none (``None`` in a worker). A lock from the spawn
+    context would be a named semaphore, unlinked only by a finalizer of the process that made it:
+    ``geograph serve`` leaves with ``os._exit``, so the finalizer never ran and multiprocessing's
+    resource tracker warned of a leaked semaphore at every stop of a server with an API key.
     """
 
     def __init__(self, directory: str | Path, workers: int = 0) -> None:
@@ -80,7 +87,7 @@ class ReloadChannel:
         self.commit = ctx.Value("q", 0, lock=False)
         self.version = ctx.Value("q", 0, lock=False)
         self.limits = ctx.Value("q", 0, lock=False)
-        self.lock = ctx.Lock()
+        self.lock = mp.get_context("fork").Lock()
         self.seen_limits = 0  # the attempt whose limits this process uses (a plain attribute: per process)
         self.set_workers(workers)
 
@@ -92,6 +99,11 @@ class ReloadChannel:
         self.workers = int(workers)
         self.prepared = ctx.Array("q", max(self.workers, 1), lock=False)
         self.serving = ctx.Array("q", max(self.workers, 1), lock=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled for the spawned workers: the lock stays with the API servers (a fork-context
+        # lock cannot go to a spawned process)
+        return {**self.__dict__, "lock": None}
 
     def limits_file(self, attempt: int) -> Path:
         return Path(self.directory) / f"limits-{attempt}.json"
@@ -145,6 +157,7 @@ class Limits:
             "k_min": self.k_min,
             "k_max": self.k_max,
             "k_max_reason": self.k_max_reason,
+            "corpus_version": self.corpus_version,
         }
 
 

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from geograph import registry
 
 #: Limits set by :func:`set_limits` (``dim``, ``ids``, ``num_docs``, ``max_candidates``,
-#: ``max_batch_candidates``, ``max_k``, ``method``, ``default_candidates``, ``k_min``, ``k_max``).
+#: ``max_batch_candidates``, ``max_k``, ``method``, ``default_candidates``, ``k_min``, ``k_max``,
+#: and the served graph's ``corpus_version``, shown by ``GET /info``).
 LIMITS: dict[str, Any] = {}
 
 RERANKERS = registry.RERANKERS

@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from geograph.serve.config import ServeConfig
-from geograph.serve.lifecycle import STATE, default_signals, interrupt, stop_children, stopping_flag
+from geograph.serve.lifecycle import STATE, arm_fork_hooks, interrupt, stop_children, stopping_flag
 from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
 from geograph.serve.pool import worker_threads, workers_per_device
 
@@ -32,10 +32,11 @@ def build_server(cfg: ServeConfig):
         from fastapi.exceptions import RequestValidationError
     except ImportError:  # pragma: no cover - exercised only without the extra
         raise StartupError("geograph serve needs the serve extra: pip install 'geograph-rag[serve]'") from None
-    from geograph.serve._litserve import GeoLitServer
+    from geograph.serve._litserve import GeoLitServer, worker_status_keys
     from geograph.serve.api import GeoAPI
     from geograph.serve.auth import APIKeyMiddleware, exposure_warning
     from geograph.serve.corpus import TextEncoder, read_corpus
+    from geograph.serve.info import add_info_route, add_not_found_handler, describe, listening_line
     from geograph.serve.interop import MessageErrorMiddleware, add_routes
     from geograph.serve.middleware import DeadlineMiddleware, JSONOnlyMiddleware, validation_error
     from geograph.serve.prometheus import PrometheusLogger, RequestMetricsMiddleware, add_metrics_route
@@ -79,6 +80,7 @@ def build_server(cfg: ServeConfig):
         )
     bounds = score_bounds(cfg.method, model) if cfg.method in RERANKERS else None
     k_min, k_max, why = k_bounds(cfg.method, model, v)
+    corpus_version = None if cfg.graph is None else int(getattr(model.graph, "corpus_version", 0))
     set_limits(
         method=cfg.method,
         dim=int(emb.shape[1]),
@@ -91,7 +93,9 @@ def build_server(cfg: ServeConfig):
         k_min=k_min,
         k_max=k_max,
         k_max_reason=why,
+        corpus_version=corpus_version,
     )
+    dim = int(emb.shape[1])
     del model, emb
 
     settings = cfg.model_dump()
@@ -125,7 +129,6 @@ def build_server(cfg: ServeConfig):
     )
     server.app.add_exception_handler(RequestValidationError, validation_error)
     if channel is not None:
-        from geograph.serve._litserve import worker_status_keys
         from geograph.serve.reload import add_reload_route
 
         channel.set_workers(len(worker_status_keys(server)))  # one slot a worker
@@ -137,14 +140,30 @@ def build_server(cfg: ServeConfig):
         add_routes(server.app, method=cfg.method, bounds=bounds)
         add_tei_dialect(server.app, bounds=bounds)
         server.app.add_middleware(MessageErrorMiddleware)
+    identity = encoder.identity
+    about = describe(
+        cfg,
+        encoder={**identity.as_dict(), "dim": identity.dim or dim, "path": encoder.corpus_encoder.model_path},
+        dim=dim,
+        num_docs=v,
+        corpus_version=corpus_version,
+        workers=len(worker_status_keys(server)),
+    )
+    add_info_route(server.app, about, channel)
+    add_not_found_handler(server.app, cfg.method)
     type_internal_routes(server.app)
     server.uvicorn_graceful_timeout = cfg.shutdown_timeout
+    server.ready_line = listening_line(
+        cfg.host, cfg.port, cfg.method, about["workers"]["inference_workers"], identity.name
+    )
+    server.probe_address = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(cfg.host, cfg.host), cfg.port)
     return server
 
 
 def type_internal_routes(app) -> None:
     """The OpenAPI answers of LitServe's ``GET`` routes: ``/`` and ``/health`` answer text
-    (``/health``: ``ok``, or 503 ``not ready``), ``/info`` a JSON object (the answers are unchanged)."""
+    (``/health``: ``ok``, or 503 ``not ready``) (the answers are unchanged; ``/info`` is geograph's,
+    :mod:`~geograph.serve.info`)."""
     from fastapi.responses import PlainTextResponse
 
     for route in app.router.routes:
@@ -153,8 +172,6 @@ def type_internal_routes(app) -> None:
             route.response_class = PlainTextResponse
             if path == "/health":
                 route.responses = {503: {"description": "not ready: a worker is starting or failed"}}
-        elif path == "/info":
-            route.responses = {200: {"content": {"application/json": {"schema": {"type": "object"}}}}}
 
 
 def run(cfg: ServeConfig) -> int:
@@ -167,7 +184,7 @@ def run(cfg: ServeConfig) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main_pid = os.getpid()
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
-    os.register_at_fork(after_in_child=default_signals)
+    arm_fork_hooks()  # the processes forked from here end when this one does, however it ends
     for key in ("draining", "port", "failure"):
         STATE.pop(key, None)
     if "stopping" in STATE:
@@ -201,6 +218,7 @@ def run(cfg: ServeConfig) -> int:
                 shutil.rmtree(own_dir, ignore_errors=True)
             for s, h in previous.items():
                 signal.signal(s, h)
+            arm_fork_hooks(False)
     if "failure" in STATE:
         print(f"geograph serve: {STATE['failure']}", file=sys.stderr, flush=True)
         return 1

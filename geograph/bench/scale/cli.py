@@ -24,6 +24,14 @@ RAY_FORMATS = {"tasks": "12d", "equal": ">12"}
 SCALE_FORMATS = {"kNN nprobe": "s", "G3 nprobe": "s", "dense nprobe": "s"}
 
 
+#: The first line of ``scale.md`` when it has synthetic corpora: what the ``mixture-N`` / ``gauss-N`` rows are.
+SYNTHETIC_NOTE = (
+    "Rows `mixture-N` and `gauss-N` are synthetic corpora, not real passages: N unit vectors drawn from\n"
+    "generators fitted to SciFact's MiniLM embeddings (`geograph.bench.scale.generators`; `mixture`: topics,\n"
+    "`gauss`: one Gaussian with no topics). Rows named after a data set are that real set at its own size."
+)
+
+
 def _probes(info: dict) -> str:
     """The cells an IVF build probed (``exact`` when its recall target sent it to the exact scan; ``-``: not IVF)."""
     if info.get("exact"):
@@ -221,7 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_json("scale", results, args.out)
     md = Path(args.out) / "scale.md"
     md.write_text(
-        "# geograph bench scale\n\n```\n"
+        "# geograph bench scale\n\n"
+        + (f"{SYNTHETIC_NOTE}\n\n" if results["sizes"] else "")
+        + "```\n"
         + (format_table(rows, table_cols, SCALE_FORMATS) if rows else "")
         + "\n\n"
         + (format_table(results["real"], real_cols) if results["real"] else "")

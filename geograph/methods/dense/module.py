@@ -247,8 +247,8 @@ class DenseRetriever(nn.Module):
         """Write the retriever as an artefact directory: the corpus (``tensors.safetensors``), the
         trained IVF index (``ivf.faiss``, built and ``nprobe="auto"`` calibrated now if not yet)
         and a manifest of the options, the encoder (``encoder``) and the corpus fingerprint
-        (with ``ids``); see :mod:`geograph.artefact`."""
-        from geograph.retrievers.dense_artefact import save_dense
+        (with ``ids``); see :mod:`geograph.artefacts`."""
+        from geograph.artefacts.saved_dense import save_dense
 
         return save_dense(self, directory, encoder=encoder, ids=ids)
 
@@ -259,7 +259,7 @@ class DenseRetriever(nn.Module):
         """Load a retriever saved by :meth:`save_pretrained`: the corpus memory-mapped, the IVF index
         read back (not trained again), the saved ``nprobe``; it answers as the saved one did. A
         ``corpus`` or ``encoder`` other than the saved one's is refused (one line naming both)."""
-        from geograph.retrievers.dense_artefact import load_dense
+        from geograph.artefacts.saved_dense import load_dense
 
         return load_dense(cls, source, corpus=corpus, encoder=encoder, device=device)
 

@@ -1,9 +1,10 @@
-"""Save and load :class:`CorpusGraph` and :class:`G3Graph` as artefact directories (:mod:`geograph.artefact`).
+"""Save and load :class:`~geograph.CorpusGraph` and :class:`~geograph.G3Graph` as artefact directories.
 
-The tensors are memory-mapped on load and held as the graph's buffers without a copy, so
-processes loading one graph share its pages. A directory in the former format (``graph.json``
-/ ``g3graph.json`` beside ``torch.save`` files) still loads, with a one-line
-``DeprecationWarning`` saying how to convert it.
+The tensors are memory-mapped on load (:mod:`geograph.artefacts.format`) and held as the graph's
+buffers without a copy, so processes loading one graph share its pages. A directory in the former
+format (``graph.json`` / ``g3graph.json`` beside ``torch.save`` files) still loads
+(:mod:`geograph.artefacts.former_graphs`), with a one-line ``DeprecationWarning`` saying how to
+convert it.
 
 Corpus versions: the manifest's ``corpus`` records ``version``, 0 for a built graph and one more
 for each ``add`` or ``remove`` applied since (``graph.corpus_version``, kept through a save and a
@@ -21,63 +22,77 @@ keys to tell the added, removed and edited passages of a changed corpus (:func:`
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from geograph._io import check_file_size, read_json
-from geograph.artefact import (
+from geograph.artefacts.format import (
     MANIFEST,
-    CorpusFingerprint,
-    EncoderIdentity,
-    as_identity,
-    corpus_fingerprint,
+    Artefact,
+    Device,
     is_artefact,
     read_artefact,
     resolve_source,
     write_artefact,
 )
+from geograph.artefacts.identity import CorpusFingerprint, EncoderIdentity, corpus_fingerprint, recorded_identity
 from geograph.geometry.gain import check_band
-from geograph.graphs._legacy import CORPUS_META, G3_META, load_corpus_graph_v1, load_g3_graph_v1
 
-__all__ = [
-    "PASSAGES",
-    "save_graph",
-    "load_corpus_graph",
-    "load_g3_graph",
-    "read_passages",
-    "saved_ids",
-    "saved_kind",
-]
+if TYPE_CHECKING:
+    from geograph.graphs._base import PassageGraph
+    from geograph.graphs.corpus_graph import CorpusGraph
+    from geograph.graphs.g3_graph import G3Graph
+
+__all__ = ["PASSAGES", "load_graph", "read_passages", "save_graph", "saved_ids", "valid_csr"]
 
 #: the side file of a graph saved with its passages' ids and text keys
 PASSAGES = "passages.jsonl"
 
+G = TypeVar("G", bound="PassageGraph")
 
-def _provenance(graph: nn.Module, embeddings: Tensor, encoder: Any, ids: Sequence[str] | None):
+#: the ``(V, D)`` a loaded graph must have, when known
+Shape = tuple[int, ...] | None
+
+
+def _corpus_graph_parts(graph: CorpusGraph) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    tensors = {"embeddings": graph.embeddings, "edge_index": graph.edge_index, "rowptr": graph.rowptr}
+    return tensors, {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
+
+
+def _g3_graph_parts(graph: G3Graph) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    tensors = {k: getattr(graph, k) for k in ("embeddings", "density", "crow", "col", "val")}
+    band = None if graph.band is None else list(graph.band)
+    return tensors, {"band": band, "beta": graph.beta, "max_degree": graph.max_degree, "num_nodes": graph.num_nodes}
+
+
+def _manifest(owner: object) -> dict[str, Any]:
+    """The manifest a loaded graph (or retriever) was read with, with its ``source``; ``{}`` for a built one."""
+    return getattr(owner, "manifest", None) or {}
+
+
+def _provenance(
+    graph: PassageGraph, encoder: Any, ids: Sequence[str] | None
+) -> tuple[EncoderIdentity | None, CorpusFingerprint]:
     """The encoder identity and corpus fingerprint to record (a loaded graph keeps its own)."""
-    saved = getattr(graph, "manifest", None) or {}
-    identity = as_identity(encoder)
-    if identity is None and saved.get("encoder"):
-        identity = EncoderIdentity.from_dict(saved["encoder"])
-    if identity is not None and identity.dim is None:
-        identity = EncoderIdentity.from_dict({**identity.as_dict(), "dim": int(embeddings.shape[1])})
-    corpus = corpus_fingerprint(embeddings, ids)
+    saved = _manifest(graph)
+    identity = recorded_identity(encoder, int(graph.embeddings.shape[1]), saved)
+    corpus = corpus_fingerprint(graph.embeddings, ids)
     old = saved.get("corpus") or {}
     if ids is None and old.get("ids_sha256") and old.get("embeddings_sha256") == corpus.embeddings_sha256:
         corpus = CorpusFingerprint.from_dict({**corpus.as_dict(), "ids_sha256": old["ids_sha256"]})
     return identity, corpus
 
 
-def _lineage(graph: nn.Module) -> dict:
+def _lineage(graph: PassageGraph) -> dict[str, Any]:
     """The manifest's ``corpus.version`` and ``corpus.parent`` of ``graph``."""
-    version = int(getattr(graph, "corpus_version", 0))
-    saved = (getattr(graph, "manifest", None) or {}).get("corpus") or {}
-    out: dict = {"version": version}
+    version = int(graph.corpus_version)
+    saved = _manifest(graph).get("corpus") or {}
+    out: dict[str, Any] = {"version": version}
     if saved and version != int(saved.get("version", 0)):  # updated since it was loaded
         out["parent"] = {k: saved.get(k) for k in ("version", "embeddings_sha256", "ids_sha256")}
         out["parent"]["version"] = int(saved.get("version", 0))
@@ -86,7 +101,7 @@ def _lineage(graph: nn.Module) -> dict:
     return out
 
 
-def _passages_file(ids, text_keys) -> bytes:
+def _passages_file(ids: Sequence[str], text_keys: Sequence[str | None] | None) -> bytes:
     if text_keys is None:
         text_keys = [None] * len(ids)
     if len(text_keys) != len(ids):
@@ -95,13 +110,18 @@ def _passages_file(ids, text_keys) -> bytes:
 
 
 def save_graph(
-    graph: nn.Module, directory: str | Path, *, encoder: Any = None, ids=None, text_keys: Sequence[str] | None = None
+    graph: PassageGraph,
+    directory: str | Path,
+    *,
+    encoder: Any = None,
+    ids: Sequence[str] | None = None,
+    text_keys: Sequence[str | None] | None = None,
 ) -> Path:
-    """Write a :class:`CorpusGraph` or :class:`G3Graph` as an artefact directory."""
-    kind = type(graph).__name__
-    known = getattr(graph, "passage_ids", None)
+    """Write a :class:`~geograph.CorpusGraph` or :class:`~geograph.G3Graph` as an artefact directory."""
+    known = graph.passage_ids
     if ids is None and known is not None and all(isinstance(i, str) for i in known.ids):
-        ids = known.ids  # an updated graph's own ids (a graph never named has integer ids: not recorded)
+        # an updated graph's own ids (a graph never named has integer ids: not recorded)
+        ids = cast(list[str], known.ids)
     elif ids is None and known is None and _unchanged_since_load(graph):
         ids, keys = _saved_passages(graph)  # saved again as loaded: its passages too
         text_keys = keys if text_keys is None and all(k is not None for k in keys) else text_keys
@@ -110,18 +130,12 @@ def save_graph(
     if text_keys is not None and ids is None:
         raise ValueError("text_keys need the passage ids (ids=...)")
     side = {} if ids is None else {PASSAGES: _passages_file(ids, text_keys)}
-    identity, corpus = _provenance(graph, graph.embeddings, encoder, ids)
-    if kind == "CorpusGraph":
-        tensors = {"embeddings": graph.embeddings, "edge_index": graph.edge_index, "rowptr": graph.rowptr}
-        params = {"name": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges}
-    else:
-        tensors = {k: getattr(graph, k) for k in ("embeddings", "density", "crow", "col", "val")}
-        band = None if graph.band is None else list(graph.band)
-        params = {"band": band, "beta": graph.beta, "max_degree": graph.max_degree, "num_nodes": graph.num_nodes}
+    identity, corpus = _provenance(graph, encoder, ids)
+    tensors, params = _LAYOUTS[graph._artefact_layout].parts(graph)
     params["dim"] = int(graph.embeddings.shape[1])
     return write_artefact(
         directory,
-        kind,
+        type(graph).__name__,
         tensors,
         params=params,
         encoder=identity,
@@ -132,34 +146,21 @@ def save_graph(
     )
 
 
-def _unchanged_since_load(graph: nn.Module) -> bool:
+def _unchanged_since_load(graph: PassageGraph) -> bool:
     """Whether ``graph`` was loaded with a passages file and not updated since."""
-    manifest = getattr(graph, "manifest", None) or {}
+    manifest = _manifest(graph)
     return (
         manifest.get("source") is not None
         and PASSAGES in (manifest.get("files") or {})
-        and int(getattr(graph, "corpus_version", 0)) == _version(manifest)
+        and int(graph.corpus_version) == _version(manifest)
     )
 
 
-def _version(manifest: dict) -> int:
+def _version(manifest: dict[str, Any]) -> int:
     try:
         return int((manifest.get("corpus") or {}).get("version", 0))
     except (TypeError, ValueError):
         return 0
-
-
-def saved_kind(source: str | Path) -> str | None:
-    """The ``kind`` a saved artefact's manifest names (``CorpusGraph``, ``G3Graph``, ...), or ``None``
-    when ``source`` is not a directory holding a readable manifest of this format."""
-    path = Path(source)
-    if not is_artefact(path):
-        return None
-    try:
-        kind = read_json(path / MANIFEST).get("kind")
-    except ValueError:
-        return None
-    return kind if isinstance(kind, str) else None
 
 
 def read_passages(source: str | Path) -> tuple[list[str], list[str | None]]:
@@ -179,7 +180,8 @@ def read_passages(source: str | Path) -> tuple[list[str], list[str | None]]:
             "save it with ids=..., or build it again with geograph build-graph"
         )
     check_file_size(file, manifest["files"][PASSAGES], path / MANIFEST)
-    ids, keys = [], []
+    ids: list[str] = []
+    keys: list[str | None] = []
     with file.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             try:
@@ -194,49 +196,47 @@ def read_passages(source: str | Path) -> tuple[list[str], list[str | None]]:
     return ids, keys
 
 
-def saved_ids(graph: nn.Module) -> list[str] | None:
+def saved_ids(graph: object) -> list[str] | None:
     """The passage ids saved with a graph loaded by ``from_pretrained`` (``None``: none saved).
 
     Raises:
         ValueError: the directory's ids are not those the loaded graph was saved with (it was
             replaced since the graph was loaded).
     """
-    manifest = getattr(graph, "manifest", None) or {}
+    manifest = _manifest(graph)
     if manifest.get("source") is None or PASSAGES not in (manifest.get("files") or {}):
         return None
     return _saved_passages(graph)[0]
 
 
-def _saved_passages(graph: nn.Module) -> tuple[list[str], list[str | None]]:
-    source = graph.manifest["source"]
+def _saved_passages(graph: object) -> tuple[list[str], list[str | None]]:
+    manifest = _manifest(graph)
+    source = manifest["source"]
     ids, keys = read_passages(source)
-    saved = (graph.manifest.get("corpus") or {}).get("ids_sha256")
+    saved = (manifest.get("corpus") or {}).get("ids_sha256")
     if corpus_fingerprint(torch.empty(len(ids), 0), ids).ids_sha256 != saved:
         raise ValueError(f"ids: {source}/{PASSAGES} was replaced since the graph was loaded; call set_ids(ids)")
     return ids, keys
 
 
-def _legacy(path: Path, meta: str) -> bool:
-    return not is_artefact(path) and (path / meta).is_file()
-
-
-def _deprecated(path: Path, kind: str) -> None:
-    warnings.warn(
-        f"{path}: a {kind} saved in the former torch.save format; it loads, but re-save it with "
-        f"{kind}.from_pretrained(path).save_pretrained(new_dir) (or rebuild it with geograph build-graph)",
-        DeprecationWarning,
-        stacklevel=4,
-    )
-
-
-def _check_shape(where: Path, v: int, d: int, corpus_shape) -> None:
+def _check_shape(where: Path, v: int, d: int, corpus_shape: tuple[int, ...] | None) -> None:
     if corpus_shape is not None and (v, d) != tuple(corpus_shape):
         raise ValueError(
             f"{where}: a graph of {v} passages x {d} dimensions, the corpus is {corpus_shape[0]} x {corpus_shape[1]}"
         )
 
 
-def _tensor(art, name: str, shape: tuple, *, floating: bool) -> Tensor:
+def valid_csr(crow: Tensor, col: Tensor, n: int, nnz: int) -> bool:
+    """Whether ``(crow, col)`` are the CSR row pointer and columns of an ``n x n`` matrix of ``nnz`` entries."""
+    return not (
+        int(crow[0]) != 0
+        or int(crow[-1]) != nnz
+        or bool((crow[1:] < crow[:-1]).any())
+        or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))
+    )
+
+
+def _tensor(art: Artefact, name: str, shape: tuple[int, ...], *, floating: bool) -> Tensor:
     t = art.tensors.get(name)
     if t is None or tuple(t.shape) != shape or t.is_floating_point() != floating:
         got = "none" if t is None else f"a {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} tensor"
@@ -245,59 +245,35 @@ def _tensor(art, name: str, shape: tuple, *, floating: bool) -> Tensor:
     return t if floating else t.long()
 
 
-def _ints(art, *names: str) -> list[int]:
+def _ints(art: Artefact, *names: str) -> list[int]:
     try:
         return [int(art.params[n]) for n in names]
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{art.path}: the manifest's params lack {', '.join(names)}") from None
 
 
-def load_corpus_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus_shape=None):
-    """A :class:`CorpusGraph` from an artefact directory or hub id (the former format: deprecated)."""
-    path = resolve_source(source, cls.__name__)
-    if _legacy(path, CORPUS_META):
-        graph = load_corpus_graph_v1(cls, path, device, _shape(corpus, corpus_shape))
-        _deprecated(path, cls.__name__)
-        graph.manifest = {}
-        return graph
-    art = read_artefact(path, cls.__name__, encoder=encoder, corpus=corpus)
+def _read_corpus_graph(cls: type[CorpusGraph], art: Artefact, corpus_shape: tuple[int, ...] | None) -> CorpusGraph:
     v, e, d = _ints(art, "num_nodes", "num_edges", "dim")
-    _check_shape(art.path / "manifest.json", v, d, corpus_shape)
+    _check_shape(art.path / MANIFEST, v, d, corpus_shape)
     emb = _tensor(art, "embeddings", (v, d), floating=True)
     ei = _tensor(art, "edge_index", (2, 2 * e), floating=False)
     rowptr = _tensor(art, "rowptr", (v + 1,), floating=False)
     if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= v):
         raise ValueError(f"{art.path}: edge_index holds node ids outside [0, {v})")
-    if int(rowptr[0]) != 0 or int(rowptr[-1]) != 2 * e or bool((rowptr[1:] < rowptr[:-1]).any()):
+    if not valid_csr(rowptr, ei[1], v, 2 * e):
         raise ValueError(f"{art.path}: rowptr is not the CSR row pointer of {2 * e} edges over {v} nodes")
     src = torch.repeat_interleave(torch.arange(v), rowptr[1:] - rowptr[:-1])
     if not torch.equal(src, ei[0]):
         raise ValueError(f"{art.path}: edge_index is not sorted by source as rowptr says")
     del src
-    graph = cls.__new__(cls)  # the mapped tensors as they are: the constructor would clean (copy) them
-    nn.Module.__init__(graph)
-    graph.name = str(art.params.get("name", "edge_index"))
-    graph.build_info = art.manifest.get("build_info") or {}
-    for name, t in (("embeddings", emb), ("edge_index", ei), ("rowptr", rowptr)):
-        graph.register_buffer(name, t if device is None else t.to(device))
-    graph.passage_ids = None
-    graph.knn_state = None
-    graph.corpus_version = _version(art.manifest)
-    graph.manifest = {**art.manifest, "source": str(art.path)}
+    graph = cls._bare()  # the mapped tensors as they are: the constructor would clean (copy) them
+    graph._hold(emb, ei, rowptr, name=str(art.params.get("name", "edge_index")))
     return graph
 
 
-def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus_shape=None):
-    """A :class:`G3Graph` from an artefact directory or hub id (the former format: deprecated)."""
-    path = resolve_source(source, cls.__name__)
-    if _legacy(path, G3_META):
-        graph = load_g3_graph_v1(cls, path, device, _shape(corpus, corpus_shape))
-        _deprecated(path, cls.__name__)
-        graph.manifest = {}
-        return graph
-    art = read_artefact(path, cls.__name__, encoder=encoder, corpus=corpus)
+def _read_g3_graph(cls: type[G3Graph], art: Artefact, corpus_shape: tuple[int, ...] | None) -> G3Graph:
     n, d = _ints(art, "num_nodes", "dim")
-    _check_shape(art.path / "manifest.json", n, d, corpus_shape)
+    _check_shape(art.path / MANIFEST, n, d, corpus_shape)
     col = art.tensors.get("col")
     nnz = -1 if col is None else int(col.shape[0])
     emb = _tensor(art, "embeddings", (n, d), floating=True)
@@ -305,12 +281,7 @@ def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus
     crow = _tensor(art, "crow", (n + 1,), floating=False)
     col = _tensor(art, "col", (nnz,), floating=False)
     val = _tensor(art, "val", (nnz,), floating=True)
-    if (
-        int(crow[0]) != 0
-        or int(crow[-1]) != nnz
-        or bool((crow[1:] < crow[:-1]).any())
-        or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))
-    ):
+    if not valid_csr(crow, col, n, nnz):
         raise ValueError(f"{art.path}: the CSR arrays (crow, col) are not a valid {n} x {n} matrix with {nnz} entries")
     p = art.params
     try:
@@ -318,19 +289,41 @@ def load_g3_graph(cls, source, *, corpus=None, encoder=None, device=None, corpus
         beta, max_degree = float(p["beta"]), p.get("max_degree")
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{art.path}: bad band / beta in the manifest ({exc})") from None
-    parts = [t if device is None else t.to(device) for t in (emb, density, crow, col, val)]
-    graph = cls._from_parts(*parts, band=band, beta=beta, max_degree=max_degree)  # no copy of the mapped tensors
+    graph = cls._bare()  # no copy of the mapped tensors
+    graph._hold(emb, density, crow, col, val, band=band, beta=beta, max_degree=max_degree)
+    return graph
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What one kind of graph saves (``parts``) and how its artefact is read (``read``)."""
+
+    parts: Callable[[Any], tuple[dict[str, Tensor], dict[str, Any]]]
+    read: Callable[[Any, Artefact, tuple[int, ...] | None], Any]
+
+
+_LAYOUTS = {
+    "CorpusGraph": _Layout(_corpus_graph_parts, _read_corpus_graph),
+    "G3Graph": _Layout(_g3_graph_parts, _read_g3_graph),
+}
+
+
+def load_graph(cls: type[G], source: str | Path, *, corpus: Any, encoder: Any, device: Device, shape: Shape) -> G:
+    """A graph of class ``cls`` from an artefact directory or hub id (the former format: deprecated), of
+    ``(V, D)`` ``shape`` when given."""
+    layout = _LAYOUTS[cls._artefact_layout]
+    path = resolve_source(source, cls.__name__)
+    if not is_artefact(path):
+        from geograph.artefacts import former_graphs
+
+        former: G | None = former_graphs.load_former(cls, path, corpus=corpus, device=device, shape=shape)
+        if former is not None:
+            return former
+    art = read_artefact(path, cls.__name__, encoder=encoder, corpus=corpus)
+    graph: G = layout.read(cls, art, shape)
+    if device is not None:
+        graph = graph.to(device)
     graph.build_info = art.manifest.get("build_info") or {}
     graph.corpus_version = _version(art.manifest)
     graph.manifest = {**art.manifest, "source": str(art.path)}
     return graph
-
-
-def _shape(corpus, corpus_shape):
-    if isinstance(corpus, tuple) and len(corpus) == 2:
-        corpus = corpus[1]
-    if corpus_shape is None and isinstance(corpus, Tensor):
-        return tuple(corpus.shape)
-    if corpus_shape is None and isinstance(corpus, CorpusFingerprint):
-        return (corpus.num_passages, corpus.dim)
-    return corpus_shape

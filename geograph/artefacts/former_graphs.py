@@ -1,27 +1,68 @@
 """Graphs saved in the former format (format 1: ``torch.save`` files beside a small JSON).
 
-Read with ``torch.load(weights_only=True)`` (tensors only, no code), checked as before; the
-callers warn that the format is deprecated. New saves write the artefact format
-(:mod:`geograph.graphs.artefact`).
+Read with ``torch.load(weights_only=True)`` (tensors only, no code), checked as before, with a
+one-line ``DeprecationWarning`` saying how to convert them. New saves write the artefact format
+(:mod:`geograph.artefacts.saved_graphs`).
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor
 
 from geograph._io import check_file_size, one_line, read_json, read_torch
+from geograph.artefacts.format import Device
+from geograph.artefacts.identity import CorpusFingerprint
+from geograph.artefacts.saved_graphs import Shape, valid_csr
 from geograph.geometry.gain import csr
 
-__all__ = ["CORPUS_META", "G3_META", "load_corpus_graph_v1", "load_g3_graph_v1"]
+if TYPE_CHECKING:
+    from geograph.graphs._base import PassageGraph
+    from geograph.graphs.corpus_graph import CorpusGraph
+    from geograph.graphs.g3_graph import G3Graph
+
+__all__ = ["CORPUS_META", "G3_META", "load_former", "load_corpus_graph_v1", "load_g3_graph_v1"]
 
 _FORMAT = 1
 CORPUS_META = "graph.json"
 G3_META, _DATA = "g3graph.json", "g3graph.pt"
 
+G = TypeVar("G", bound="PassageGraph")
 
-def load_corpus_graph_v1(cls, directory, device=None, corpus_shape=None):
+
+def load_former(cls: type[G], path: Path, *, corpus: Any, device: Device, shape: Shape) -> G | None:
+    """A graph of class ``cls`` from ``path`` in the former format, with a ``DeprecationWarning``;
+    ``None`` when ``path`` does not hold one."""
+    meta, load = _FORMER[cls._artefact_layout]
+    if not (path / meta).is_file():
+        return None
+    graph: G = load(cls, path, device, _shape(corpus, shape))
+    warnings.warn(
+        f"{path}: a {cls.__name__} saved in the former torch.save format; it loads, but re-save it with "
+        f"{cls.__name__}.from_pretrained(path).save_pretrained(new_dir) (or rebuild it with geograph build-graph)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    graph.manifest = {}
+    return graph
+
+
+def _shape(corpus: Any, corpus_shape: Shape) -> Shape:
+    """The ``(V, D)`` the graph must have: ``corpus_shape``, else the corpus's (embeddings or fingerprint)."""
+    if isinstance(corpus, tuple) and len(corpus) == 2:
+        corpus = corpus[1]
+    if corpus_shape is None and isinstance(corpus, Tensor):
+        return tuple(corpus.shape)
+    if corpus_shape is None and isinstance(corpus, CorpusFingerprint):
+        return (corpus.num_passages, corpus.dim)
+    return corpus_shape
+
+
+def load_corpus_graph_v1(cls: type[CorpusGraph], directory: Path, device: Device, corpus_shape: Shape) -> CorpusGraph:
     """A ``CorpusGraph`` from ``embeddings.pt``, ``edge_index.pt`` and ``graph.json``.
 
     Raises:
@@ -76,7 +117,7 @@ def load_corpus_graph_v1(cls, directory, device=None, corpus_shape=None):
     return graph
 
 
-def load_g3_graph_v1(cls, directory, device=None, corpus_shape=None):
+def load_g3_graph_v1(cls: type[G3Graph], directory: Path, device: Device, corpus_shape: Shape) -> G3Graph:
     """A ``G3Graph`` from ``g3graph.pt`` and ``g3graph.json``.
 
     Raises:
@@ -100,7 +141,13 @@ def load_g3_graph_v1(cls, directory, device=None, corpus_shape=None):
         raise ValueError(f"{meta_file}: missing or bad fields ({one_line(exc)})") from None
     check_file_size(data, (meta.get("files") or {}).get(_DATA), meta_file)
     blob = read_torch(data, device)
-    want = {"embeddings": None, "density": (n,), "crow": (n + 1,), "col": (nnz,), "val": (nnz,)}
+    want: dict[str, tuple[int, ...] | None] = {
+        "embeddings": None,
+        "density": (n,),
+        "crow": (n + 1,),
+        "col": (nnz,),
+        "val": (nnz,),
+    }
     if not isinstance(blob, dict) or set(blob) != set(want) or not all(isinstance(t, Tensor) for t in blob.values()):
         raise ValueError(f"{data}: expected the tensors {sorted(want)}, got {_keys(blob)}")
     emb = blob["embeddings"]
@@ -112,12 +159,7 @@ def load_g3_graph_v1(cls, directory, device=None, corpus_shape=None):
         if tuple(blob[key].shape) != shape:
             raise ValueError(f"{data}: {key} has shape {tuple(blob[key].shape)}, {_META} says {shape}")
     crow, col = blob["crow"], blob["col"]
-    if (
-        int(crow[0]) != 0
-        or int(crow[-1]) != nnz
-        or bool((crow[1:] < crow[:-1]).any())
-        or (nnz and (int(col.min()) < 0 or int(col.max()) >= n))
-    ):
+    if not valid_csr(crow, col, n, nnz):
         raise ValueError(f"{data}: the CSR arrays (crow, col) are not a valid {n} x {n} matrix with {nnz} entries")
     if corpus_shape is not None and tuple(emb.shape) != tuple(corpus_shape):
         raise ValueError(
@@ -133,11 +175,18 @@ def load_g3_graph_v1(cls, directory, device=None, corpus_shape=None):
     return graph
 
 
-def _describe(x) -> str:
+def _describe(x: object) -> str:
     if isinstance(x, Tensor):
         return f"a {tuple(x.shape)} {str(x.dtype).replace('torch.', '')} tensor"
     return f"a {type(x).__name__}"
 
 
-def _keys(blob) -> str:
+def _keys(blob: object) -> str:
     return f"keys {sorted(map(str, blob))}" if isinstance(blob, dict) else f"a {type(blob).__name__}"
+
+
+#: each graph layout's former metadata file and loader
+_FORMER: dict[str, tuple[str, Callable[..., Any]]] = {
+    "CorpusGraph": (CORPUS_META, load_corpus_graph_v1),
+    "G3Graph": (G3_META, load_g3_graph_v1),
+}

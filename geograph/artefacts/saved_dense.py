@@ -16,18 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from geograph.artefacts.format import Device, read_artefact, resolve_source, write_artefact
+from geograph.artefacts.identity import corpus_fingerprint, recorded_identity
+from geograph.knn.faiss_ivf import build_ivf_index, import_faiss
+
 if TYPE_CHECKING:
     from geograph.methods.dense.module import DenseRetriever
-
-from geograph.artefact import (
-    EncoderIdentity,
-    as_identity,
-    corpus_fingerprint,
-    read_artefact,
-    resolve_source,
-    write_artefact,
-)
-from geograph.knn.faiss_ivf import build_ivf_index, import_faiss
 
 __all__ = ["save_dense", "load_dense"]
 
@@ -42,7 +36,7 @@ def save_dense(
 ) -> Path:
     """Write ``model`` as an artefact directory; an IVF index is built (and ``nprobe="auto"``
     calibrated) first if the model has not been called yet."""
-    side = {}
+    side: dict[str, bytes] = {}
     if model.index == "ivf":
         if model._ivf is None:
             model._ivf = build_ivf_index(model.embeddings, model.nlist, sample=model.sample, seed=model.seed)
@@ -51,9 +45,7 @@ def save_dense(
         faiss = import_faiss()
         cpu = faiss.index_gpu_to_cpu(model._ivf) if hasattr(faiss, "index_gpu_to_cpu") else model._ivf
         side[INDEX_FILE] = bytes(faiss.serialize_index(cpu))
-    identity = as_identity(encoder)
-    if identity is not None and identity.dim is None:
-        identity = EncoderIdentity.from_dict({**identity.as_dict(), "dim": int(model.embeddings.shape[1])})
+    identity = recorded_identity(encoder, int(model.embeddings.shape[1]))
     params = {name: getattr(model, name) for name in _OPTIONS}
     params.update(auto=bool(model._auto), nprobe=model.nprobe, calibration=model.calibration)
     return write_artefact(
@@ -68,12 +60,7 @@ def save_dense(
 
 
 def load_dense(
-    cls: type[DenseRetriever],
-    source: str | Path,
-    *,
-    corpus: Any = None,
-    encoder: Any = None,
-    device: str | torch.device | None = None,
+    cls: type[DenseRetriever], source: str | Path, *, corpus: Any, encoder: Any, device: Device
 ) -> DenseRetriever:
     """A retriever from an artefact directory or hub id, its corpus memory-mapped and held as saved."""
     path = resolve_source(source, cls.__name__)
