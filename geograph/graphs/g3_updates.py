@@ -12,7 +12,7 @@ every update. What does not change is each row's ranking of **cosines**. The upd
   :func:`~geograph.knn.update.lists_add` / :func:`~geograph.knn.update.lists_remove`).
 
 ``T`` is then made from the lists under the new penalties by
-:func:`~geograph.geometry.gain_transition_edges` with ``ranking="cosine"``: a row whose
+:func:`~geograph.functional.gain_transition_edges` with ``ranking="cosine"``: a row whose
 list proves it (every pair outside weighs at most ``f(x_K')``, below the row's kept
 ``max_degree``-th weight) costs ``O(K')``; a row it cannot prove is recomputed against every
 passage. The result is the exact build's ``T`` (``index="exact"``) up to float rounding of the
