@@ -1,31 +1,54 @@
-"""geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry."""
+"""geograph: batched PyTorch modules that rerank and retrieve passages by embedding-graph geometry.
+
+The methods' modules (``geograph.Maniscope``, ``geograph.ISORetriever``, ...) are read from the
+method registry on first use, so a method added as a folder or an installed plugin is exported
+like a built-in one.
+"""
+
+from typing import Any
 
 from geograph import _version, functional
 from geograph.graphs import CorpusGraph, G3Graph
 from geograph.outputs import RerankOutput, RetrievalOutput
 from geograph.projection import PoincareProjection
 from geograph.ranking import Ranker, Retriever
-from geograph.rerankers import Maniscope, RicciFiltration
-from geograph.retrievers import BM25Retriever, DenseRetriever, G3Retriever, ISORetriever
+from geograph.retrievers.bm25 import BM25Retriever
 from geograph.scorers import CrossEncoderScorer
 
 __version__ = _version.version()
 
-__all__ = [
+_STATIC = [
     "functional",
     "Ranker",
     "Retriever",
     "RerankOutput",
     "RetrievalOutput",
-    "Maniscope",
-    "RicciFiltration",
     "CrossEncoderScorer",
     "BM25Retriever",
-    "DenseRetriever",
-    "ISORetriever",
     "G3Graph",
-    "G3Retriever",
     "CorpusGraph",
     "PoincareProjection",
     "__version__",
 ]
+
+
+def _modules() -> dict[str, type]:
+    from geograph import registry
+
+    found: dict[str, type] = {}
+    for spec in registry.METHODS.values():  # the first registered of two same-named classes is exported
+        found.setdefault(spec.module.__name__, spec.module)
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        return _STATIC + list(_modules())
+    modules = _modules()
+    if name in modules:
+        return modules[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_modules()))

@@ -13,8 +13,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from geograph.data import Dataset, Encoder
+from geograph.methods.dense.module import DenseRetriever
 from geograph.outputs import RerankOutput
-from geograph.retrievers import DenseRetriever
 
 
 @dataclass(frozen=True)

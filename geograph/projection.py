@@ -13,7 +13,7 @@ from geograph._checks import check_positive_int
 from geograph._io import one_line, read_torch
 from geograph.artefacts.format import read_artefact, resolve_source, write_artefact
 from geograph.artefacts.identity import CorpusFingerprint, corpus_fingerprint, recorded_identity
-from geograph.functional.isoperimetric import conformal_volume  # its home; re-exported here
+from geograph.geometry.isoperimetric import conformal_volume  # its home; re-exported here
 
 __all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
 

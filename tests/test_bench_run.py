@@ -258,15 +258,15 @@ def test_gpu_script_dry_run_on_cpu(tmp_path, capsys):
 
 def test_bench_ricci_flow_seam_is_the_one_the_module_calls(monkeypatch):
     """`geograph bench ricci` records the Sinkhorn certificate by wrapping
-    ``geograph.functional.ricci.ricci_flow`` (it once wrapped a name the module no longer called:
+    ``geograph.methods.ricci.functional.ricci_flow`` (it once wrapped a name the module no longer called:
     AttributeError after the functional twins moved the flow call)."""
     import inspect
 
     import geograph.bench.ricci as bench_ricci
-    import geograph.functional.ricci as ricci_module
+    import geograph.methods.ricci.functional as ricci_module
     from geograph import RicciFiltration
 
-    assert "import geograph.functional.ricci as ricci_module" in inspect.getsource(bench_ricci.bench_dataset)
+    assert "import geograph.methods.ricci.functional as ricci_module" in inspect.getsource(bench_ricci.bench_dataset)
     calls = []
     flow = ricci_module.ricci_flow
     monkeypatch.setattr(ricci_module, "ricci_flow", lambda *a, **kw: calls.append(1) or flow(*a, **kw))

@@ -87,7 +87,7 @@ def test_ricci_compiles_with_graph_breaks(data, solver, monkeypatch):
     Sinkhorn: dynamo unrolls every iteration of the fixed-length loop (1,000 cold + 300 warm by
     default: two minutes of tracing here); 60 + 20 iterations trace the same code, in eager
     and compiled alike."""
-    import geograph.functional.ricci as ricci_module
+    import geograph.methods.ricci.functional as ricci_module
 
     if solver == "sinkhorn":
         monkeypatch.setattr(

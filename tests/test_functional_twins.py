@@ -152,7 +152,7 @@ def test_csr_row_slots_pads_rows():
 
 def test_conformal_volume_has_one_home():
     from geograph import projection
-    from geograph.functional import isoperimetric
+    from geograph.geometry import isoperimetric
 
     assert projection.conformal_volume is isoperimetric.conformal_volume is F.conformal_volume
 

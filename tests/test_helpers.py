@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from geograph._checks import check_candidates
-from geograph.functional.isoperimetric import compatible_edges
-from geograph.functional.maniscope import maniscope_scores
+from geograph.geometry.isoperimetric import compatible_edges
 from geograph.knn.allpairs import tiled_topk
+from geograph.methods.maniscope.functional import maniscope_scores
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr, query_graph
 from geograph.outputs import true_first
 
@@ -83,7 +83,7 @@ def test_one_candidate_validation_for_every_caller():
 
 def test_names():
     from geograph.functional import ricci_flow
-    from geograph.retrievers.iso import LocalSubgraph
+    from geograph.methods.iso.module import LocalSubgraph
 
     with pytest.raises(TypeError):
         compatible_edges(torch.tensor([[0], [1]]), torch.ones(2), 0.4)  # beta is keyword-only

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import geograph._checks
-import geograph.functional.maniscope
-import geograph.functional.pagerank
+import geograph.methods.iso.pagerank
+import geograph.methods.maniscope.functional
 from geograph import CorpusGraph, DenseRetriever, G3Retriever, ISORetriever, Maniscope
 from geograph.functional import personalized_pagerank
 
@@ -111,7 +111,7 @@ def test_g3_reads_are_a_constant():
 @pytest.fixture
 def value_checks_off(monkeypatch):
     """As under torch.compile: the NaN checks (host reads by nature) are skipped."""
-    for module in (geograph._checks, geograph.functional.maniscope, geograph.functional.pagerank):
+    for module in (geograph._checks, geograph.methods.maniscope.functional, geograph.methods.iso.pagerank):
         monkeypatch.setattr(module, "tracing", lambda: True)
 
 

@@ -2,6 +2,7 @@
 
 import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -186,3 +187,45 @@ def test_names_and_kinds():
         assert (spec.score_range is None) == (spec.kind == "retriever")
         assert (spec.k_range is None) == (spec.kind == "reranker")
         assert (spec.functional is None) == spec.baseline == (spec.paper is None)
+
+
+class _EntryPoint:
+    """An entry point of the ``geograph.methods`` group as importlib.metadata gives it."""
+
+    def __init__(self, name, dist, load):
+        self.name, self.value, self.dist, self._load = name, f"{dist}:SPEC", SimpleNamespace(name=dist), load
+
+    def load(self):
+        return self._load()
+
+
+def test_plugins_register_after_the_built_in_methods_and_broken_ones_warn_once(monkeypatch, caplog):
+    from dataclasses import replace
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'scipyy'")
+
+    wide = replace(registry.get("maniscope"), name="wide")
+    points = [
+        _EntryPoint("a_missing", "dist-missing", missing),
+        _EntryPoint("b_wrong", "dist-wrong", lambda: 42),
+        _EntryPoint("c_taken", "dist-taken", lambda: registry.get("ricci")),
+        _EntryPoint("d_bad_name", "dist-bad-name", lambda: replace(wide, name="Bad Name")),
+        _EntryPoint("e_wide", "dist-wide", lambda: wide),
+    ]
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group: points)
+    monkeypatch.setattr(registry, "_table", None)
+    with caplog.at_level("WARNING", logger="geograph.registry"):
+        assert registry.names() == ("maniscope", "ricci", "iso", "g3", "dense", "wide")
+        registry.get("wide")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and all(len(line.splitlines()) == 1 for line in lines)
+    for dist, reason in [
+        ("dist-missing", "ModuleNotFoundError: No module named 'scipyy'"),
+        ("dist-wrong", "names a int, not a geograph.spec.MethodSpec"),
+        ("dist-taken", "method name 'ricci' is taken"),
+        ("dist-bad-name", "method name 'Bad Name' is not lower-case"),
+    ]:
+        (line,) = [line for line in lines if f"distribution {dist}:" in line]
+        assert reason in line, line
+    assert registry.get("wide").create(params={"k": 3}).k == 3

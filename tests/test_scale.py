@@ -9,7 +9,7 @@ import torch
 
 from conftest import require
 from geograph import CorpusGraph, DenseRetriever
-from geograph.functional.gain import (
+from geograph.geometry.gain import (
     candidate_cap,
     gain_bound,
     gain_density,
@@ -327,7 +327,7 @@ def test_refine_in_place_equals_the_copying_refine():
 
 @pytest.mark.parametrize("candidates", [None, 40])
 def test_gain_edges_are_in_csr_order_and_chunking_changes_nothing(monkeypatch, candidates):
-    import geograph.functional.gain as gain
+    import geograph.geometry.gain as gain
 
     z = torch.from_numpy(clustered(600, seed=9)).float()
     pen = torch.exp(-0.4 * gain_density(z))

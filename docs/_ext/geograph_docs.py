@@ -257,7 +257,10 @@ def method_params(name: str) -> str:
         where = "build" if p in spec.build_params else "module"
         rows.append([f"`{p.name}`", p.describe(), shown, where, p.doc])
     head = f"{{py:class}}`geograph.{spec.module.__name__}`"
-    twin = f", functional twin {{py:func}}`geograph.functional.{spec.functional.__name__}`" if spec.functional else ""
+    twin = ""
+    if spec.functional is not None:  # cited where it is exported: geograph.functional, else its own module
+        home = "geograph.functional" if spec.functional in spec.exports else spec.functional.__module__
+        twin = f", functional twin {{py:func}}`{home}.{spec.functional.__name__}`"
     return (
         f"{head}{twin} ({spec.kind}). The keys `geograph serve --param` and the benchmark configs accept:\n\n"
         + _table(["parameter", "accepted values", "default", "set on", "what it does"], rows)

@@ -18,7 +18,7 @@ from geograph._io import check_file_size, one_line, read_json, read_torch
 from geograph.artefacts.format import Device
 from geograph.artefacts.identity import CorpusFingerprint
 from geograph.artefacts.saved_graphs import Shape, valid_csr
-from geograph.functional.gain import csr
+from geograph.geometry.gain import csr
 
 if TYPE_CHECKING:
     from geograph.graphs._base import PassageGraph

@@ -21,7 +21,7 @@ from geograph.artefacts.identity import corpus_fingerprint, recorded_identity
 from geograph.knn.faiss_ivf import build_ivf_index, import_faiss
 
 if TYPE_CHECKING:
-    from geograph.retrievers.dense import DenseRetriever
+    from geograph.methods.dense.module import DenseRetriever
 
 __all__ = ["save_dense", "load_dense"]
 

@@ -41,7 +41,7 @@ from geograph.artefacts.format import (
     write_artefact,
 )
 from geograph.artefacts.identity import CorpusFingerprint, EncoderIdentity, corpus_fingerprint, recorded_identity
-from geograph.functional.gain import check_band
+from geograph.geometry.gain import check_band
 
 if TYPE_CHECKING:
     from geograph.graphs._base import PassageGraph

@@ -23,8 +23,8 @@ from geograph.bench.common import DEFAULT_DATA, time_calls, tuning_split, write_
 from geograph.console import format_table, make_parser
 from geograph.data import Encoder
 from geograph.evaluation import evaluate
-from geograph.functional.pagerank import personalized_pagerank
 from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.methods.iso.pagerank import personalized_pagerank
 from geograph.pipeline import run_ids as _run
 from geograph.retrievers import DenseRetriever, ISORetriever
 

@@ -126,7 +126,7 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
     ns = nq if args.sinkhorn_queries is None else min(args.sinkhorn_queries, nq)
     if ns:
         # the certificate statistics of the module's own flows, recorded during its kept-set pass
-        import geograph.functional.ricci as ricci_module  # where ricci_filtration looks ricci_flow up
+        import geograph.methods.ricci.functional as ricci_module  # where ricci_filtration looks ricci_flow up
 
         resolved, work = [], []
         flow_fn = ricci_module.ricci_flow

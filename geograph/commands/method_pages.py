@@ -21,8 +21,11 @@ from geograph.registry import METHODS, MethodSpec
 
 def page(spec: MethodSpec) -> str:
     """The Markdown page of ``spec``."""
-    cls = f"{spec.module.__module__.rsplit('.', 1)[0]}.{spec.module.__name__}"
-    twin = f", functional twin `{spec.functional.__module__}.{spec.functional.__name__}`" if spec.functional else ""
+    cls = f"geograph.{spec.kind}s.{spec.module.__name__}"  # every registered module is exported there
+    twin = ""
+    if spec.functional is not None:
+        home = "geograph.functional" if spec.functional in spec.exports else spec.functional.__module__
+        twin = f", functional twin `{home}.{spec.functional.__name__}`"
     lines = [f"# {spec.label} (`{spec.name}`)", "", f"A {spec.kind}: `{cls}`{twin}.", ""]
     lines.append(f"Paper: {spec.paper}." if spec.paper else "Paper: none (a baseline).")
     if spec.about:

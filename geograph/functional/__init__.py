@@ -1,13 +1,27 @@
-"""Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA."""
+"""Pure tensor functions: no state, batched ``(B, ...)``, masked, CPU or CUDA.
 
-from geograph.functional.g3 import g3_diffuse, g3_retrieve, g3_top_up
-from geograph.functional.gain import gain_density, gain_transition
-from geograph.functional.iso import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
-from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
-from geograph.functional.maniscope import maniscope_scores
-from geograph.functional.pagerank import personalized_pagerank
-from geograph.functional.ricci import ricci_filtration, ricci_surgery
-from geograph.ops.adjacency import csr_row_slots, knn_from_similarity, knn_graph, masked_percentile, query_graph
+The public facade over the engines (:mod:`geograph.knn`, :mod:`geograph.transport`), the shared
+ops (:mod:`geograph.ops`), the corpus-graph geometry (:mod:`geograph.geometry`) and the methods'
+math: each registered method's ``exports`` (its functional twin and helpers, e.g.
+``maniscope_scores``) are read from the method registry on first use, so a method folder or an
+installed plugin adds its functions here without an edit.
+"""
+
+from typing import Any
+
+from geograph import registry
+from geograph.geometry.gain import gain_density, gain_density_info, gain_edges, gain_transition, gain_transition_edges
+from geograph.geometry.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
+from geograph.knn.allpairs import tiled_pairs, tiled_topk
+from geograph.ops.adjacency import (
+    clean_edge_index,
+    csr_row_slots,
+    csr_rowptr,
+    knn_from_similarity,
+    knn_graph,
+    masked_percentile,
+    query_graph,
+)
 from geograph.ops.paths import shortest_paths, single_source_shortest_paths
 from geograph.ops.ranking_metrics import (
     hit_all_at_k,
@@ -22,9 +36,10 @@ from geograph.transport._numba.runtime import cache_info as numba_cache_info
 from geograph.transport._numba.runtime import warmup
 from geograph.transport.curvature import lazy_measures, ollivier_ricci
 from geograph.transport.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
-from geograph.transport.solvers import SinkhornOutput, sinkhorn
+from geograph.transport.solvers import SinkhornOutput, TransportBounds, emd, sinkhorn, transport_bounds
 
-__all__ = [
+# the names every release has exported; the methods' names are added from the registry (``__getattr__``)
+_STATIC = [
     "cosine_similarity",
     "normalize",
     "unit_rows",
@@ -34,7 +49,6 @@ __all__ = [
     "masked_percentile",
     "shortest_paths",
     "single_source_shortest_paths",
-    "maniscope_scores",
     "sinkhorn",
     "SinkhornOutput",
     "lazy_measures",
@@ -45,7 +59,6 @@ __all__ = [
     "SimplexStats",
     "isoperimetric_ratio",
     "compatible_edges",
-    "personalized_pagerank",
     "gain_density",
     "gain_transition",
     "recall_at_k",
@@ -56,27 +69,13 @@ __all__ = [
     "hit_answer_at_k",
     "warmup",
     "numba_cache_info",
-    "ricci_filtration",
-    "ricci_surgery",
-    "iso_retrieve",
-    "iso_local_subgraph",
-    "iso_personalization",
-    "iso_fusion",
-    "g3_retrieve",
-    "g3_diffuse",
-    "g3_top_up",
     "conformal_volume",
     "minmax_normalize",
     "csr_row_slots",
 ]
 
 # The helpers other docstrings and docs/architecture.md cite as ``geograph.functional.*``.
-from geograph.functional.gain import gain_density_info, gain_edges, gain_transition_edges
-from geograph.knn.allpairs import tiled_pairs, tiled_topk
-from geograph.ops.adjacency import clean_edge_index, csr_rowptr
-from geograph.transport.solvers import TransportBounds, emd, transport_bounds
-
-__all__ += [
+_STATIC += [
     "emd",
     "transport_bounds",
     "TransportBounds",
@@ -88,3 +87,24 @@ __all__ += [
     "tiled_pairs",
     "tiled_topk",
 ]
+
+
+def _method_exports() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for spec in registry.METHODS.values():  # the first registered of two same-named functions is exported
+        for obj in spec.exports:
+            found.setdefault(obj.__name__, obj)
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        return _STATIC + [n for n in _method_exports() if n not in _STATIC]
+    exports = _method_exports()
+    if name in exports:
+        return exports[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_method_exports()))

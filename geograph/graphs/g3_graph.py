@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.functional.gain import (
+from geograph.geometry.gain import (
     _unit,
     candidate_cap,
     check_band,

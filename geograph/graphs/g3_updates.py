@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from geograph.functional.gain import _unit, candidate_cap, gain_transition_edges
+from geograph.geometry.gain import _unit, candidate_cap, gain_transition_edges
 from geograph.graphs.updates import check_new_rows, mapped_lists, passage_ids
 from geograph.knn.allpairs import DEFAULT_BLOCK, Score, tiled_pairs
 from geograph.knn.update import TopkLists, lists_add, lists_remove

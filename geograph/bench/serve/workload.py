@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+from geograph import registry
+
 KINDS = ("retrieve_text", "retrieve_vector", "rerank_texts", "rerank_ids")
 
 
@@ -16,7 +18,7 @@ class Workload:
         self.words = " ".join(self.passages).split()
         self.rng = random.Random(seed)
         self.method, self.candidates = method, min(candidates, len(self.ids))
-        self.reranker = method in ("maniscope", "ricci")
+        self.reranker = method in registry.RERANKERS
         self.serial = 0
 
     def text(self) -> str:

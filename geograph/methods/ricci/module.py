@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from geograph.functional.ricci import check_ricci_options, ricci_filtration
+from geograph.methods.ricci.functional import check_ricci_options, ricci_filtration
 from geograph.outputs import RerankOutput
 from geograph.transport.curvature import resolve_solver
 

@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from geograph.functional.g3 import _retrieve, check_g3_options
 from geograph.graphs.g3_graph import DEFAULT_MAX_DEGREE, G3Graph
 from geograph.graphs.g3_updates import G3UpdateReport
 from geograph.graphs.updates import PassageId, passage_ids
+from geograph.methods.dense.module import DenseRetriever
+from geograph.methods.g3.functional import _retrieve, check_g3_options
 from geograph.outputs import RetrievalOutput
-from geograph.retrievers.dense import DenseRetriever
 
 __all__ = ["G3Retriever"]
 

@@ -15,8 +15,8 @@ from geograph._checks import (
     check_tensor,
     check_unit_interval,
 )
-from geograph.functional.pagerank import personalized_pagerank
 from geograph.knn.allpairs import tiled_topk
+from geograph.methods.iso.pagerank import personalized_pagerank
 from geograph.ops.adjacency import csr_row_slots
 from geograph.ops.similarity import minmax_normalize, normalize
 from geograph.outputs import LocalSubgraph, RetrievalOutput, topk_by_key, topk_stable

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from geograph.functional.isoperimetric import compatible_edges, isoperimetric_ratio
+from geograph.geometry.isoperimetric import compatible_edges, isoperimetric_ratio
 from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, passage_ids
-from geograph.retrievers.dense import DenseRetriever
+from geograph.methods.dense.module import DenseRetriever
 
 if TYPE_CHECKING:
-    from geograph.retrievers.iso import ISORetriever
+    from geograph.methods.iso.module import ISORetriever
 
 __all__ = ["iso_add", "iso_remove", "affected_phi_rows"]
 

@@ -23,9 +23,9 @@ from geograph.knn.policy import (
     default_nlist,
     resolve_index,
 )
+from geograph.methods.dense.updates import dense_add, dense_remove, labels_to_rows
 from geograph.ops.similarity import normalize, unit_rows
 from geograph.outputs import RetrievalOutput
-from geograph.retrievers.dense_updates import dense_add, dense_remove, labels_to_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -267,7 +267,7 @@ class DenseRetriever(nn.Module):
         """Add passages in place (appended in order; ``ids``: one new ``str`` or ``int`` id a row; a
         corpus built without ids names its passages ``0 .. V-1``). Exact: the same module as one
         built on the new corpus. IVF: a built index keeps its cells and takes the new vectors
-        (see :mod:`geograph.retrievers.dense_updates`)."""
+        (see :mod:`geograph.methods.dense.updates`)."""
         return dense_add(self, embeddings, ids)
 
     def remove(self, ids: Iterable[PassageId] | PassageId) -> UpdateReport:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from geograph._checks import check_bool, check_positive_int, check_unit_interval
-from geograph.functional.maniscope import maniscope_scores
+from geograph.methods.maniscope.functional import maniscope_scores
 from geograph.outputs import RerankOutput, order_by_score
 
 

@@ -21,7 +21,7 @@ from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, pas
 from geograph.ops.similarity import normalize
 
 if TYPE_CHECKING:
-    from geograph.retrievers.dense import DenseRetriever
+    from geograph.methods.dense.module import DenseRetriever
 
 __all__ = ["dense_add", "dense_remove", "labels_to_rows"]
 

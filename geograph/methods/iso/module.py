@@ -8,20 +8,20 @@ from typing import Any, TypedDict, cast
 import torch
 from torch import Tensor, nn
 
-from geograph.functional.iso import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
-from geograph.functional.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
+from geograph.geometry.isoperimetric import compatible_edges, conformal_volume, isoperimetric_ratio
 from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.graphs.updates import PassageId, UpdateReport
+from geograph.methods.dense.module import DenseRetriever
+from geograph.methods.iso.functional import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
+from geograph.methods.iso.updates import iso_add, iso_remove
 from geograph.outputs import LocalSubgraph, RetrievalOutput
 from geograph.projection import IdentityPoincare
-from geograph.retrievers.dense import DenseRetriever
-from geograph.retrievers.iso_updates import iso_add, iso_remove
 
 __all__ = ["ISORetriever", "LocalSubgraph"]
 
 
 class _LocalOptions(TypedDict):
-    """The options of :func:`~geograph.functional.iso._local_subgraph` an :class:`ISORetriever` holds."""
+    """The options of :func:`~geograph.methods.iso.functional._local_subgraph` an :class:`ISORetriever` holds."""
 
     max_degree: int
     m: int
@@ -227,7 +227,7 @@ class ISORetriever(nn.Module):
     @torch.no_grad()
     def add(self, embeddings: Tensor, ids: Sequence[PassageId], **kwargs: Any) -> UpdateReport:
         """Add passages to the graph in place (:meth:`CorpusGraph.add`, ``kwargs`` passed on) and
-        recompute ``phi`` only where it can change (see :mod:`geograph.retrievers.iso_updates`):
+        recompute ``phi`` only where it can change (see :mod:`geograph.methods.iso.updates`):
         the same ``phi``, kept edges and answers as a retriever built on the updated graph.
         The projection is applied to the new passages only."""
         return iso_add(self, embeddings, ids, **kwargs)

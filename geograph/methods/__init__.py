@@ -1,0 +1,10 @@
+"""The built-in methods, one folder each.
+
+A folder holds everything of one method: ``functional.py`` (its functional twin, the pure tensor
+math), ``module.py`` (its :class:`~torch.nn.Module`), ``spec.py`` (its :class:`~geograph.spec.MethodSpec`
+named ``SPEC``: parameters and bounds, how it is built, score range, warm-up, bench reference and the
+hand-written part of its page), ``updates.py`` where its corpus can be updated in place, and any
+further math of its own. :mod:`geograph.registry` lists the folders of this package and reads each
+``spec.SPEC``; an installed distribution adds a method the same way through the ``geograph.methods``
+entry-point group (``docs/guide/adding-a-method.md``).
+"""

@@ -1,0 +1,1 @@
+"""G3RAG: its math, its module, its registry entry (``spec.SPEC``)."""

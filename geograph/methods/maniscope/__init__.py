@@ -1,0 +1,1 @@
+"""Maniscope: its math, its module, its registry entry (``spec.SPEC``)."""

@@ -1,0 +1,1 @@
+"""Ricci-Filtration: its math, its module, its registry entry (``spec.SPEC``)."""

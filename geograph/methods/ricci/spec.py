@@ -1,0 +1,65 @@
+"""The registry entry of Ricci-Filtration: its parameters and bounds, how it is built, its score range, its
+bench reference and the hand-written part of its page (``docs/methods/ricci.md``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from geograph.methods.ricci.functional import ricci_filtration, ricci_surgery
+from geograph.methods.ricci.module import RicciFiltration
+from geograph.spec import POS_INT, UNIT, MethodSpec, Param
+
+
+def _build_ricci(
+    corpus: Tensor | None, params: Mapping[str, Any], graph: nn.Module | None, projection: nn.Module | None
+) -> nn.Module:
+    return RicciFiltration(**params)
+
+
+def _cosine_range(model: nn.Module) -> tuple[float, float]:
+    return -1.0, 1.0
+
+
+SPEC = MethodSpec(
+    name="ricci",
+    label="Ricci-Filtration",
+    kind="reranker",
+    module=RicciFiltration,
+    functional=ricci_filtration,
+    paper="Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to Query-Answer Tasks by "
+    "Discrete Ricci Flow, arXiv:2606.15482",
+    params=(
+        Param("percentile", float, low=0.0, high=100.0, doc="percentile of 1 - cos above which pairs are edges"),
+        Param("alpha", float, **UNIT, doc="the lazy measures' mass kept at the node"),
+        Param("exp_power", float, doc="p in exp(-w^p) of the neighbours' mass"),
+        Param("iterations", int, **POS_INT, doc="steps of the normalised Ricci flow"),
+        Param("step", float, low=0.0, high=1.0, low_open=True, doc="step size of the flow"),
+        Param("delta", float, low=0.0, doc="a graph stops once max kappa - min kappa < delta"),
+        Param("eta", float, low=0.0, doc="the surgery keeps a candidate iff its query edge <= eta"),
+        Param("solver", str, choices=("auto", "exact", "sinkhorn"), doc="W1 solver"),
+        Param("reg", float, low=0.0, low_open=True, doc="Sinkhorn's entropic regularisation"),
+        Param("cert_tol", float, low=0.0, optional=True, doc="Sinkhorn edges above this bound are re-solved"),
+    ),
+    not_params=("scorer",),
+    build=_build_ricci,
+    warmup=("numba",),
+    score_range=_cosine_range,
+    reference="geograph.bench.reference:ricci_ranker_reference",
+    reference_name="GraphRicciCurvature 0.6.1",
+    about="""Drops candidates whose query edge is stretched by the normalised discrete Ricci flow. Graph per
+query: the query and its candidates, `r_ij = 1 - cos`, an edge where `r_ij` is at or above the
+`percentile`-th percentile (query edges forced). Ollivier-Ricci curvature with lazy measures
+(`alpha`, `exp_power`), then `iterations` flow steps
+
+    w <- w - step * kappa * w,   rescaled to mean length 1,
+
+stopping once `max kappa - min kappa < delta`; a candidate is kept iff its final query-edge length
+is at most `eta`. Kept candidates are ordered by cosine (scores in `[-1, 1]`, relevance
+`(cos + 1) / 2`); the dropped ones are listed apart (`RankedResults.dropped`).""",
+    example='ranked = geograph.Ranker("ricci").rank(query, documents)  # ranked.dropped: the positions it removed',
+    exports=(ricci_filtration, ricci_surgery),
+    order=1,
+)
