@@ -4,10 +4,16 @@ G3RAG, dense) over the batched modules, configured by the method registry.
 A :class:`Ranker` embeds a query and its documents (or takes their embeddings), runs the
 reranker once for a whole batch of queries (padded, masked) and returns the documents best
 first, each with the method's score and its relevance in [0, 1] (the registry's mapping of the
-method's score range, the one the server's ``/v1`` and ``/v2/rerank`` answer with).
+method's score range, the one the server's ``/v1`` and ``/v2/rerank`` answer with), and the
+document's ``id`` and ``meta`` when the caller gave ``doc_ids`` / ``metadata`` (as ``rerankers``
+and FlashRank pass them through).
 Ricci-Filtration may drop documents: they are listed apart, in input order, not ranked.
 A :class:`Retriever` embeds a corpus once, builds the method's corpus structure (a k-NN graph for
 ISO-RAG, the gain graph for G3RAG) and retrieves passages for query texts.
+
+Both have coroutine twins for asyncio callers (:meth:`Ranker.arank`, :meth:`Ranker.arank_batch`,
+:meth:`Retriever.aretrieve`, :meth:`Retriever.aretrieve_batch`): the same call in a worker thread
+(:func:`asyncio.to_thread`), so the event loop goes on serving while the encoder and the module run.
 
 Example:
     >>> from geograph import Ranker, Retriever
@@ -23,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,12 +53,16 @@ class RankedResult:
         score: the method's score (Maniscope's mixed score, Ricci-Filtration's cosine).
         relevance: ``score`` mapped from the method's score range onto [0, 1].
         text: the document's text (``None`` when it was given as an embedding).
+        id: the document's id from ``doc_ids`` (``None`` when none were given).
+        meta: the document's entry of ``metadata`` (``None`` when none was given).
     """
 
     index: int
     score: float
     relevance: float
     text: str | None = None
+    id: Any = None
+    meta: Any = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,10 @@ class RankedResults:
     @property
     def texts(self) -> list[str | None]:
         return [r.text for r in self.results]
+
+    @property
+    def ids(self) -> list[Any]:
+        return [r.id for r in self.results]
 
 
 @dataclass(frozen=True)
@@ -136,6 +151,29 @@ def _spec(method: Any, params: Mapping[str, Any], kind: str) -> tuple[MethodSpec
     return spec, module
 
 
+def _per_document(values: Any, n: int, what: str) -> list[Any]:
+    """``values`` (``None``, or one entry per document) as a list of ``n`` entries; one line naming
+    ``what`` when it is not a list of that length."""
+    if values is None:
+        return [None] * n
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise ValueError(f"{what} must be a list with one entry per document, got {type(values).__name__}")
+    if len(values) != n:
+        raise ValueError(f"{what}: {len(values)} entries for {n} documents")
+    return list(values)
+
+
+def _per_query(values: Any, sizes: list[int], what: str) -> list[list[Any]]:
+    """``values`` (``None``, or one list per query) as per-query lists matching ``sizes``."""
+    if values is None:
+        return [[None] * n for n in sizes]
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise ValueError(f"{what} must be a list with one list per query, got {type(values).__name__}")
+    if len(values) != len(sizes):
+        raise ValueError(f"{what}: {len(values)} lists for {len(sizes)} queries")
+    return [_per_document(v, n, f"{what}[{i}]") for i, (v, n) in enumerate(zip(values, sizes))]
+
+
 def _embed_rows(encoder: LazyEncoder, groups: list[tuple[list[str | None], list[Tensor | None]]], query: bool):
     """Fill every text position of ``groups`` with its embedding, all texts in one encoder call."""
     texts = [t for ts, _ in groups for t in ts if t is not None]
@@ -190,7 +228,14 @@ class Ranker:
         self.module.to(self.device)
         return self
 
-    def rank(self, query: Any, documents: Any, top_k: int | None = None) -> RankedResults:
+    def rank(
+        self,
+        query: Any,
+        documents: Any,
+        top_k: int | None = None,
+        doc_ids: Sequence[Any] | None = None,
+        metadata: Sequence[Any] | None = None,
+    ) -> RankedResults:
         """The ``documents`` for ``query``, best first.
 
         Args:
@@ -198,22 +243,88 @@ class Ranker:
             documents: texts, embeddings (a ``(N, D)`` tensor or ndarray), or a list mixing texts
                 and ``(D,)`` embeddings.
             top_k: return at most this many (``None``: every document the method keeps).
-        """
-        return self.rank_batch([query], [documents], top_k=top_k)[0]
+            doc_ids: one id per document (any values), returned as each result's ``id``.
+            metadata: one entry per document (a dict, say), returned as each result's ``meta``.
 
-    def rank_batch(self, queries: Any, documents: Sequence[Any], top_k: int | None = None) -> list[RankedResults]:
+        Example:
+            >>> import torch
+            >>> q, docs = torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 1.0], [1.0, 0.1], [0.6, 0.8]])
+            >>> ranked = Ranker("maniscope", k=2).rank(q, docs, doc_ids=["a", "b", "c"], metadata=[{}, {"p": 2}, {}])
+            >>> ranked.ids, ranked[0].meta
+            (['b', 'c', 'a'], {'p': 2})
+        """
+        ids = None if doc_ids is None else [doc_ids]
+        meta = None if metadata is None else [metadata]
+        return self._rank_batch([query], [documents], top_k, ids, meta, single=True)[0]
+
+    def rank_batch(
+        self,
+        queries: Any,
+        documents: Sequence[Any],
+        top_k: int | None = None,
+        doc_ids: Sequence[Sequence[Any] | None] | None = None,
+        metadata: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[RankedResults]:
         """:meth:`rank` for ``B`` queries in one module call (padded to the longest list, masked).
 
         Args:
             queries: ``B`` texts or embeddings (or a ``(B, D)`` tensor).
             documents: ``B`` lists of documents (each as :meth:`rank` takes them).
             top_k: as in :meth:`rank`, for every query.
+            doc_ids: ``B`` lists of ids, one per document of the query's list (an entry may be ``None``).
+            metadata: ``B`` lists of metadata entries, as ``doc_ids``.
         """
+        return self._rank_batch(queries, documents, top_k, doc_ids, metadata)
+
+    async def arank(
+        self,
+        query: Any,
+        documents: Any,
+        top_k: int | None = None,
+        doc_ids: Sequence[Any] | None = None,
+        metadata: Sequence[Any] | None = None,
+    ) -> RankedResults:
+        """:meth:`rank` for asyncio callers: runs in a worker thread, the event loop is not blocked.
+
+        Example:
+            >>> import asyncio, torch
+            >>> q, docs = torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 1.0], [1.0, 0.1]])
+            >>> asyncio.run(Ranker("maniscope", k=1).arank(q, docs)).indices
+            [1, 0]
+        """
+        return await asyncio.to_thread(self.rank, query, documents, top_k, doc_ids, metadata)
+
+    async def arank_batch(
+        self,
+        queries: Any,
+        documents: Sequence[Any],
+        top_k: int | None = None,
+        doc_ids: Sequence[Sequence[Any] | None] | None = None,
+        metadata: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[RankedResults]:
+        """:meth:`rank_batch` for asyncio callers (one module call in a worker thread)."""
+        return await asyncio.to_thread(self.rank_batch, queries, documents, top_k, doc_ids, metadata)
+
+    def _rank_batch(
+        self,
+        queries: Any,
+        documents: Sequence[Any],
+        top_k: int | None,
+        doc_ids: Any,
+        metadata: Any,
+        single: bool = False,
+    ) -> list[RankedResults]:
         check_top(top_k, "top_k")
         q_texts, q_vecs = as_rows(queries, "queries")
         if len(documents) != len(q_texts):
             raise ValueError(f"documents has {len(documents)} lists for {len(q_texts)} queries")
-        groups = [as_rows(d, f"documents[{i}]") for i, d in enumerate(documents)]
+        groups = [as_rows(d, "documents" if single else f"documents[{i}]") for i, d in enumerate(documents)]
+        sizes = [len(ts) for ts, _ in groups]
+        if single:  # rank(): the lists' names without an index
+            ids = [_per_document(None if doc_ids is None else doc_ids[0], sizes[0], "doc_ids")]
+            metas = [_per_document(None if metadata is None else metadata[0], sizes[0], "metadata")]
+        else:
+            ids, metas = _per_query(doc_ids, sizes, "doc_ids"), _per_query(metadata, sizes, "metadata")
         [qv] = _embed_rows(self.encoder, [(q_texts, q_vecs)], query=True)
         dv = _embed_rows(self.encoder, groups, query=False)
         rows = [i for i, vs in enumerate(dv) if vs]
@@ -235,7 +346,10 @@ class Ranker:
         for b, i in enumerate(rows):
             n, texts = len(dv[i]), groups[i][0]
             kept = [j for j in order[b, :n].tolist() if keep[b, j]]
-            results = tuple(RankedResult(j, float(scores[b, j]), float(rel[b, j]), texts[j]) for j in kept[:top_k])
+            results = tuple(
+                RankedResult(j, float(scores[b, j]), float(rel[b, j]), texts[j], ids[i][j], metas[i][j])
+                for j in kept[:top_k]
+            )
             out[i] = RankedResults(results, tuple(j for j in range(n) if not keep[b, j]))
         return out
 
@@ -326,6 +440,14 @@ class Retriever:
     def retrieve(self, query: Any, k: int = 10) -> RetrievedPassages:
         """The ``k`` best passages for ``query`` (a text or an embedding ``(D,)``)."""
         return self.retrieve_batch([query], k)[0]
+
+    async def aretrieve(self, query: Any, k: int = 10) -> RetrievedPassages:
+        """:meth:`retrieve` for asyncio callers: runs in a worker thread, the event loop is not blocked."""
+        return await asyncio.to_thread(self.retrieve, query, k)
+
+    async def aretrieve_batch(self, queries: Any, k: int = 10) -> list[RetrievedPassages]:
+        """:meth:`retrieve_batch` for asyncio callers (one module call in a worker thread)."""
+        return await asyncio.to_thread(self.retrieve_batch, queries, k)
 
     def retrieve_batch(self, queries: Any, k: int = 10) -> list[RetrievedPassages]:
         """:meth:`retrieve` for ``B`` queries (texts or embeddings, or a ``(B, D)`` tensor) in one module call."""

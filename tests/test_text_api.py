@@ -138,7 +138,7 @@ def test_bad_input_one_line():
         Ranker("maniscope").rank(CORPUS[0], torch.ones(4, 3))
     with pytest.raises(ValueError, match="documents has 1 lists for 2 queries"):
         Ranker("maniscope").rank_batch(CORPUS[:2], [CORPUS[:4]])
-    with pytest.raises(ValueError, match="documents\\[0\\]\\[1\\] must be a text or a 1-D embedding"):
+    with pytest.raises(ValueError, match="documents\\[1\\] must be a text or a 1-D embedding"):
         Ranker("maniscope").rank(CORPUS[0], ["a", {"text": "b"}])
     with pytest.raises(ValueError, match="single string"):
         Ranker("maniscope").rank("q", "one document")
@@ -177,3 +177,128 @@ def test_defaults_as_the_docs_show():
     want = G3Retriever(enc.encode(texts), candidates=4)(enc.encode(["Which river flows through Paris?"]), 2)
     assert got.indices == want.indices[0].tolist() and got.texts == [texts[j] for j in got.indices]
     assert np.isfinite([r.score for r in got]).all()
+
+
+@pytest.mark.parametrize("name", RERANKERS)
+def test_ids_and_metadata_follow_their_documents(name):
+    """``doc_ids`` / ``metadata`` come back on each result, whatever the order; ``None`` when not given."""
+    q, docs = lists(3)
+    ranker = Ranker(name, **PARAMS.get(name, {}))
+    ids = [[f"q{i}-d{j}" for j in range(len(d))] for i, d in enumerate(docs)]
+    metas = [[{"row": j, "query": i} for j in range(len(d))] for i, d in enumerate(docs)]
+    batch = ranker.rank_batch(q, docs, doc_ids=ids, metadata=metas)
+    for i in range(3):
+        plain = ranker.rank(q[i], docs[i])
+        got = ranker.rank(q[i], docs[i], top_k=4, doc_ids=ids[i], metadata=metas[i])
+        assert got.indices == plain.indices[:4] and got.dropped == plain.dropped
+        assert [r.id for r in got] == [ids[i][j] for j in got.indices] == got.ids
+        assert [r.meta for r in got] == [metas[i][j] for j in got.indices]
+        assert batch[i].ids == [ids[i][j] for j in batch[i].indices]
+        assert [r.meta for r in batch[i]] == [{"row": j, "query": i} for j in batch[i].indices]
+        assert all(r.id is None and r.meta is None for r in plain)
+    # ids of any type (ints, as rerankers takes), metadata for some queries only
+    some = ranker.rank_batch(q, docs, doc_ids=[list(range(len(docs[0]))), None, None])
+    assert some[0].ids == some[0].indices and some[1].ids == [None] * len(some[1])
+
+
+def test_ids_and_metadata_of_the_wrong_length_one_line():
+    ranker = Ranker("maniscope")
+    with pytest.raises(ValueError, match=r"^doc_ids: 2 entries for 3 documents$"):
+        ranker.rank(CORPUS[0], CORPUS[:3], doc_ids=["a", "b"])
+    with pytest.raises(ValueError, match=r"^metadata: 4 entries for 3 documents$"):
+        ranker.rank(CORPUS[0], CORPUS[:3], metadata=[{}] * 4)
+    with pytest.raises(ValueError, match=r"^doc_ids must be a list with one entry per document, got str$"):
+        ranker.rank(CORPUS[0], CORPUS[:3], doc_ids="abc")
+    with pytest.raises(ValueError, match=r"^doc_ids: 1 lists for 2 queries$"):
+        ranker.rank_batch(CORPUS[:2], [CORPUS[:3], CORPUS[3:5]], doc_ids=[["a", "b", "c"]])
+    with pytest.raises(ValueError, match=r"^metadata\[1\]: 3 entries for 2 documents$"):
+        ranker.rank_batch(CORPUS[:2], [CORPUS[:3], CORPUS[3:5]], metadata=[None, [{}, {}, {}]])
+
+
+async def _ticking(coro):
+    """``coro``'s result and how often a concurrent task ran meanwhile (advanced while ``coro`` was pending)."""
+    import asyncio
+
+    ticks = 0
+    done = asyncio.Event()
+
+    async def tick():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)  # the ticker is running before the call starts
+    start = ticks
+    try:
+        out = await coro
+    finally:
+        done.set()
+        await ticker
+    return out, ticks - start
+
+
+def test_async_rank_leaves_the_event_loop_free():
+    """While ``await arank(...)`` runs (the encoder made slow), another coroutine goes on ticking;
+    the answers equal :meth:`rank`'s."""
+    import asyncio
+    import threading
+    import time
+
+    entered = threading.Event()
+
+    def slow_encoder(texts):  # blocks its thread; the loop must not be that thread
+        entered.set()
+        time.sleep(0.3)
+        return CORPUS[[int(t.split()[1]) for t in texts]]
+
+    ranker = Ranker("maniscope", encoder=slow_encoder, k=3)
+    texts = [TEXTS[j] for j in (4, 9, 20, 33, 41)]
+    ids, metas = list("abcde"), [{"n": j} for j in range(5)]
+    want = ranker.rank("passage 1", texts, top_k=3, doc_ids=ids, metadata=metas)
+    want_batch = ranker.rank_batch(["passage 1", "passage 2"], [texts, texts[:3]])
+
+    async def main():
+        got, ticks = await _ticking(ranker.arank("passage 1", texts, top_k=3, doc_ids=ids, metadata=metas))
+        batch, batch_ticks = await _ticking(ranker.arank_batch(["passage 1", "passage 2"], [texts, texts[:3]]))
+        return got, ticks, batch, batch_ticks
+
+    got, ticks, batch, batch_ticks = asyncio.run(main())
+    assert entered.is_set() and got == want and batch == want_batch
+    assert ticks > 10 and batch_ticks > 10, (ticks, batch_ticks)  # a blocking call lets it tick 0 times
+
+
+def test_async_retrieve_leaves_the_event_loop_free():
+    import asyncio
+    import time
+
+    def slow_encoder(texts):
+        time.sleep(0.3)
+        return CORPUS[[int(t.split()[1]) for t in texts]]
+
+    retriever = Retriever("dense", corpus=TEXTS, embeddings=CORPUS, encoder=slow_encoder)
+    want = retriever.retrieve("passage 7", k=3)
+    want_batch = retriever.retrieve_batch(["passage 7", "passage 8"], k=3)
+
+    async def main():
+        got, ticks = await _ticking(retriever.aretrieve("passage 7", k=3))
+        batch, batch_ticks = await _ticking(retriever.aretrieve_batch(["passage 7", "passage 8"], k=3))
+        return got, ticks, batch, batch_ticks
+
+    got, ticks, batch, batch_ticks = asyncio.run(main())
+    assert got == want and batch == want_batch and ticks > 10 and batch_ticks > 10
+
+
+def test_async_rank_from_many_coroutines_at_once():
+    """Eight concurrent ``arank`` calls (eight worker threads, one module) answer as ``rank`` does."""
+    import asyncio
+
+    q, docs = lists(8)
+    ranker = Ranker("maniscope", k=3)
+    want = [ranker.rank(q[i], docs[i]) for i in range(8)]
+
+    async def main():
+        return await asyncio.gather(*(ranker.arank(q[i], docs[i]) for i in range(8)))
+
+    assert asyncio.run(main()) == want
