@@ -65,7 +65,7 @@ def dense_candidate_set(data: str | None, split: str, cache: str | None, m: int)
 
     dataset = load_beir(resolve_data(data, "scifact"), split)
     print(f"{dataset}: embedding (cached)", flush=True)
-    corpus, query = embed(dataset, Encoder(cache=cache, progress=True))
+    corpus, query = embed(dataset, Encoder(cache=cache))
     return dataset, dense_candidates(corpus, query, m)
 
 

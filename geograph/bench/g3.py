@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{n:9d}{o['seconds']:10.1f}{o['peak_mb']:10.0f}{'--':>10}{'--':>10}{'--':>10}   {d['skipped']}")
 
     results = {}
-    encoder = Encoder(cache=args.cache, progress=True) if args.datasets else None
+    encoder = Encoder(cache=args.cache) if args.datasets else None
     for name in args.datasets:
         print(f"\n[{name}] tuning beta x band ({len(BETAS) * len(BANDS)} graphs) ...", flush=True)
         results[name] = quality(name, f"{args.data_root}/{name}", encoder)

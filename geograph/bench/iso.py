@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
 
-    encoder = Encoder(cache=args.cache, progress=True)
+    encoder = Encoder(cache=args.cache)
     results = {}
     for name in args.datasets:
         sp = tuning_split(name, f"{args.data_root}/{name}", encoder)

@@ -10,12 +10,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from geograph.commands import checked_encoder_options
 from geograph.console import (
     UsageError,
     add_encoder_options,
     add_ray_options,
     check_ray_options,
-    encoder_options,
     make_parser,
 )
 from geograph.data import corpus_path
@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Build and save the graph that the parsed arguments describe; the exit status."""
     from geograph.data import BEIRError, Encoder, load_beir, load_corpus
+    from geograph.data.cache import show_progress
 
     try:
         if not Path(args.data).exists():
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             dataset = load_corpus(args.data) if args.split is None else load_beir(args.data, args.split)
         except BEIRError as e:
             raise UsageError(f"--{'split' if e.argument == 'split' else 'data'}: {e}") from None
-        options = encoder_options(args)
+        options = checked_encoder_options(args)
         if args.ray is not None and args.passage_prefix:
             raise UsageError("--passage-prefix is not supported with --ray")
         n = len(dataset.doc_ids)
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                     f"encoded by {args.concurrency} actors ({report.seconds:.1f} s)",
                     flush=True,
                 )
-        encoder = Encoder(cache=args.cache, progress=True, batch_size=args.batch_size, **options)
+        encoder = Encoder(cache=args.cache, batch_size=args.batch_size, **options)
         emb = encoder.encode_passages(dataset.passages())
         seconds["embedding"] = time.perf_counter() - start
         ivf = dict(
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             nlist=args.nlist,
             nprobe=args.nprobe,
             sample=args.sample,
-            progress=True,
+            progress=show_progress(None),  # on a terminal only
             recall_target=args.recall_target,
         )
         try:

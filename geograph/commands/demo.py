@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from geograph.console import UsageError, add_encoder_options, encoder_options, format_table, make_parser
+from geograph.commands import checked_encoder_options
+from geograph.console import UsageError, add_encoder_options, format_table, make_parser
 from geograph.data import BEIRError, Dataset, Encoder, corpus_path, load_beir, load_demo
 from geograph.evaluation import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
@@ -372,11 +373,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         dataset = load(args)
         validate(args, dataset)
-        options = encoder_options(args)
+        options = checked_encoder_options(args)
     except UsageError as e:
         return e.exit(PROG)
 
-    encoder = Encoder(cache=args.cache, progress=True, **options)
+    encoder = Encoder(cache=args.cache, **options)
     todo = missing_embeddings(dataset, encoder)
     total = len(dataset.doc_ids) + len(dataset.queries)
     if todo:

@@ -8,12 +8,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from geograph.commands import checked_encoder_options
 from geograph.console import (
     UsageError,
     add_encoder_options,
     add_ray_options,
     check_ray_options,
-    encoder_options,
     make_parser,
 )
 from geograph.data import corpus_path
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_ray_options(args)
-        options = encoder_options(args)
+        options = checked_encoder_options(args)
         if args.ray is not None and (args.passage_prefix or args.query_prefix):
             raise UsageError("--passage-prefix and --query-prefix are not supported with --ray")
         if args.rows_per_shard < 1:
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.concurrency} actors into {report.shards} shards of {report.cache} ({report.seconds:.1f} s)"
         )
         return 0
-    encoder = Encoder(cache=args.cache, batch_size=args.batch_size, progress=True, **options)
+    encoder = Encoder(cache=args.cache, batch_size=args.batch_size, **options)
     passages = [encoder.passage_prefix + p for p in passages]
     _, missing = encoder.cache.get(passages)
     encoder.encode(passages)

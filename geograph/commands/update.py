@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from geograph.console import UsageError, add_encoder_options, encoder_options, make_parser
+from geograph.commands import checked_encoder_options
+from geograph.console import UsageError, add_encoder_options, make_parser
 from geograph.data import corpus_path
 
 PROG = "geograph update"
@@ -147,13 +148,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--out: {out} is a file; give a folder to write the graph into")
         if out.is_dir() and saved_kind(out) is None and any(out.iterdir()):  # replaced whole: only a graph
             raise UsageError(f"--out: {out} is a folder that holds no saved graph; give a new folder or a graph")
-        options = encoder_options(args)
+        options = checked_encoder_options(args)
     except UsageError as e:
         return e.exit(PROG)
 
     from geograph.graphs import CorpusGraph, G3Graph
 
-    encoder = Encoder(cache=args.cache, progress=True, **options)
+    encoder = Encoder(cache=args.cache, **options)
     try:
         graph = (CorpusGraph if kind == "CorpusGraph" else G3Graph).from_pretrained(args.graph, encoder=encoder)
     except ArtefactMismatch as e:  # another encoder, prefixes or format

@@ -3,7 +3,15 @@
 from pathlib import Path
 
 from geograph.data.beir import BEIRError, Dataset, check_beir, load_beir, load_corpus
-from geograph.data.cache import DEFAULT_MODEL_NAME, EmbeddingCache, Encoder, cache_dir, default_model_path
+from geograph.data.cache import (
+    DEFAULT_MODEL_NAME,
+    EmbeddingCache,
+    Encoder,
+    EncoderUnavailable,
+    cache_dir,
+    check_model,
+    default_model_path,
+)
 
 #: The small demo corpus shipped with the package (BEIR layout, split ``test``).
 DEMO_PATH = Path(__file__).parent / "demo"
@@ -60,6 +68,8 @@ __all__ = [
     "corpus_path",
     "EmbeddingCache",
     "Encoder",
+    "EncoderUnavailable",
+    "check_model",
     "cache_dir",
     "default_model_path",
     "DEFAULT_MODEL_NAME",

