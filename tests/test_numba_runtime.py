@@ -351,3 +351,88 @@ def test_starting_numbas_threads_keeps_torchs_thread_count():
     assert out.returncode == 0, out.stderr
     after_call, after_warmup, numba_threads = map(int, out.stdout.split())
     assert (after_call, after_warmup, numba_threads) == (1, 1, 2)
+
+
+NOTICE = "compiling the numba kernels of the exact solvers, once"
+
+FIRST_USE = """
+import json, torch
+from geograph.functional import emd, numba_cache_info, numba_compile_stats
+c = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]], dtype=torch.float64)
+half = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+emd(c, half, half)
+print(json.dumps({"cache": numba_cache_info(), "stats": numba_compile_stats()}))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_first_compilation_says_so_once_and_the_next_process_loads_the_cache(tmp_path):
+    """A fresh process with an empty cache: one notice (with the cache directory) before it compiles;
+    the next fresh process with the same cache: no notice, the kernel loaded from the cache (numba's
+    own hit and miss counts; the exact OT kernel and the simplex it calls, a part of what warmup()
+    compiles, to keep the test short)."""
+    cache = tmp_path / "numba"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "GEOGRAPH_"))}
+    env.update(NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+
+    def fresh_process():
+        proc = subprocess.run([sys.executable, "-c", FIRST_USE], capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stderr, json.loads(proc.stdout.strip().splitlines()[-1])
+
+    stderr, first = fresh_process()
+    assert first["cache"] == {"source": "NUMBA_CACHE_DIR", "directory": str(cache)}
+    notices = [line for line in stderr.splitlines() if NOTICE in line]
+    assert len(notices) == 1 and f"cached in {cache}" in notices[0], stderr
+    assert first["stats"]["_emd_batch"] == {"cache_hits": 0, "cache_misses": 1}
+    assert list(cache.rglob("*.nbi")), "nothing was written to the cache"
+    stderr, second = fresh_process()
+    assert NOTICE not in stderr, stderr
+    assert second["stats"] == {"_emd_batch": {"cache_hits": 1, "cache_misses": 0}}  # loaded, nothing compiled
+
+
+@pytest.fixture
+def unannounced(monkeypatch):
+    """This process as if it had compiled nothing yet (the notice is once per process)."""
+    monkeypatch.setattr(_numba, "_announced", threading.Event())
+
+
+def test_notice_before_a_compilation_not_after_a_cache_load(tmp_path, monkeypatch, caplog, unannounced):
+    monkeypatch.setattr(_numba, "_choose", lambda: ("NUMBA_CACHE_DIR", str(tmp_path)))
+
+    def thrice(x):
+        return 3 * x
+
+    with caplog.at_level("WARNING", logger="geograph"):
+        first = _numba.jit(nogil=True)(thrice)
+        assert first(4) == 12 and first(5) == 15  # one compilation, one notice
+        assert [r.getMessage() for r in caplog.records if NOTICE in r.getMessage()] == [
+            f"geograph: {NOTICE} (up to about {_numba.COLD_COMPILE}); cached in {tmp_path}: later processes "
+            f"load them in about {_numba.WARM_LOAD}"
+        ]
+        assert first.stats.cache_misses and not first.stats.cache_hits
+        caplog.clear()
+        monkeypatch.setattr(_numba, "_announced", threading.Event())  # as a new process would start
+        again = _numba.jit(nogil=True)(thrice)  # a new dispatcher of the same function: from the cache
+        assert again(4) == 12
+        assert not [r for r in caplog.records if NOTICE in r.getMessage()]
+        assert again.stats.cache_hits and not again.stats.cache_misses
+        stats = _numba.compile_stats()
+    assert stats["test_notice_before_a_compilation_not_after_a_cache_load.<locals>.thrice"] == {
+        "cache_hits": 1,
+        "cache_misses": 1,
+    }
+
+
+def test_notice_without_a_cache_says_every_process_compiles(monkeypatch, caplog, unannounced):
+    monkeypatch.setattr(_numba, "_choose", lambda: ("none", None))
+
+    @_numba.jit(nogil=True)
+    def twice_more(x):
+        return 2 * x + 1
+
+    with caplog.at_level("WARNING", logger="geograph"):
+        assert twice_more(1) == 3
+    notices = [r.getMessage() for r in caplog.records if NOTICE in r.getMessage()]
+    assert len(notices) == 1 and "every process compiles them again (set NUMBA_CACHE_DIR)" in notices[0]

@@ -33,6 +33,7 @@ from geograph.ops.ranking_metrics import (
 )
 from geograph.ops.similarity import cosine_similarity, minmax_normalize, normalize, unit_rows
 from geograph.transport._numba.runtime import cache_info as numba_cache_info
+from geograph.transport._numba.runtime import compile_stats as numba_compile_stats
 from geograph.transport._numba.runtime import warmup
 from geograph.transport.curvature import lazy_measures, ollivier_ricci
 from geograph.transport.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
@@ -69,6 +70,7 @@ _STATIC = [
     "hit_answer_at_k",
     "warmup",
     "numba_cache_info",
+    "numba_compile_stats",
     "conformal_volume",
     "minmax_normalize",
     "csr_row_slots",

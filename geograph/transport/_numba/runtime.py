@@ -29,6 +29,13 @@ kernels it calls and the constants it reads from other files (the Ricci drivers 
 key therefore also holds a digest of all of :data:`KERNEL_SOURCES` (:func:`sources_digest`): an
 edit to any of them recompiles every kernel instead of loading a stale one.
 
+First compilation: a kernel that is not in the cache compiles on its first call (every kernel
+together, as :func:`warmup` compiles them: about a minute of one core; loading them from the cache
+in a later process: well under a second on an idle machine; docs/runtime.md has the measurement).
+Before the first compilation of a process, one notice on the ``geograph`` logger (level WARNING,
+so it reaches stderr without any logging set up) says so; a kernel loaded from the cache says
+nothing. :func:`compile_stats` counts both.
+
 Threads: the parallel entry points (:func:`locked`) release the GIL while they run and run one
 at a time per process. Each already spreads its work over every numba thread, and numba's
 ``workqueue`` threading layer (what numba falls back to when neither TBB nor OpenMP loads) does
@@ -59,7 +66,7 @@ if TYPE_CHECKING:
     from numba.core.dispatcher import Dispatcher
     from typing_extensions import Unpack
 
-__all__ = ["cache_info", "jit", "locked", "warmup", "sources_digest", "KERNEL_SOURCES"]
+__all__ = ["cache_info", "compile_stats", "jit", "locked", "warmup", "sources_digest", "KERNEL_SOURCES"]
 
 logger = logging.getLogger("geograph")
 
@@ -69,6 +76,11 @@ KERNEL_LOCK = threading.Lock()
 #: the files (in this package) whose code or constants a compiled kernel may hold: every module
 #: with a kernel, and the modules they read constants from (the module docstring's "Freshness")
 KERNEL_SOURCES = ("runtime.py", "simplex.py", "ricci.py", "grc.py", "simplex_stats.py")
+
+#: measured (docs/runtime.md): every kernel compiled by :func:`warmup` in a fresh process with an
+#: empty cache, and loaded from that cache by the next process
+COLD_COMPILE = "a minute"
+WARM_LOAD = "a second"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _P = ParamSpec("_P")
@@ -110,7 +122,66 @@ def _kernel_cache_class() -> type[FunctionCache]:
             key = super()._index_key(sig, codegen)  # type: ignore[no-untyped-call]  # numba's private, untyped
             return (*key, sources_digest())
 
+        def load_overload(self, sig: object, target_context: object) -> object:
+            found = super().load_overload(sig, target_context)  # type: ignore[no-untyped-call]
+            if found is None:  # numba compiles next
+                _announce_compile()
+            return found
+
     return KernelCache
+
+
+@functools.cache
+def _null_cache_class() -> type[Any]:
+    """numba's no-cache (every process compiles), announcing its compilations as :class:`KernelCache`."""
+    from numba.core.caching import NullCache
+
+    class AnnouncedNullCache(NullCache):
+        def load_overload(self, sig: object, target_context: object) -> object:
+            _announce_compile()
+            return None
+
+    return AnnouncedNullCache
+
+
+_announced = threading.Event()
+_announce_lock = threading.Lock()
+
+
+def _announce_compile() -> None:
+    """The one notice of a process, before its first kernel compilation (see the module docstring)."""
+    if _announced.is_set():
+        return
+    with _announce_lock:
+        if _announced.is_set():
+            return
+        _announced.set()
+    source, directory = _choose()
+    if directory is None:
+        where = "no writable cache directory: every process compiles them again (set NUMBA_CACHE_DIR)"
+    else:
+        where = f"cached in {directory}: later processes load them in about {WARM_LOAD}"
+    logger.warning(
+        "geograph: compiling the numba kernels of the exact solvers, once (up to about %s); %s", COLD_COMPILE, where
+    )
+
+
+def compile_stats() -> dict[str, dict[str, int]]:
+    """Per compiled kernel of geograph that this process has called: signatures loaded from the
+    on-disk cache (``cache_hits``) and compiled here (``cache_misses``), numba's own counts."""
+    out: dict[str, dict[str, int]] = {}
+    for kernel in _kernels:
+        stats = kernel.stats
+        hits, misses = sum(stats.cache_hits.values()), sum(stats.cache_misses.values())
+        if hits or misses:
+            counts = out.setdefault(kernel.py_func.__qualname__, {"cache_hits": 0, "cache_misses": 0})
+            counts["cache_hits"] += hits
+            counts["cache_misses"] += misses
+    return out
+
+
+#: every kernel made by :func:`jit` in this process
+_kernels: list[Dispatcher[Any]] = []
 
 
 def _writable(path: str) -> bool:
@@ -283,7 +354,9 @@ def jit(**flags: Unpack[_JITOptions]) -> Callable[[_F], Dispatcher[_F]]:
 
     def decorate(fn: _F) -> Dispatcher[_F]:
         kernel = njit(cache=False, **flags)(fn)
+        _kernels.append(kernel)
         if directory is None:
+            kernel._cache = _null_cache_class()()  # type: ignore[attr-defined]  # numba's private
             return kernel
         # numba's enable_caching() with the digest in the key; the locator is picked here
         with _cache_dir(directory) if source != "package" else contextlib.nullcontext():
