@@ -108,8 +108,8 @@ def add_encoder_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--encoder",
         metavar="MODEL",
-        help="a local sentence-transformers folder or a model name in the Hugging Face cache "
-        "(default: the offline all-MiniLM-L6-v2)",
+        help="a local sentence-transformers folder, or a hub id (ORG/NAME) fetched when online or read from "
+        "the local Hugging Face cache (default: the offline all-MiniLM-L6-v2)",
     )
     g.add_argument("--query-prefix", default="", metavar="TEXT", help="prepended to queries (e.g. 'query: ')")
     g.add_argument("--passage-prefix", default="", metavar="TEXT", help="prepended to passages (e.g. 'passage: ')")
