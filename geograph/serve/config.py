@@ -39,7 +39,7 @@ from geograph.serve.models import METHODS, check_params
 ENV_PREFIX = "GEOGRAPH_"
 #: The environment variable read for the config file when ``--config`` is not given.
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
-#: The environment variable of the API key (the one to prefer: a flag shows in ``ps``).
+#: The environment variable of the API key, the one to prefer (a flag shows in ``ps``).
 API_KEY_ENV = ENV_PREFIX + "API_KEY"
 
 
