@@ -32,22 +32,17 @@ _STATIC = [
 ]
 
 
-def _modules() -> dict[str, type]:
+def _modules() -> dict[str, Any]:
     from geograph import registry
 
-    found: dict[str, type] = {}
-    for spec in registry.METHODS.values():  # the first registered of two same-named classes is exported
-        found.setdefault(spec.module.__name__, spec.module)
-    return found
+    return registry.method_classes()
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return _STATIC + list(_modules())
-    modules = _modules()
-    if name in modules:
-        return modules[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from geograph import registry
+
+    getattr_, _ = registry.lazy_exports(__name__, _modules, _STATIC, lambda: list(globals()))
+    return getattr_(name)
 
 
 def __dir__() -> list[str]:

@@ -32,6 +32,7 @@ import logging
 import pkgutil
 import re
 import threading
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import geograph.methods
@@ -48,6 +49,8 @@ __all__ = [
     "get",
     "names",
     "linear_relevance",
+    "method_classes",
+    "lazy_exports",
 ]
 
 log = logging.getLogger("geograph.registry")
@@ -185,3 +188,41 @@ def get(name: str) -> MethodSpec:
         return table[name]
     except (KeyError, TypeError):
         raise ValueError(f"method must be one of {', '.join(table)}, got {name!r}") from None
+
+
+def method_classes(kind: Kind | None = None) -> dict[str, Any]:
+    """The Module class of every registered method (of ``kind``), by class name: what ``geograph``,
+    ``geograph.rerankers`` and ``geograph.retrievers`` export (the first registered of two
+    same-named classes wins)."""
+    found: dict[str, Any] = {}
+    for spec in _methods().values():
+        if kind is None or spec.kind == kind:
+            found.setdefault(spec.module.__name__, spec.module)
+    return found
+
+
+def lazy_exports(
+    module: str, table: Callable[[], dict[str, Any]], static: list[str], own: Callable[[], Iterable[str]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` over the names ``table()`` gives (read from the
+    registry on each use, so a package that exports methods loads the registry only when one is
+    asked for); its ``__all__`` is ``static`` then the table's other names.
+
+    Example:
+        >>> getattr_, dir_ = lazy_exports("pkg", lambda: {"Maniscope": 1}, ["x"], lambda: ["x"])
+        >>> getattr_("__all__"), getattr_("Maniscope"), dir_()
+        (['x', 'Maniscope'], 1, ['Maniscope', 'x'])
+    """
+
+    def getattr_(name: str) -> Any:
+        if name == "__all__":
+            return static + [n for n in table() if n not in static]
+        found = table()
+        if name in found:
+            return found[name]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted(set(own()) | set(table()))
+
+    return getattr_, dir_

@@ -99,14 +99,4 @@ def _method_exports() -> dict[str, Any]:
     return found
 
 
-def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return _STATIC + [n for n in _method_exports() if n not in _STATIC]
-    exports = _method_exports()
-    if name in exports:
-        return exports[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_method_exports()))
+__getattr__, __dir__ = registry.lazy_exports(__name__, _method_exports, _STATIC, lambda: list(globals()))

@@ -1,27 +1,8 @@
 """Rerankers: ``nn.Module`` s over a padded batch of candidates, one per registered reranker
 (``geograph.rerankers.Maniscope``, ...), read from the method registry on first use."""
 
-from typing import Any
-
 from geograph import registry
 
-
-def _classes() -> dict[str, type]:
-    found: dict[str, type] = {}
-    for s in registry.METHODS.values():  # the first registered of two same-named classes is exported
-        if s.kind == "reranker":
-            found.setdefault(s.module.__name__, s.module)
-    return found
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return list(_classes())
-    classes = _classes()
-    if name in classes:
-        return classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_classes()))
+__getattr__, __dir__ = registry.lazy_exports(
+    __name__, lambda: registry.method_classes("reranker"), [], lambda: list(globals())
+)
