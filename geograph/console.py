@@ -86,6 +86,31 @@ def make_parser(prog: str | None, description: str | None, **kwargs) -> argparse
     return _Parser(prog=prog, description=description, **kwargs)
 
 
+def command_parser(
+    prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    """A command's parser on its own (``python -m geograph.commands.X``, tests): :func:`make_parser`
+    with the command's arguments."""
+    p = make_parser(prog, description)
+    add_arguments(p)
+    return p
+
+
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+) -> None:
+    """Add the command ``name`` (its one-line ``summary`` in ``geograph --help``, its arguments and
+    its handler ``run``) to the ``geograph`` command's subcommands."""
+    p = commands.add_parser(name, help=summary, description=description)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> None:
     """``--ray [ADDRESS]`` and, with ``embed``, the encoder actor pool's options (the ``ray`` extra)."""
     g = parser.add_argument_group("Ray (pip install 'geograph-rag[ray]')")

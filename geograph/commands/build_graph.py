@@ -13,10 +13,11 @@ from pathlib import Path
 from geograph.commands import checked_encoder_options
 from geograph.console import (
     UsageError,
+    add_command,
     add_encoder_options,
     add_ray_options,
     check_ray_options,
-    make_parser,
+    command_parser,
 )
 from geograph.data import corpus_path
 
@@ -51,16 +52,12 @@ or --ray ray://HOST:PORT joins a cluster (--data and --cache on storage every no
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``geograph build-graph`` on its own (:func:`register` adds it to ``geograph``)."""
-    p = make_parser(PROG, DESCRIPTION)
-    add_arguments(p)
-    return p
+    return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``build-graph`` to the ``geograph`` command's subcommands."""
-    p = commands.add_parser("build-graph", help=SUMMARY, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(commands, "build-graph", SUMMARY, DESCRIPTION, add_arguments, run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

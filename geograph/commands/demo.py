@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from geograph.commands import checked_encoder_options
-from geograph.console import UsageError, add_encoder_options, format_table, make_parser
+from geograph.console import UsageError, add_command, add_encoder_options, command_parser, format_table
 from geograph.data import BEIRError, Dataset, Encoder, corpus_path, load_beir, load_demo
 from geograph.evaluation import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
@@ -54,16 +54,12 @@ class MethodRun:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``geograph demo`` on its own (:func:`register` adds it to ``geograph``)."""
-    p = make_parser(PROG, DESCRIPTION)
-    add_arguments(p)
-    return p
+    return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``geograph`` command's subcommands."""
-    p = commands.add_parser("demo", help=SUMMARY, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(commands, "demo", SUMMARY, DESCRIPTION, add_arguments, run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

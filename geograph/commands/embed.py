@@ -11,10 +11,11 @@ from pathlib import Path
 from geograph.commands import checked_encoder_options
 from geograph.console import (
     UsageError,
+    add_command,
     add_encoder_options,
     add_ray_options,
     check_ray_options,
-    make_parser,
+    command_parser,
 )
 from geograph.data import corpus_path
 
@@ -36,16 +37,12 @@ shard per --rows-per-shard passages): alone it starts a local Ray; --ray auto or
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``geograph embed`` on its own (:func:`register` adds it to ``geograph``)."""
-    p = make_parser(PROG, DESCRIPTION)
-    add_arguments(p)
-    return p
+    return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``embed`` to the ``geograph`` command's subcommands."""
-    p = commands.add_parser("embed", help=SUMMARY, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(commands, "embed", SUMMARY, DESCRIPTION, add_arguments, run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geograph.commands import checked_encoder_options
-from geograph.console import UsageError, add_encoder_options, make_parser
+from geograph.console import UsageError, add_command, add_encoder_options, command_parser
 from geograph.data import corpus_path
 
 PROG = "geograph update"
@@ -42,16 +42,12 @@ graph it started from. Nothing to apply prints "no change" and writes nothing.""
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``geograph update`` on its own (:func:`register` adds it to ``geograph``)."""
-    p = make_parser(PROG, DESCRIPTION)
-    add_arguments(p)
-    return p
+    return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``update`` to the ``geograph`` command's subcommands."""
-    p = commands.add_parser("update", help=SUMMARY, description=DESCRIPTION)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(commands, "update", SUMMARY, DESCRIPTION, add_arguments, run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
