@@ -353,7 +353,7 @@ def test_starting_numbas_threads_keeps_torchs_thread_count():
     assert (after_call, after_warmup, numba_threads) == (1, 1, 2)
 
 
-NOTICE = "compiling the numba kernels of the exact solvers, once"
+NOTICE = "compiling the numba kernels of the exact solvers"
 
 FIRST_USE = """
 import json, torch
@@ -408,7 +408,7 @@ def test_notice_before_a_compilation_not_after_a_cache_load(tmp_path, monkeypatc
         first = _numba.jit(nogil=True)(thrice)
         assert first(4) == 12 and first(5) == 15  # one compilation, one notice
         assert [r.getMessage() for r in caplog.records if NOTICE in r.getMessage()] == [
-            f"geograph: {NOTICE} (up to about {_numba.COLD_COMPILE}); cached in {tmp_path}: later processes "
+            f"geograph: {NOTICE} (up to about {_numba.COLD_COMPILE}, each once); cached in {tmp_path}: later processes "
             f"load them in about {_numba.WARM_LOAD}"
         ]
         assert first.stats.cache_misses and not first.stats.cache_hits

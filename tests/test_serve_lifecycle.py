@@ -133,6 +133,9 @@ def test_ready_line_info_routes_and_a_clean_stop(env, method, key, stop):
 
         info = requests.get(server.url + "/info", headers=headers, timeout=30).json()
         assert info["server"] == "geograph" and info["version"] == __version__ and info["method"] == method
+        # the parameters in use: the method's constructor defaults when none were given
+        want = {"iso": {"knn": 10, "m": 5, "beta": 0.4}, "dense": {"index": "exact", "chunk_size": 4096}}[method]
+        assert {k: info["params"].get(k) for k in want} == want, info["params"]
         assert info["encoder"]["name"] == DEFAULT_MODEL_NAME and info["encoder"]["dim"] == 384
         assert os.path.isdir(info["encoder"]["path"]) and len(info["encoder"]["sha256"]) == 64
         assert info["corpus"]["passages"] == len(load_demo().doc_ids) and info["corpus"]["version"] == 0

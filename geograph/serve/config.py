@@ -135,7 +135,7 @@ class ServeConfig(BaseModel):
     )
     api_key: SecretStr | None = Field(
         None,
-        description="require Authorization: Bearer <key> on every endpoint but /health "
+        description="require Authorization: Bearer KEY on every endpoint but /health "
         "(prefer $GEOGRAPH_API_KEY: a flag shows in ps)",
     )
     public: list[Literal["metrics", "docs"]] = Field(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from geograph import registry
 from geograph.serve.models import RERANKERS
 
 #: the routes some configuration of ``geograph serve`` serves, and which configuration
@@ -101,7 +102,7 @@ def describe(
         "server": "geograph",
         "version": __version__,
         "method": cfg.method,
-        "params": dict(cfg.params),
+        "params": {**registry.get(cfg.method).defaults(), **cfg.params},
         "encoder": encoder,
         "corpus": {
             "path": str(cfg.corpus),
@@ -151,7 +152,9 @@ def add_info_route(app, about: dict[str, Any], channel=None) -> None:
         server: str = Field(description='"geograph"')
         version: str = Field(description="geograph's version")
         method: str = Field(description="the served method")
-        params: dict[str, Any] = Field(description="the method's parameters given at start")
+        params: dict[str, Any] = Field(
+            description="the method's parameters in use (its defaults, then those given at start)"
+        )
         encoder: dict[str, Any] = Field(description="name, path, sha256 of its files, dimension, prefixes")
         corpus: dict[str, Any] = Field(
             description="path, passages, dimension, graph, projection, the saved graph's corpus_version "

@@ -162,7 +162,9 @@ def _announce_compile() -> None:
     else:
         where = f"cached in {directory}: later processes load them in about {WARM_LOAD}"
     logger.warning(
-        "geograph: compiling the numba kernels of the exact solvers, once (up to about %s); %s", COLD_COMPILE, where
+        "geograph: compiling the numba kernels of the exact solvers (up to about %s, each once); %s",
+        COLD_COMPILE,
+        where,
     )
 
 
