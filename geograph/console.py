@@ -89,7 +89,7 @@ def make_parser(prog: str | None, description: str | None, **kwargs) -> argparse
 def command_parser(
     prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None]
 ) -> argparse.ArgumentParser:
-    """A command's parser on its own (``python -m geograph.commands.X``, tests): :func:`make_parser`
+    """A command's parser on its own (``python -m`` on its module, tests): :func:`make_parser`
     with the command's arguments."""
     p = make_parser(prog, description)
     add_arguments(p)
