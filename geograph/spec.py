@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -242,6 +242,24 @@ class MethodSpec:
                 raise ValueError(f"{where}: {key} is fixed by the saved graph ({graph}); remove it")
             self._by_name[key].check(value, where)
 
+    def check_artefacts(self, *, graph: object | None = None, projection: object | None = None) -> None:
+        """Raise a one-line ``ValueError`` when a saved ``graph`` or a trained ``projection`` is
+        given to a method that takes none (the server's configuration check and :meth:`create`).
+
+        Example:
+            >>> from geograph.registry import get
+            >>> try:
+            ...     get("maniscope").check_artefacts(graph="runs/graph")
+            ... except ValueError as e:
+            ...     print(e)
+            graph applies to iso and g3, not maniscope
+        """
+        if graph is not None and self.graph is None:
+            raise ValueError(f"graph applies to {_listing(s.name for s in _registered() if s.graph)}, not {self.name}")
+        if projection is not None and not self.projection:
+            with_projection = _listing(s.name for s in _registered() if s.projection)
+            raise ValueError(f"projection applies to {with_projection}, not {self.name}")
+
     def create(
         self,
         corpus: Tensor | None = None,
@@ -259,17 +277,11 @@ class MethodSpec:
         """
         params = dict(params or {})
         self.check_params(params, graph=graph)
-        if graph is not None and self.graph is None:
-            with_graph = ", ".join(s.name for s in _registered() if s.graph is not None)
-            raise ValueError(f"graph applies to {with_graph}, not {self.name}")
-        # (self.graph is not None here: a method without one raised above)
+        self.check_artefacts(graph=graph, projection=projection)
+        # (self.graph is not None here: check_artefacts raised for a method without one)
         if graph is not None and not isinstance(graph, self.graph):  # type: ignore[arg-type]
             raise ValueError(
                 f"graph: method {self.name} takes a {self.graph.__name__}, got {type(graph).__name__}"  # type: ignore[union-attr]
-            )
-        if projection is not None and not self.projection:
-            raise ValueError(
-                f"projection applies to {', '.join(s.name for s in _registered() if s.projection)}, not {self.name}"
             )
         if self.kind == "retriever" and corpus is None and graph is None:
             raise ValueError(f"method {self.name} retrieves from a corpus: give corpus (V, D) embeddings or a graph")
@@ -316,3 +328,9 @@ def _no_peers() -> tuple[MethodSpec, ...]:
 
 #: the registered specs, in order: set by :mod:`geograph.registry` (its error messages list them)
 _registered: Callable[[], tuple[MethodSpec, ...]] = _no_peers
+
+
+def _listing(names: Iterable[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``: names as the one-line errors list them."""
+    items = list(names)
+    return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"

@@ -118,10 +118,30 @@ def test_create_checks_before_building():
         registry.get("maniscope").create(params={"alpha": 2})
     with pytest.raises(ValueError, match="give corpus"):
         registry.get("iso").create()
-    with pytest.raises(ValueError, match="graph applies to iso, g3, not maniscope"):
+    with pytest.raises(ValueError, match="graph applies to iso and g3, not maniscope"):
         registry.get("maniscope").create(graph=object())
     with pytest.raises(ValueError, match=f"method must be one of {', '.join(METHODS)}, got 'foo'"):
         registry.get("foo")
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_one_wording_for_artefacts_a_method_does_not_take(name):
+    """The server's configuration check and ``create`` refuse a graph or projection in one wording."""
+    from geograph.serve.models import check_params
+
+    spec = registry.get(name)
+    with_graph = [s.name for s in METHODS.values() if s.graph is not None]
+    with_projection = [s.name for s in METHODS.values() if s.projection]
+    cases = [] if spec.graph is not None else [("graph", with_graph)]
+    cases += [] if spec.projection else [("projection", with_projection)]
+    for what, names in cases:
+        listed = " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+        message = f"{what} applies to {listed}, not {name}"
+        with pytest.raises(ValueError) as served:
+            check_params(name, {}, **{what: "runs/saved"})
+        with pytest.raises(ValueError) as created:
+            spec.create(CORPUS, **{what: object()})
+        assert str(served.value) == str(created.value) == message
 
 
 def test_build_parameters_are_fixed_by_a_saved_graph():

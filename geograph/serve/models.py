@@ -64,11 +64,7 @@ def check_params(
     """
     spec = registry.get(method)
     spec.check_params(params, graph=None if graph is None else f"graph: {graph}")
-    if graph is not None and spec.graph is None:
-        raise ValueError(f"graph applies to {' and '.join(registry.names(with_graph=True))}, not {method}")
-    if projection is not None and not spec.projection:
-        with_projection = [s.name for s in registry.METHODS.values() if s.projection]
-        raise ValueError(f"projection applies to {' and '.join(with_projection)}, not {method}")
+    spec.check_artefacts(graph=graph, projection=projection)
 
 
 def build_model(
