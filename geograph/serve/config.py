@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from geograph.console import make_parser
+from geograph.console import command_parser
 from geograph.data import SHIPPED_CORPORA, corpus_path
 from geograph.serve.models import METHODS, check_params
 
@@ -376,9 +376,7 @@ def parser() -> argparse.ArgumentParser:
     """The ``geograph serve`` argument parser, generated from :class:`ServeConfig` (:func:`add_arguments`)."""
     from geograph.serve.cli import DESCRIPTION, PROG
 
-    p = make_parser(PROG, DESCRIPTION)
-    add_arguments(p)
-    return p
+    return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from a thread of its own instead (:func:`die_with_parent`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -192,24 +193,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-_PRCTL: list = []  # libc's prctl, looked up once (None: not available)
-
-
+@functools.cache
 def _prctl():
     """libc's ``prctl`` (``None`` where there is none: not Linux). Looked up before the server forks
     (:func:`arm_fork_hooks`), so a forked child only calls it: loading a library right after a fork
     of a process with threads could wait for a lock another thread held at the fork."""
-    if not _PRCTL:
-        fn = None
-        if sys.platform.startswith("linux"):
-            import ctypes
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).prctl
-            except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
-                fn = None
-        _PRCTL.append(fn)
-    return _PRCTL[0]
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
 
 
 def _set_pdeathsig(sig: int) -> bool:
