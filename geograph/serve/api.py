@@ -58,8 +58,12 @@ def numba_threads(threads: int) -> int:
     (numba starts one thread per core whatever the workers are: two workers on two cores would run
     four compute threads); the threads numba now runs."""
     import numba
+    import torch
 
+    before = torch.get_num_threads()  # numba's OpenMP layer, started here, sets the thread's OpenMP count
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
     return int(numba.get_num_threads())
 
 

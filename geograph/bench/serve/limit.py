@@ -40,58 +40,21 @@ def encoder_limit(encoder: str | None, texts: list[str], repeat: int, backend: s
     }
 
 
-def _serving_worker(
-    encoder: str | None, backend: str, share: list[str], batch: int, repeat: int, barrier: Any
-) -> list[float]:
-    """One server worker's encoding, in its own process: the seconds of each timed pass over ``share``."""
-    import time
-
-    from geograph.serve.corpus import TextEncoder, one_thread
-
-    enc = TextEncoder(encoder, memory=0, backend=backend)
-    enc.warm()
-    seconds = []
-    with one_thread():
-        for n in range(repeat + 1):  # the first pass untimed
-            barrier.wait()  # the workers encode at the same time, as a loaded server's do
-            t = time.perf_counter()
-            for start in range(0, len(share), batch):
-                # a tag makes every pass's texts new to the tokens the encoder keeps
-                enc.encode_requests([f"{x} {n}" for x in share[start : start + batch]])
-            seconds.append(time.perf_counter() - t)
-    return seconds[1:]
-
-
 def serving_limit(
     encoder: str | None, texts: list[str], *, batch: int, workers: int, repeat: int, backend: str = "torch"
 ) -> dict[str, Any]:
-    """The encoder's texts/s as the server runs it: ``workers`` processes (one a server worker), each
-    with one intra-op thread, encoding its share of ``texts`` in batches of ``batch`` through the
-    server's own path (:meth:`geograph.serve.corpus.TextEncoder.encode_requests`: tokenized, padded
-    to buckets, nothing cached), all at once; the sum of their rates, median of ``repeat`` passes
-    after one untimed pass.
+    """The encoder's texts/s as the server runs it (:func:`geograph.serve.limit.serving_limit`: its
+    workers, one thread each, its bucketed encoding of request texts), measured in a subprocess
+    (``python -m geograph.serve.limit``: the benchmark drives the server's code from outside, as
+    it does the server)."""
+    import json
+    import subprocess
+    import sys
 
-    What a server of ``workers`` workers could answer if it did nothing but encode its request
-    texts: the limit ``geograph bench serve`` divides the server's texts/s by.
-    """
-    import multiprocessing as mp
-    import statistics
-    from concurrent.futures import ProcessPoolExecutor
-
-    if batch < 1 or workers < 1 or repeat < 1:
-        raise ValueError(f"batch, workers and repeat must be >= 1, got {batch}, {workers} and {repeat}")
-    shares = [texts[i::workers] for i in range(workers)]
-    context = mp.get_context("spawn")
-    with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
-        barrier = manager.Barrier(workers)
-        runs = list(pool.map(_serving_worker, *zip(*[(encoder, backend, s, batch, repeat, barrier) for s in shares])))
-    rates = [sum(len(s) / run[n] for s, run in zip(shares, runs)) for n in range(repeat)]
-    return {
-        "texts": len(texts),
-        "batch_size": batch,
-        "workers": workers,
-        "threads_per_worker": 1,
-        "backend": backend,
-        "texts_per_s": statistics.median(rates),
-        "spread": [min(rates), max(rates)],
-    }
+    cmd = [sys.executable, "-m", "geograph.serve.limit", "--batch", str(batch), "--workers", str(workers)]
+    cmd += ["--repeat", str(repeat), "--backend", backend] + ([] if encoder is None else ["--encoder", encoder])
+    done = subprocess.run(cmd, input=json.dumps(texts), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the serving limit failed: {done.stderr.strip()[-2000:]}")
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
