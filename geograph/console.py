@@ -127,8 +127,14 @@ def add_ray_options(parser: argparse.ArgumentParser, *, embed: bool = True) -> N
         g.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default: 64)")
 
 
+#: the encoder runtimes ``--encoder-backend`` takes (:data:`geograph.data.backends.BACKENDS`, which
+#: this layer cannot import; a test checks that they are the same)
+ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")
+
+
 def add_encoder_options(parser: argparse.ArgumentParser) -> None:
-    """``--encoder``, ``--query-prefix``, ``--passage-prefix``: the model that embeds, recorded in saved artefacts."""
+    """``--encoder``, ``--query-prefix``, ``--passage-prefix``, ``--encoder-backend``: the model that embeds
+    and its runtime, recorded in saved artefacts."""
     g = parser.add_argument_group("encoder")
     g.add_argument(
         "--encoder",
@@ -138,6 +144,13 @@ def add_encoder_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--query-prefix", default="", metavar="TEXT", help="prepended to queries (e.g. 'query: ')")
     g.add_argument("--passage-prefix", default="", metavar="TEXT", help="prepended to passages (e.g. 'passage: ')")
+    g.add_argument(
+        "--encoder-backend",
+        default="torch",
+        choices=ENCODER_BACKENDS,
+        help="the encoder's runtime: torch, onnx (ONNX Runtime, exported locally on first use) or onnx-int8 "
+        "(that export, dynamically quantised); the onnx ones need the 'onnx' extra (default: torch)",
+    )
 
 
 def encoder_options(args) -> dict:
@@ -149,7 +162,12 @@ def encoder_options(args) -> dict:
         if looks_local and not Path(model).expanduser().is_dir():
             raise UsageError(f"--encoder: {model}: no such model folder")
         model = str(Path(model).expanduser()) if looks_local else model
-    return {"model": model, "query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix}
+    return {
+        "model": model,
+        "query_prefix": args.query_prefix,
+        "passage_prefix": args.passage_prefix,
+        "backend": getattr(args, "encoder_backend", "torch"),
+    }
 
 
 def check_ray_options(args) -> None:

@@ -162,7 +162,7 @@ def test_constraints_pin_versions_inside_the_declared_ranges():
 
 #: the extras a user installs to run something (``all`` is their union); the others are the suite's
 #: references and clients (ref, interop, peers, notebooks) and the tooling (docs, dev)
-USER_EXTRAS = ("text", "train", "serve", "faiss", "ray", "bench", "langchain", "llamaindex", "haystack")
+USER_EXTRAS = ("text", "train", "serve", "onnx", "faiss", "ray", "bench", "langchain", "llamaindex", "haystack")
 
 
 def extra(name: str) -> dict[str, str]:

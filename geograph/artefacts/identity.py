@@ -46,6 +46,10 @@ class EncoderIdentity:
         dim: the embedding dimension, when known.
         query_prefix, passage_prefix: prepended to query and passage texts before encoding.
         normalize: whether the vectors are L2-normalised.
+        backend: the runtime that ran the model (``torch``, ``onnx``, ``onnx-int8``:
+            :mod:`geograph.data.backends`); an identity saved before backends were recorded reads
+            as ``torch``.
+        quantization: how the weights were quantised for that runtime (``None``: not at all).
     """
 
     name: str
@@ -55,6 +59,8 @@ class EncoderIdentity:
     query_prefix: str = ""
     passage_prefix: str = ""
     normalize: bool = True
+    backend: str = "torch"
+    quantization: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,10 +91,15 @@ class EncoderIdentity:
             parts.append(f"prefixes {self.query_prefix!r}/{self.passage_prefix!r}")
         if not self.normalize:
             parts.append("not normalised")
+        if self.backend != "torch":
+            parts.append(f"backend {self.backend}" + (f" ({self.quantization})" if self.quantization else ""))
         return ", ".join(parts)
 
     def differs(self, other: EncoderIdentity) -> bool:
-        """Whether vectors of ``other`` are not those of this encoder (an unknown dimension matches any)."""
+        """Whether vectors of ``other`` are not those of this encoder (an unknown dimension matches any).
+
+        The runtime (:attr:`backend`) is not compared here: the same model run by another backend
+        is the same encoder when their vectors agree (:func:`check_encoder`)."""
         if self.sha256 and other.sha256:
             same_weights = self.sha256 == other.sha256
         elif self.revision and other.revision:
@@ -207,6 +218,31 @@ def check_encoder(manifest: Mapping[str, Any], encoder: Any, where: Path | str) 
     if saved.differs(used):
         raise ArtefactMismatch(
             f"{where}: built with encoder {saved.describe()}; the encoder in use is {used.describe()}"
+        )
+    if (saved.backend, saved.quantization) != (used.backend, used.quantization):
+        _check_backends(saved, used, encoder, where)
+
+
+#: the least cosine, on every probe text, between the vectors of the backend an artefact was built
+#: with and those of the backend in use for the artefact to be accepted (as in geograph.data.backends)
+BACKEND_AGREEMENT = 0.999
+
+
+def _check_backends(saved: EncoderIdentity, used: EncoderIdentity, encoder: Any, where: Path | str) -> None:
+    """Accept the same model run by another backend only when the two backends' vectors agree
+    (cosine >= :data:`BACKEND_AGREEMENT` on every probe text), measured by the encoder in use
+    (its ``agreement(backend)`` method, :meth:`geograph.data.Encoder.agreement`); else one line."""
+    both = f"built with encoder {saved.describe()}; the encoder in use is {used.describe()}"
+    agreement = getattr(encoder, "agreement", None)
+    if not callable(agreement):
+        raise ArtefactMismatch(f"{where}: {both}, and only an encoder can compare their vectors")
+    try:
+        cosine = float(agreement(saved.backend))
+    except ImportError as e:  # the backend the artefact was built with is not installed here
+        raise ArtefactMismatch(f"{where}: {both}; cannot compare their vectors: {e}") from None
+    if cosine < BACKEND_AGREEMENT:
+        raise ArtefactMismatch(
+            f"{where}: {both}; their vectors agree to cosine {cosine:.6f} on the probe texts, below {BACKEND_AGREEMENT}"
         )
 
 

@@ -16,6 +16,7 @@ BENCHES = {
     "gpu": "geograph.bench.gpu",
     "scale": "geograph.bench.scale",
     "serve": "geograph.bench.serve",
+    "encoder": "geograph.bench.encoder",
     "update": "geograph.bench.update",
 }
 SUMMARIES = {
@@ -28,6 +29,7 @@ SUMMARIES = {
     "scale": "k-NN and G3 graphs and dense retrieval at 200k-1M passages: IVF vs exact, time per stage, peak memory",
     "update": "adding and removing passages in place against a rebuild: time share, exact equality",
     "serve": "closed-loop HTTP load on geograph serve: req/s, p50/p99 per request kind, the encoder's limit, --soak N",
+    "encoder": "the encoder's backends (torch, onnx, onnx-int8): texts/s at batch 1/32/128, agreement, nDCG@10",
 }
 SUMMARY = "benchmarks against the slow references: geograph bench <name> [options]"
 

@@ -146,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         options = checked_encoder_options(args)
         if args.ray is not None and args.passage_prefix:
             raise UsageError("--passage-prefix is not supported with --ray")
+        if args.ray is not None and options["backend"] != "torch":
+            raise UsageError(
+                f"--encoder-backend {options['backend']} is not supported with --ray (its actors run torch)"
+            )
         n = len(dataset.doc_ids)
         if args.knn is not None and not 1 <= args.knn < n:
             raise UsageError(f"--knn must be at least 1 and below the number of passages ({n}), got {args.knn}")

@@ -77,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         options = checked_encoder_options(args)
         if args.ray is not None and (args.passage_prefix or args.query_prefix):
             raise UsageError("--passage-prefix and --query-prefix are not supported with --ray")
+        if args.ray is not None and options["backend"] != "torch":
+            raise UsageError(
+                f"--encoder-backend {options['backend']} is not supported with --ray (its actors run torch)"
+            )
         if args.rows_per_shard < 1:
             raise UsageError(f"--rows-per-shard must be at least 1, got {args.rows_per_shard}")
         if not Path(args.data).exists():

@@ -308,6 +308,11 @@ class Encoder:
             texts (e.g. e5's ``"query: "`` / ``"passage: "``); recorded in :attr:`identity`.
             :meth:`encode` embeds texts as given; :meth:`encode_passages` prepends
             ``passage_prefix``.
+        backend: the runtime that runs the model: ``"torch"`` (default), ``"onnx"`` (ONNX Runtime,
+            the model exported locally on first use) or ``"onnx-int8"`` (that export, dynamically
+            quantised to int8); see :mod:`geograph.data.backends`. The ONNX ones need the ``onnx``
+            extra and run on the CPU. Recorded in :attr:`identity` and part of the cache key (another
+            backend's vectors are not read as this one's).
     """
 
     def __init__(
@@ -321,7 +326,11 @@ class Encoder:
         progress: bool | None = None,
         query_prefix: str = "",
         passage_prefix: str = "",
+        backend: str = "torch",
     ) -> None:
+        from geograph.data.backends import check_backend
+
+        self.backend = check_backend(backend)
         self.model_path = default_model_path() if model is None else str(model)
         self.model_name = model_name or (DEFAULT_MODEL_NAME if model is None else str(model))
         self.query_prefix, self.passage_prefix = str(query_prefix), str(passage_prefix)
@@ -332,7 +341,8 @@ class Encoder:
             self.cache = None
         else:
             root = None if cache is True else cache
-            self.cache = EmbeddingCache(self.model_name, root, weights=self.identity.weights)
+            self.cache = EmbeddingCache(self.model_name, root, weights=self.cache_key)
+        self._root = None if isinstance(cache, (bool, EmbeddingCache, MemoryCache)) else cache
         self.batch_size = batch_size
         self.device = device
         self.progress = progress
@@ -350,8 +360,44 @@ class Encoder:
                 name=self.model_name,
                 query_prefix=self.query_prefix,
                 passage_prefix=self.passage_prefix,
+                backend=self.backend,
             )
         return self._identity
+
+    @property
+    def cache_key(self) -> str:
+        """What keys this encoder's vectors in the on-disk cache: the weights (:attr:`identity`),
+        and the backend when it is not torch (torch's key is the one caches had before backends)."""
+        weights = self.identity.weights
+        return weights if self.backend == "torch" else f"{weights}|backend:{self.backend}"
+
+    def agreement(self, backend: str) -> float:
+        """The least cosine, over :data:`~geograph.data.backends.PROBE_TEXTS`, between this
+        encoder's vectors and those of the same model run by ``backend`` (1.0 for its own backend).
+
+        :func:`~geograph.artefacts.check_encoder` accepts an artefact built with another backend
+        when this is at least :data:`~geograph.data.backends.AGREEMENT`."""
+        from geograph.data.backends import PROBE_TEXTS, check_backend
+
+        if check_backend(backend) == self.backend:
+            return 1.0
+        other = Encoder(self.model_path, model_name=self.model_name, cache=False, progress=False, backend=backend)
+        other._model = None if self.backend != "torch" else self._load(backend, self._torch_model())
+        mine = self.model.encode(list(PROBE_TEXTS), batch_size=len(PROBE_TEXTS), normalize_embeddings=True)
+        theirs = other.model.encode(list(PROBE_TEXTS), batch_size=len(PROBE_TEXTS), normalize_embeddings=True)
+        return float(np.min(np.sum(np.asarray(mine) * np.asarray(theirs), axis=1)))
+
+    def _torch_model(self):
+        """The sentence-transformers model (torch), loaded from :attr:`model_path`."""
+        if self.backend == "torch":
+            return self.model
+        return load_sentence_transformer(self.model_path, self.device or "cpu", self.progress)
+
+    def _load(self, backend: str, torch_model):
+        from geograph.data.backends import load_backend
+
+        key = self.identity.weights
+        return load_backend(torch_model, backend, key, self._root)
 
     def encode_passages(self, passages: Sequence[str]) -> torch.Tensor:
         """:meth:`encode` of ``passage_prefix + passage`` for each passage."""
@@ -362,7 +408,9 @@ class Encoder:
         if self._model is None:
             with self._model_lock:
                 if self._model is None:
-                    self._model = load_sentence_transformer(self.model_path, self.device, self.progress)
+                    device = self.device if self.backend == "torch" else (self.device or "cpu")
+                    model = load_sentence_transformer(self.model_path, device, self.progress)
+                    self._model = model if self.backend == "torch" else self._load(self.backend, model)
         return self._model
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from geograph.artefacts import EncoderIdentity
+from geograph.data.backends import quantization
 
 __all__ = ["EncoderIdentity", "encoder_identity", "model_files_sha256", "hub_snapshot"]
 
@@ -89,6 +90,7 @@ def encoder_identity(
     query_prefix: str = "",
     passage_prefix: str = "",
     normalize: bool = True,
+    backend: str = "torch",
 ) -> EncoderIdentity:
     """The :class:`EncoderIdentity` of a sentence-transformers model, without loading it.
 
@@ -100,6 +102,8 @@ def encoder_identity(
         dim: the embedding dimension, when known.
         query_prefix, passage_prefix: prepended to query and passage texts.
         normalize: whether the vectors are L2-normalised.
+        backend: the runtime that runs the model (:data:`geograph.data.backends.BACKENDS`), recorded
+            with its quantisation.
 
     A local directory's files are hashed (:func:`model_files_sha256`), so a model changed in
     place gets another identity; a name found nowhere is identified by its name alone.
@@ -120,4 +124,6 @@ def encoder_identity(
         query_prefix=query_prefix,
         passage_prefix=passage_prefix,
         normalize=normalize,
+        backend=backend,
+        quantization=quantization(backend),
     )

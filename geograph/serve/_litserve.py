@@ -22,7 +22,7 @@ Overrides (each says the upstream behaviour it changes and why):
   response table whatever happens to the request, and a worker's :class:`VersionConflict` answer
   becomes that request's 409 (:class:`ForgetfulHandler`);
 * ``BatchedLoop.get_batch_requests``: a batch collected by blocking waits, bounded by its texts
-  (:class:`WaitingBatchedLoop`).
+  and their tokens (:class:`WaitingBatchedLoop`), each request's wait noted for the timings.
 
 Private names read or called: ``LitServer._callback_runner``, ``LitServer._register_spec_endpoints``
 (in the routes' override), ``LitServer._inference_workers_config_for_api``
@@ -87,6 +87,15 @@ def manager_pid(server) -> int | None:
     manager = getattr(getattr(server, "transport_config", None), "manager", None)
     process = getattr(manager, "_process", None)
     return getattr(process, "pid", None)
+
+
+def collected(loop, payloads: list, timed_out: list, arrivals: dict[int, float]) -> tuple[list, list]:
+    """``(payloads, timed_out)``, a batch the loop collected, after noting on the loop
+    (``loop.waits``) the seconds each of its requests waited, from its arrival to now (the batch's
+    start), by the id of its payload: the API's ``predict`` reports them as the ``queue`` stage."""
+    now = time.monotonic()
+    loop.waits = {key: now - arrived for key, arrived in arrivals.items()}
+    return payloads, timed_out
 
 
 def _endpoint(handler, request_type, response_type):
@@ -209,7 +218,11 @@ if ls is not None:
         Here a worker waits for a batch's first request in one blocking call (up to
         :data:`IDLE_WAIT` s), then for more until ``batch_timeout`` after it, then takes what is
         already queued, up to ``max_batch_size`` requests, and no more once the batch's texts
-        to encode (:func:`~geograph.serve.schema.request_texts`) reach ``max_batch_texts``, and
+        to encode (:func:`~geograph.serve.schema.request_texts`) reach ``max_batch_texts``,
+        never past ``max_batch_tokens`` padded tokens to encode (``lit_api.request_tokens``: each
+        text's token count rounded up to its bucket, tokenized here and kept for the encoding;
+        the request that would pass it is held back and opens the next batch, and one over it
+        alone runs alone, so no request waits for ever and the requests keep their order), and
         never past a padded size (requests x their largest candidate count,
         :func:`~geograph.serve.schema.request_candidates`) of ``max_batch_candidates``: the request
         that would pass it is held back and opens the next batch:
@@ -227,9 +240,11 @@ if ls is not None:
         def get_batch_requests(self, lit_api, request_queue, transport):
             # upstream: polls the queue with get(timeout=0.001) until the batch is full or
             # batch_timeout has passed; here blocking waits, and a bound on the batch's texts
-            payloads, timed_out, texts, widest = [], [], 0, 0
+            payloads, timed_out, texts, widest, tokens = [], [], 0, 0, 0
             cap = getattr(lit_api, "max_batch_texts", None)
             cells = getattr(lit_api, "max_batch_candidates", None)
+            budget = getattr(lit_api, "max_batch_tokens", None)
+            arrivals: dict[int, float] = {}
             item, self.held = getattr(self, "held", None), None
             if item is None:
                 try:
@@ -242,11 +257,17 @@ if ls is not None:
                 if item == _SENTINEL_VALUE:
                     raise _StopLoopError()
                 queue_id, uid, arrived, body = item
+                if budget:  # the padded tokens its texts bring (tokenized here, kept for the encoding)
+                    weight = lit_api.request_tokens(body)
+                    if payloads and tokens + weight > budget:
+                        self.held = item  # the next batch starts with it
+                        return collected(self, payloads, timed_out, arrivals)
+                    tokens += weight
                 if cells:
                     width = max(widest, request_candidates(body))
                     if payloads and (len(payloads) + 1) * width > cells:
                         self.held = item  # the next batch starts with it (and acknowledges it)
-                        return payloads, timed_out
+                        return collected(self, payloads, timed_out, arrivals)
                     widest = width
                 self.put_response(
                     transport=transport,
@@ -260,11 +281,12 @@ if ls is not None:
                     timed_out.append((queue_id, uid))
                 else:
                     payloads.append((queue_id, uid, body))
+                    arrivals[id(body)] = arrived
                     texts += request_texts(body) if cap else 0
                 if len(payloads) >= lit_api.max_batch_size or (cap and texts >= cap):
-                    return payloads, timed_out
+                    return collected(self, payloads, timed_out, arrivals)
                 left = end - time.monotonic()
                 try:
                     item = request_queue.get(timeout=left) if left > 0 else request_queue.get_nowait()
                 except Empty:
-                    return payloads, timed_out
+                    return collected(self, payloads, timed_out, arrivals)

@@ -47,6 +47,25 @@ except ImportError:  # pragma: no cover - exercised only without the serve extra
 #: by ``GET /info``, :mod:`geograph.serve.info`)
 API_PATH = "/infer"
 
+#: the stages of a request's time in a worker, as ``/metrics`` reports them
+#: (``geograph_stage_seconds{stage}``): waiting in the queue (arrival to the batch's start),
+#: tokenising its texts, encoding them, the method's module call, and packing the answers
+STAGES = ("queue", "tokenise", "encode", "method", "serialise")
+
+
+def numba_threads(threads: int) -> int:
+    """Cap this process's numba pool (the Ricci-Filtration kernels) at ``threads``, its torch share
+    (numba starts one thread per core whatever the workers are: two workers on two cores would run
+    four compute threads); the threads numba now runs."""
+    import numba
+    import torch
+
+    before = torch.get_num_threads()  # numba's OpenMP layer, started here, sets the thread's OpenMP count
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+    return int(numba.get_num_threads())
+
 
 @dataclass(frozen=True)
 class Served:
@@ -119,6 +138,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.max_batch_texts = settings.get("max_batch_texts")  # None: batches are bounded by count only
         #: a batch's padded size (requests x their largest candidate count) stays within this (None: no bound)
         self.max_batch_candidates = settings.get("max_batch_candidates")
+        #: a batch's padded tokens to encode stay within this (None: no bound; a request over it runs alone)
+        self.max_batch_tokens = settings.get("max_batch_tokens")
         #: route -> request model; the server registers one POST route for each
         self.routes = {"/retrieve": RetrieveRequest}
         #: route -> response model (the 200 schema of the route in the OpenAPI document)
@@ -141,6 +162,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         self.device = torch.device(device)
         if self.device.type == "cpu" and s.get("worker_threads"):
             torch.set_num_threads(int(s["worker_threads"]))  # no more threads than cores (pool.worker_threads)
+            if self.method in KERNEL_METHODS:
+                numba_threads(int(s["worker_threads"]))  # the kernels' pool gets the same share
         self.encoder = TextEncoder(
             s["encoder"],
             query_prefix=s["query_prefix"],
@@ -148,6 +171,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             cache=s["cache"],
             memory=s["text_cache_size"],
             max_chars=s.get("max_text_chars"),
+            backend=s.get("encoder_backend", "torch"),
         )
         self.served = self.load(version=0)
         self.encoder.warm()  # the worker reports ready only once it can encode a request text
@@ -179,7 +203,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             graph=s["graph"],
             projection=s["projection"],
             ids=dataset.doc_ids,
-            encoder=self.encoder.identity,
+            encoder=self.encoder,  # its identity, and the agreement of its backend with the artefact's
         )
         if s["graph"] is not None:  # the saved graph, checked to be this corpus, is memory-mapped: its
             corpus = model.graph.embeddings  # embeddings are shared by the workers, not copied
@@ -216,6 +240,21 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             flush=True,
         )
 
+    def request_tokens(self, body) -> int:
+        """Padded tokens (:meth:`~geograph.serve.corpus.TextEncoder.padded_tokens`) the texts of a
+        queued request (a validated request) bring to its batch's encoding; the tokens are kept
+        for the encoding. Never raises (it runs in the batch loop): anything unreadable counts 0."""
+        try:
+            if isinstance(body, RerankRequest):
+                texts = self.encoder.request_texts(body.query, body.candidates, body.max_tokens_per_doc)
+            elif isinstance(body, RetrieveRequest):
+                texts = self.encoder.request_texts(body.query, None, None)
+            else:
+                return 0
+            return self.encoder.padded_tokens(texts)
+        except Exception:  # noqa: BLE001 - the request's own answer reports what is wrong with it
+            return 0
+
     # LitServe hooks -----------------------------------------------------------------------
     def batch(self, inputs):
         return list(inputs)
@@ -248,19 +287,46 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
                 out[i] = VersionConflict(f"{problem} (in corpus version {served.version}: the corpus was reloaded)")
             else:
                 parts["rerank" if isinstance(r, RerankRequest) else "retrieve"].append(i)
+        logging = logging_enabled(self)
+        # the tokenizing the batch loop did (request_tokens: the texts it counted), which the
+        # whole batch waited for
+        counted, self.encoder.timings["tokenise"] = self.encoder.timings["tokenise"], 0.0
         with torch.inference_mode():
             for endpoint, rows in parts.items():
                 if not rows:
                     continue
                 run = self._retrieve if endpoint == "retrieve" else self._rerank
+                self.stages = dict.fromkeys(STAGES, 0.0)
+                self.encoder.timings.update(tokenise=0.0, encode=0.0)
                 for i, answer in zip(rows, run(served, [reqs[i] for i in rows])):
                     answer["version"] = served.version
                     out[i] = answer
-                if logging_enabled(self):
+                self._stage(None)
+                if logging:
                     self.log("batch", (endpoint, len(rows)))
+                    self.stages.update(self.encoder.timings)
+                    self.stages["tokenise"] += counted
+                    waits = getattr(self.loop, "waits", {})
+                    queued = [waits.get(id(reqs[i]), 0.0) for i in rows]
+                    self.log("stages", (endpoint, self.stages, queued))
+        self.encoder.timings["tokenise"] = 0.0  # what the loop tokenizes next counts for the next batch
         return out
 
     # ---------------------------------------------------------------------------------------
+    def _stage(self, name: str | None):
+        """End the stage being timed (if any) and start timing ``name`` (``None``: none) in
+        :attr:`stages`; returns this method, to mark the next stage (the last one runs until
+        :meth:`predict` has every answer of the part)."""
+        import time
+
+        now = time.perf_counter()
+        running = getattr(self, "_running", None)
+        stages = getattr(self, "stages", None)
+        if running is not None and stages is not None:
+            stages[running[0]] = stages.get(running[0], 0.0) + now - running[1]
+        self._running = None if name is None else (name, now)
+        return self._stage
+
     def _queries(self, served, reqs):
         import torch
 
@@ -276,10 +342,12 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         b = len(reqs)
         if self.method not in RERANKERS:
             k = max(r.k for r in reqs)
+            mark = self._stage("method")
             out = served.model(q, k)
             packed = (
                 torch.stack([out.indices.to(torch.float64), out.scores.to(torch.float64)]).cpu().numpy()
             )  # one transfer
+            mark("serialise")
             return [
                 {
                     "ids": [served.ids[int(j)] for j in packed[0, i, : r.k].tolist()],
@@ -293,8 +361,10 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         width = max(r.pool() for r in reqs)
         top = served.dense(q, width).indices  # (B, width); a row's first c entries are its own top-c
         mask = torch.arange(width, device=self.device) < pools.unsqueeze(1)
+        mark = self._stage("method")
         res = served.model(q, served.corpus[top], mask)
         cols = self._pack(res, mask, top)
+        mark("serialise")
         return [self._answer_retrieve(served, cols, i, r, b) for i, r in enumerate(reqs)]
 
     def _pack(self, res, mask, ids=None):
@@ -356,8 +426,10 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         docs = torch.zeros(b, n, q.shape[1], dtype=q.dtype, device=self.device)
         docs[rows, cols_] = torch.cat(blocks)
         mask = torch.arange(n, device=self.device) < counts.unsqueeze(1)
+        mark = self._stage("method")
         res = served.model(q, docs, mask)
         cols = self._pack(res, mask)
+        mark("serialise")
         out = []
         for i, r in enumerate(reqs):
             order, scores, kept_sorted, keep, _, _ = (c[i] for c in cols)

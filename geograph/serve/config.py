@@ -72,6 +72,11 @@ class ServeConfig(BaseModel):
         description="local sentence-transformers directory, or a hub id (ORG/NAME) fetched when online or read from "
         "the local Hugging Face cache (default: the shipped all-MiniLM-L6-v2)",
     )
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch",
+        description="the encoder's runtime: torch, onnx (ONNX Runtime, exported locally on first use) or "
+        "onnx-int8 (that export, dynamically quantised); the onnx ones need the 'onnx' extra",
+    )
     query_prefix: str = Field("", description="prepended to query texts (e5: 'query: ')")
     passage_prefix: str = Field("", description="prepended to passage and candidate texts (e5: 'passage: ')")
     cache: str | None = Field(
@@ -88,6 +93,12 @@ class ServeConfig(BaseModel):
         ge=1,
         description="a batch takes no more requests once their texts (queries and "
         "candidates to encode) reach this many",
+    )
+    max_batch_tokens: int = Field(
+        8192,
+        ge=1,
+        description="a batch takes no request that would bring its padded tokens to encode over this "
+        "(a request over it alone runs alone)",
     )
     batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
     candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")

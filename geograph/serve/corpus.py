@@ -24,6 +24,8 @@ traffic (70 texts/s on one thread, against 150-166 texts/s in buckets of 8-32 te
 from __future__ import annotations
 
 import contextlib
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,6 +55,9 @@ def read_corpus(corpus_dir: str | Path):
 #: request texts are padded to their token count (special tokens included) rounded up to a
 #: multiple of this, capped at the model's ``max_seq_length``; one forward per bucket
 BUCKET_TOKENS = 16
+#: request texts whose tokens :class:`TextEncoder` keeps between the batch loop's count
+#: (:meth:`TextEncoder.padded_tokens`) and the encoding (most recently used kept)
+TOKEN_CACHE_SIZE = 4096
 #: the largest token cut :meth:`TextEncoder.truncate` asks the tokenizer for (a 32-bit integer:
 #: a request's texts are a few MB, so they never have that many tokens)
 TOKENIZER_MAX_LENGTH = 2**31 - 2
@@ -84,6 +89,10 @@ class TextEncoder:
         max_chars: request texts (queries and candidates, prefix excluded) are cut to this many
             characters before they are tokenized (then to the model's ``max_seq_length`` tokens), so
             a text of megabytes costs what one of ``max_chars`` does; ``None``: no cut.
+        backend: the encoder's runtime (:mod:`geograph.data.backends`: ``torch``, ``onnx``, ``onnx-int8``).
+
+    :attr:`timings` adds up the seconds spent tokenizing (``tokenise``) and in the model's forward
+    (``encode``) since the caller last reset it (the server's per-request breakdown).
     """
 
     def __init__(
@@ -97,15 +106,64 @@ class TextEncoder:
         device: str | None = None,
         group: bool = True,
         max_chars: int | None = None,
+        backend: str = "torch",
     ) -> None:
         from geograph.data.cache import Encoder, MemoryCache
 
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
         prefixes = dict(query_prefix=query_prefix, passage_prefix=passage_prefix)  # recorded in the identity
-        self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device, **prefixes)
-        self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False, device=device)
+        options = dict(progress=False, device=device, backend=backend)
+        self.corpus_encoder = Encoder(model, cache=cache, **options, **prefixes)
+        self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, **options)
         self.group = group
         self.max_chars = max_chars
+        self.timings = {"tokenise": 0.0, "encode": 0.0}
+        self._tokens: OrderedDict[str, dict] = OrderedDict()
+
+    def agreement(self, backend: str) -> float:
+        """:meth:`geograph.data.Encoder.agreement` of the corpus encoder (an artefact built with
+        another backend is accepted when the two agree, :func:`geograph.artefacts.check_encoder`)."""
+        return self.corpus_encoder.agreement(backend)
+
+    def tokens(self, texts: Sequence[str]) -> dict[str, dict]:
+        """The tokenizer's output (lists, cut to ``max_seq_length``) of each distinct text of
+        ``texts``, kept for :data:`TOKEN_CACHE_SIZE` texts: a text counted by
+        :meth:`padded_tokens` in the batch loop is not tokenized again to be encoded."""
+        out, todo = {}, []
+        for t in dict.fromkeys(texts):
+            row = self._tokens.get(t)
+            if row is None:
+                todo.append(t)
+            else:
+                self._tokens.move_to_end(t)
+                out[t] = row
+        if todo:
+            start = time.perf_counter()
+            model = self._shared().model
+            enc = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)
+            names = list(enc.keys())
+            for j, t in enumerate(todo):
+                out[t] = self._tokens[t] = {name: enc[name][j] for name in names}
+            while len(self._tokens) > TOKEN_CACHE_SIZE:
+                self._tokens.popitem(last=False)
+            self.timings["tokenise"] += time.perf_counter() - start
+        return out
+
+    def padded_tokens(self, texts: Sequence[str]) -> int:
+        """Tokens the encoding of ``texts`` runs over: each distinct text's token count rounded up to
+        its bucket (:func:`bucket_length`), what ``max_batch_tokens`` bounds."""
+        if not texts:
+            return 0
+        limit = self._shared().model.max_seq_length
+        return sum(bucket_length(len(row["input_ids"]), limit) for row in self.tokens(texts).values())
+
+    def request_texts(self, query: str | None, candidates: Sequence[str] | None, max_tokens: int | None) -> list[str]:
+        """The texts a request has encoded, prefixes included, as :meth:`queries` and
+        :meth:`passages` encode them (``candidates`` cut by :meth:`truncate` to ``max_tokens``)."""
+        out = [] if query is None else [self.query_prefix + t for t in self.cap([query])]
+        if candidates:
+            out += [self.passage_prefix + t for t in self.cap(self.truncate(candidates, max_tokens))]
+        return out
 
     @property
     def identity(self):
@@ -190,22 +248,27 @@ class TextEncoder:
             raise ValueError("texts is empty")
         enc = self._shared()
         if not self.grouped():
-            return enc.encode(texts)
+            start = time.perf_counter()
+            out = enc.encode(texts)
+            self.timings["encode"] += time.perf_counter() - start
+            return out
         found, missing = enc.cache.get(texts)
         todo = list(dict.fromkeys(texts[i] for i in missing))  # a text repeated in a batch is encoded once
         if todo:
             model = enc.model
-            # tokenized once: the lengths pick the buckets, the same tokens are then padded
-            tokens = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)
-            buckets: dict[int, list[int]] = {}
-            for j, row in enumerate(tokens["input_ids"]):
-                buckets.setdefault(bucket_length(len(row), model.max_seq_length), []).append(j)
+            # tokenized once (or already, by the batch loop's count): the lengths pick the buckets,
+            # the same tokens are then padded
+            tokens = self.tokens(todo)
+            start = time.perf_counter()
+            buckets: dict[int, list[str]] = {}
+            for t in todo:
+                buckets.setdefault(bucket_length(len(tokens[t]["input_ids"]), model.max_seq_length), []).append(t)
             vectors = {}
             with one_thread():
-                for length, rows in buckets.items():
-                    group = [todo[j] for j in rows]
-                    part = {name: [tokens[name][j] for j in rows] for name in tokens.keys()}
+                for length, group in buckets.items():
+                    part = {name: [tokens[t][name] for t in group] for name in tokens[group[0]]}
                     vectors.update(zip(group, encode_padded(model, group, length, tokens=part)))
+            self.timings["encode"] += time.perf_counter() - start
             enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
             for i in missing:
                 found[i] = vectors[texts[i]]

@@ -121,6 +121,7 @@ def describe(
             "max_text_chars": cfg.max_text_chars,
             "max_batch_size": cfg.max_batch_size,
             "max_batch_texts": cfg.max_batch_texts,
+            "max_batch_tokens": cfg.max_batch_tokens,
             "batch_timeout": cfg.batch_timeout,
             "max_payload_mb": cfg.max_payload_mb,
             "request_timeout": cfg.request_timeout,

@@ -11,6 +11,12 @@ multiprocess mode (``$PROMETHEUS_MULTIPROC_DIR``, a private temporary folder unl
 * ``geograph_request_errors_total{endpoint, status}`` (counter, status >= 400)
 * ``geograph_request_latency_seconds{endpoint}`` (histogram)
 * ``geograph_batch_size{endpoint}`` (histogram)
+* ``geograph_stage_seconds{endpoint, stage}`` (histogram): where a request's time in an inference
+  worker goes, one observation per request and stage: ``queue`` (from its arrival to its batch's
+  start), ``tokenise`` and ``encode`` (its batch's tokenizing and encoding of request texts, which
+  every request of the batch waits for), ``method`` (the batch's module call) and ``serialise``
+  (unpacking the results into answers); ``endpoint`` is ``/retrieve`` or ``/rerank`` (the interop
+  routes join ``/rerank``)
 
 ``endpoint`` is the path for the server's own routes and ``other`` for any other path (so an
 unknown URL cannot grow the label set). Metrics trail the responses by the logger queue's
@@ -35,6 +41,7 @@ except ImportError:  # pragma: no cover - exercised only without the serve extra
 ROUTES = ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank", "/health", "/metrics")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
 def endpoint_label(path: str) -> str:
@@ -104,6 +111,12 @@ class PrometheusLogger(ls.Logger if ls is not None else object):
             "batch": Histogram(
                 "geograph_batch_size", "requests per inference batch", ["endpoint"], buckets=BATCH_BUCKETS
             ),
+            "stages": Histogram(
+                "geograph_stage_seconds",
+                "a request's seconds in each stage of an inference worker",
+                ["endpoint", "stage"],
+                buckets=STAGE_BUCKETS,
+            ),
         }
 
     def process(self, key: str, value: Any) -> None:
@@ -119,6 +132,13 @@ class PrometheusLogger(ls.Logger if ls is not None else object):
         elif key == "batch":
             endpoint, size = value
             m["batch"].labels(f"/{endpoint}").observe(int(size))
+        elif key == "stages":  # one batch part: its stages' seconds, and each request's wait in the queue
+            endpoint, stages, queued = value
+            for wait in queued:
+                m["stages"].labels(f"/{endpoint}", "queue").observe(float(wait))
+                for stage, seconds in stages.items():
+                    if stage != "queue":
+                        m["stages"].labels(f"/{endpoint}", stage).observe(float(seconds))
 
 
 class RequestMetricsMiddleware:

@@ -50,10 +50,15 @@ def build_server(cfg: ServeConfig):
     try:
         dataset = read_corpus(cfg.corpus)
         encoder = TextEncoder(
-            cfg.encoder, query_prefix=cfg.query_prefix, passage_prefix=cfg.passage_prefix, cache=cfg.cache, memory=0
+            cfg.encoder,
+            query_prefix=cfg.query_prefix,
+            passage_prefix=cfg.passage_prefix,
+            cache=cfg.cache,
+            memory=0,
+            backend=cfg.encoder_backend,
         )
         emb = encoder.corpus(dataset.passages())  # fills the on-disk cache before the workers start
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:
         raise StartupError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     try:
         model = build_model(
@@ -63,7 +68,7 @@ def build_server(cfg: ServeConfig):
             graph=cfg.graph,
             projection=cfg.projection,
             ids=dataset.doc_ids,
-            encoder=encoder.identity,
+            encoder=encoder,  # its identity, and the agreement of its backend with the artefact's
         )
     except ValueError as e:
         msg = str(e).splitlines()[0]

@@ -7,10 +7,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from geograph.bench.serve.limit import encoder_limit
+from geograph.bench.serve.limit import encoder_limit, serving_limit
 from geograph.bench.serve.load import closed_loop, summarise
 from geograph.bench.serve.process import Server
 from geograph.bench.serve.soak import soak
+from geograph.bench.serve.stages import STAGES, breakdown, read_stages
 from geograph.bench.serve.workload import Workload
 from geograph.console import UsageError, make_parser
 from geograph.data import corpus_path
@@ -39,6 +40,20 @@ def parser():
     p.add_argument("--requests", type=int, default=2000, help="requests of the mixed phase (2000; 0 skips it)")
     p.add_argument("--candidates", type=int, default=8, help="candidate texts of a /rerank request (8)")
     p.add_argument(
+        "--rerank-requests",
+        type=int,
+        default=0,
+        help="requests of each /v2/rerank phase (rerankers; 0 skips them): documents never seen (the "
+        "text cache misses), then corpus passages (it hits once they are held)",
+    )
+    p.add_argument("--documents", type=int, default=20, help="documents of a /v2/rerank request (20)")
+    p.add_argument(
+        "--encoder-backend",
+        default="torch",
+        choices=("torch", "onnx", "onnx-int8"),
+        help="the encoder's runtime, for the server (its --encoder-backend) and the limits (torch)",
+    )
+    p.add_argument(
         "--soak", type=int, default=0, metavar="N", help="N mixed requests checked against answers alone (0: none)"
     )
     p.add_argument(
@@ -53,10 +68,10 @@ def parser():
 
 
 def check_args(args) -> None:
-    for name in ("clients", "pool", "repeat", "candidates"):
+    for name in ("clients", "pool", "repeat", "candidates", "documents"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("text_requests", "requests", "soak"):
+    for name in ("text_requests", "requests", "soak", "rerank_requests"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.soak and args.url:
@@ -86,8 +101,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit = encoder_limit(args.encoder, limit_texts, args.repeat)
     print(f"  {limit['texts_per_s']:.0f} texts/s ({limit['threads']} torch threads)", flush=True)
 
-    server = None if args.url else Server(args.method, corpus, args.server_arg)
+    server_args = list(args.server_arg)
+    if args.encoder_backend != "torch" and not any(a.startswith("--encoder-backend") for a in server_args):
+        server_args.append(f"--encoder-backend={args.encoder_backend}")
+    server = None if args.url else Server(args.method, corpus, server_args)
     url = args.url.rstrip("/") if args.url else server.url
+    served = _server_shape(url, args.clients)
+    print(
+        f"serving limit: {served['workers']} workers of one thread, batches of {served['batch']} "
+        f"({args.clients} clients over {served['workers']} workers, at most max_batch_size) ...",
+        flush=True,
+    )
+    at_server = serving_limit(
+        args.encoder,
+        [work.text() for _ in range(max(256, 8 * served["batch"] * served["workers"]))],
+        batch=served["batch"],
+        workers=served["workers"],
+        repeat=args.repeat,
+        backend=args.encoder_backend,
+    )
+    print(f"  {at_server['texts_per_s']:.0f} texts/s ({args.encoder_backend})", flush=True)
     result: dict = {
         "method": args.method,
         "corpus": corpus,
@@ -96,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server_args": args.server_arg,
         "cpus": len(os.sched_getaffinity(0)),
         "encoder_limit": limit,
+        "serving_limit": at_server,
+        "encoder_backend": args.encoder_backend,
     }
     status = False
     try:
@@ -103,18 +138,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         closed_loop(url, warm, args.clients, args.timeout)
         if args.text_requests:
             calls = [("retrieve_text", *work.make("retrieve_text")) for _ in range(args.text_requests)]
+            before = read_stages(url)
             got, seconds = closed_loop(url, calls, args.clients, args.timeout)
             text = summarise(calls, got, seconds)
             text["share_of_limit"] = text["req_per_s"] / limit["texts_per_s"]
+            text["share_of_serving_limit"] = text["req_per_s"] / at_server["texts_per_s"]
+            text["stages_ms"] = breakdown(before, read_stages(url))
             result["text"] = text
             print(
                 f"text: {text['requests']} /retrieve with distinct query texts: {text['req_per_s']:.1f} req/s "
-                f"= {100 * text['share_of_limit']:.0f}% of the encoder's {limit['texts_per_s']:.0f} texts/s; "
-                f"p50 {text['kinds']['all']['p50_ms']:.0f} ms, p99 {text['kinds']['all']['p99_ms']:.0f} ms, "
-                f"{text['status_5xx']} 5xx, {text['status_other']} other non-200",
+                f"= {100 * text['share_of_serving_limit']:.0f}% of the encoder's {at_server['texts_per_s']:.0f} "
+                f"texts/s as served ({100 * text['share_of_limit']:.0f}% of {limit['texts_per_s']:.0f} at batch 64); "
+                f"p50 {text['kinds']['all']['p50_ms']:.0f} ms, p99 {text['kinds']['all']['p99_ms']:.0f} ms "
+                f"(p99/p50 {text['p99_over_p50']:.2f}), {text['status_5xx']} 5xx, {text['status_other']} other non-200",
                 flush=True,
             )
+            _print_stages(text["stages_ms"])
             status |= bool(text["status_5xx"] or text["status_other"])
+        if args.rerank_requests and work.reranker:
+            for phase, fresh in (("rerank_cache_miss", True), ("rerank_cache_hit", False)):
+                calls = [("v2_rerank", *work.v2_rerank(args.documents, fresh)) for _ in range(args.rerank_requests)]
+                if not fresh:  # the passages once, so that the phase reads them from the text cache
+                    warm = ("v2_rerank", *work.v2_rerank(args.documents, False, every=True))
+                    closed_loop(url, [warm] * 4 * served["workers"], 2 * served["workers"], args.timeout)
+                before = read_stages(url)
+                got, seconds = closed_loop(url, calls, args.clients, args.timeout)
+                part = summarise(calls, got, seconds)
+                part["texts_per_request"] = args.documents + 1
+                part["texts_per_s"] = part["req_per_s"] * (args.documents + 1)
+                part["share_of_serving_limit"] = part["texts_per_s"] / at_server["texts_per_s"]
+                part["stages_ms"] = breakdown(before, read_stages(url))
+                result[phase] = part
+                print(
+                    f"{phase}: {part['requests']} /v2/rerank of {args.documents} documents: {part['req_per_s']:.1f} "
+                    f"req/s, {part['texts_per_s']:.0f} texts/s = {100 * part['share_of_serving_limit']:.0f}% of the "
+                    f"limit; p50 {part['kinds']['all']['p50_ms']:.0f} ms, p99 {part['kinds']['all']['p99_ms']:.0f} "
+                    f"ms (p99/p50 {part['p99_over_p50']:.2f}), {part['status_5xx']} 5xx, "
+                    f"{part['status_other']} other non-200",
+                    flush=True,
+                )
+                _print_stages(part["stages_ms"])
+                status |= bool(part["status_5xx"] or part["status_other"])
         if args.requests:
             calls = work.mixed(args.requests)
             got, seconds = closed_loop(url, calls, args.clients, args.timeout)
@@ -151,3 +215,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_json("serve", result, args.out)
     print(f"wrote {path}")
     return int(status)
+
+
+def _server_shape(url: str, clients: int) -> dict[str, int]:
+    """The server's inference workers and the batch ``clients`` closed-loop clients fill at most
+    (clients over workers, capped at its ``max_batch_size``), from its ``/info``."""
+    import requests
+
+    info = requests.get(url + "/info", timeout=30).json()
+    workers = max(1, int(info.get("workers", {}).get("inference_workers", 1)))
+    cap = int(info.get("limits", {}).get("max_batch_size", 64))
+    return {"workers": workers, "batch": max(1, min(cap, -(-clients // workers)))}
+
+
+def _print_stages(stages: dict[str, dict[str, float]]) -> None:
+    """The per-request breakdown (mean ms a request, from the server's /metrics), one line an endpoint."""
+    for endpoint, row in stages.items():
+        parts = ", ".join(f"{s} {row[s]:.1f}" for s in STAGES if s in row)
+        print(f"  {endpoint} in a worker, mean ms a request: {parts} (total {row['total']:.1f})", flush=True)

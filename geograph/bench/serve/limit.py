@@ -4,9 +4,10 @@ throughput is measured against."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
-def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict:
+def encoder_limit(encoder: str | None, texts: list[str], repeat: int, backend: str = "torch") -> dict:
     """Batched texts/s of the encoder in this process (batches of 64, distinct texts, warmed up,
     median of ``repeat`` passes), with one torch thread and with all usable CPUs: the better one."""
     import torch
@@ -14,7 +15,7 @@ def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict:
     from geograph.bench.common import time_calls
     from geograph.data import Encoder
 
-    model = Encoder(encoder, cache=False, progress=False).model
+    model = Encoder(encoder, cache=False, progress=False, backend=backend).model
     before = torch.get_num_threads()
     runs = {}
     try:
@@ -37,3 +38,23 @@ def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict:
         "texts_per_s": runs[best]["texts_per_s"],
         "by_threads": runs,
     }
+
+
+def serving_limit(
+    encoder: str | None, texts: list[str], *, batch: int, workers: int, repeat: int, backend: str = "torch"
+) -> dict[str, Any]:
+    """The encoder's texts/s as the server runs it (:func:`geograph.serve.limit.serving_limit`: its
+    workers, one thread each, its bucketed encoding of request texts), measured in a subprocess
+    (``python -m geograph.serve.limit``: the benchmark drives the server's code from outside, as
+    it does the server)."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "geograph.serve.limit", "--batch", str(batch), "--workers", str(workers)]
+    cmd += ["--repeat", str(repeat), "--backend", backend] + ([] if encoder is None else ["--encoder", encoder])
+    done = subprocess.run(cmd, input=json.dumps(texts), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the serving limit failed: {done.stderr.strip()[-2000:]}")
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out

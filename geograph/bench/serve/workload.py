@@ -54,6 +54,21 @@ class Workload:
             return "/rerank", {"query": self.text(), "candidates": docs}
         return "/rerank", {"query": self.text(), "candidate_ids": [self.ids[j] for j in picks]}
 
+    def v2_rerank(self, documents: int, fresh: bool, every: bool = False) -> tuple[str, dict]:
+        """A ``/v2/rerank`` body of a distinct query and ``documents`` documents: passages cut at a
+        random word and numbered (``fresh``: texts the server has not seen), else whole corpus
+        passages (the same texts recur; ``every``: all of them, to fill the server's text cache)."""
+        if every:
+            picks = list(range(len(self.ids)))
+        else:
+            picks = self.rng.sample(range(len(self.ids)), min(documents, len(self.ids)))
+        if fresh:
+            self.serial += 1
+            docs = [f"{' '.join(self.passages[j].split()[: self.rng.randint(8, 40)])} {self.serial}" for j in picks]
+        else:
+            docs = [self.passages[j] for j in picks]
+        return "/v2/rerank", {"query": self.text(), "documents": docs}
+
     def kinds(self) -> tuple[str, ...]:
         return KINDS if self.reranker else KINDS[:2]
 

