@@ -167,13 +167,15 @@ def _padded(v: Tensor, i: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 
 def _f_of(z: Tensor, rows: Tensor, ids: Tensor, band: tuple[float, float] | None, block: int) -> Tensor:
-    """``f(S_ij)`` of the pairs ``(rows[r], ids[r, c])`` (0 where ``ids`` is ``-1``), by row chunks."""
+    """``f(S_ij)`` of the pairs ``(rows[r], ids[r, c])`` (0 where ``ids`` is ``-1``): one dot product a
+    listed pair, by chunks of about ``block^2 / D`` pairs."""
     out = torch.zeros(ids.shape, dtype=z.dtype, device=z.device)
-    step = max(1, (block * block) // max(1, ids.shape[1] * z.shape[1]))
-    for r0 in range(0, ids.shape[0], step):
-        i = ids[r0 : r0 + step]
-        s = torch.einsum("rd,rcd->rc", z[rows[r0 : r0 + step]], z[i.clamp_min(0)])
-        out[r0 : r0 + step] = _weights(s, 1.0, band).masked_fill_(i < 0, 0.0)
+    r, c = (ids >= 0).nonzero(as_tuple=True)
+    step = max(1, (block * block) // (4 * z.shape[1]))
+    for p0 in range(0, r.numel(), step):
+        rr, cc = r[p0 : p0 + step], c[p0 : p0 + step]
+        s = (z[rows[rr]] * z[ids[rr, cc]]).sum(1)
+        out[rr, cc] = _weights(s, 1.0, band)
     return out
 
 
@@ -282,8 +284,14 @@ def ivf_state(
     n = z.shape[0]
     raw = _raw_of(graph, z, block)
     k = values.shape[1]
-    f, ids, cut = _lists_from(z, torch.arange(n, device=z.device), values, indices, k, n - 1, graph.band, block)
     penalty = torch.exp(-graph.beta * graph.density.to(z))
+    # f from the join's weights (w / p): an IVF graph's lists are approximate anyway, and a dot
+    # product a listed pair would cost a pass over N K' gathered rows
+    ok = torch.isfinite(values) & (values > 0) & (indices >= 0)
+    ids = indices.masked_fill(~ok, -1)
+    f = (values / penalty[ids.clamp_min(0)]).masked_fill_(~ok, 0.0)
+    full = torch.isfinite(values).sum(1) >= k
+    cut = torch.where(full, values[:, -1].clamp_min(0).double(), torch.zeros(n, dtype=torch.float64, device=z.device))
     return G3State(raw, f, ids, cut, penalty, cells=cells, sample_rate=None if sample == 0 else sample / n)
 
 
@@ -296,7 +304,10 @@ def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int) -> Tensor:
     """``sum_c max(0, <z_j, zc_c>)`` of every row ``j`` of ``z``: the signed part
     ``z_j . sum_c zc_c`` exactly, the negative part from a uniform sample of the rows of ``zc``
     (at least :data:`MIN_DENSITY_SAMPLE`, ``rate`` of them), scaled up (float64)."""
-    signed = z.double() @ zc.double().sum(0)
+    total = zc.double().sum(0)
+    signed = torch.empty(z.shape[0], dtype=torch.float64, device=z.device)
+    for r0 in range(0, z.shape[0], 1 << 16):  # by row chunks: no float64 copy of z
+        signed[r0 : r0 + (1 << 16)] = z[r0 : r0 + (1 << 16)].double() @ total
     m = zc.shape[0]
     s = min(m, max(MIN_DENSITY_SAMPLE, math.ceil(rate * m)))
     pick = torch.randperm(m, generator=torch.Generator().manual_seed(seed))[:s].to(z.device)
@@ -379,8 +390,8 @@ def _remade(
         else:
             rv, ri, _ = tiled_pairs(z[todo], z, min(width, n_all - 1), block=block, exclude=todo, score=score)
             rv, ri = _padded(rv, ri, width)
-        f, ri, c = _lists_from(z, todo, rv, ri, width, n_all - 1 if cells is None else n_all, graph.band, block)
-        new_f[todo], new_i[todo], new_cut[todo] = f, ri, c
+        rf, ri, rc = _lists_from(z, todo, rv, ri, width, n_all - 1 if cells is None else n_all, graph.band, block)
+        new_f[todo], new_i[todo], new_cut[todo] = rf, ri, rc
     if fresh is not None:
         new_f, new_i = torch.cat([new_f, fresh[0]]), torch.cat([new_i, fresh[1]])
         new_cut = torch.cat([new_cut, fresh[2]])
@@ -464,6 +475,8 @@ def g3_add(
         known.add(new)
         return G3UpdateReport(m, 0, n + m, 0, 0, 0, n, m, 1.0, time.perf_counter() - t0)
     _, penalty = _penalty(raw, graph.beta, z.dtype)
+    # an old row's new column can be proven only above cut_i R: lower ones are not kept
+    floor = (state.cut * float((penalty[:n].double() / state.penalty.double()).max())).to(z.dtype)
     cells = state.cells
     if cells is not None:
         cells.assign = torch.cat([cells.assign, place_rows(cells.centroids, z[n:], block=block)])
@@ -484,6 +497,11 @@ def g3_add(
         if bool(old.any()):
             g = cols[old]
             wt = f.T[old] * penalty[q]  # the old rows' side: the target is the new row
+            wt = wt.masked_fill_(~(wt > floor[g].unsqueeze(1)), float("-inf"))
+            some = torch.isfinite(wt).any(1)
+            if not bool(some.any()):
+                continue
+            g, wt = g[some], wt[some]
             v, i = torch.cat([ow[g], wt], 1), torch.cat([oi[g], q.expand(g.numel(), -1)], 1)
             ow[g], oi[g] = merge_topk(v, i.masked_fill(~torch.isfinite(v), n + m), width)
     full = torch.isfinite(ow).sum(1) >= width
