@@ -26,8 +26,8 @@ from their cells, redone against every passage, and the one bound ``R``), and:
   under the graph's own density), which must agree within ``--recall-slack`` (0.005).
 
 A G3 graph without update state (the exact build) makes it by one all-pairs pass before its
-first update (``state_seconds``, apart). JSON (``update.json`` under ``--out``, with the commit
-and date) and a markdown table (``--markdown``). Run it at large N only on an idle machine.
+first update (``state_seconds``, apart). JSON under ``--out`` (``update.json``, or named after
+``--markdown``'s file, with the commit and date) and a markdown table (``--markdown``). Run it at large N only on an idle machine.
 """
 
 from __future__ import annotations
@@ -276,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": dict(vars(args)),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
-    print(f"wrote {write_json('update', {**meta, 'rows': rows}, args.out)}")
+    name = Path(args.markdown).stem if args.markdown else "update"  # the JSON beside its table's name
+    print(f"wrote {write_json(name, {**meta, 'rows': rows}, args.out)}")
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(markdown(rows, meta))
