@@ -27,7 +27,8 @@ from their cells, redone against every passage, and the one bound ``R``), and:
 
 A G3 graph without update state (the exact build) makes it by one all-pairs pass before its
 first update (``state_seconds``, apart). JSON under ``--out`` (``update.json``, or named after
-``--markdown``'s file, with the commit and date) and a markdown table (``--markdown``). Run it at large N only on an idle machine.
+``--markdown``'s file, with the commit and date) and a markdown table (``--markdown``). Run it
+at large N only on an idle machine.
 """
 
 from __future__ import annotations

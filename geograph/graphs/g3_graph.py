@@ -265,7 +265,7 @@ class G3Graph(PassageGraph):
             if report is not None:
                 info.update(nlist=nlist or default_join_nlist(n), **report.as_dict())
         keep = None  # an IVF build's weight lists and cells, kept for updates
-        if cand is not None and index == "ivf" and ranking == "weight" and not info.get("exact", False):
+        if cand is not None and index == "ivf" and ranking == "weight":  # (exact lists after a fall-back)
             keep = (cand[0].clone(), cand[1].clone())
         t0 = time.perf_counter()
         built = gain_transition_edges(
@@ -303,7 +303,11 @@ class G3Graph(PassageGraph):
         if keep is not None:
             t0 = time.perf_counter()
             zu = _unit(embeddings)
-            cells = make_cells(zu, nlist=nlist, nprobe=info.get("nprobe", nprobe), sample=sample, seed=seed, block=tile)
+            cells = None
+            if not info.get("exact", False):
+                cells = make_cells(
+                    zu, nlist=nlist, nprobe=info.get("nprobe", nprobe), sample=sample, seed=seed, block=tile
+                )
             graph.update_state = ivf_state(graph, zu, keep[0], keep[1], cells, info["density"]["sample"], block=tile)
             info["update_state_seconds"] = time.perf_counter() - t0
             del keep, zu

@@ -275,12 +275,19 @@ def _raw_of(graph: G3Graph, z: Tensor, block: int) -> Tensor:
 
 
 def ivf_state(
-    graph: G3Graph, z: Tensor, values: Tensor, indices: Tensor, cells: IVFCells, sample: int, block: int = DEFAULT_BLOCK
+    graph: G3Graph,
+    z: Tensor,
+    values: Tensor,
+    indices: Tensor,
+    cells: IVFCells | None,
+    sample: int,
+    block: int = DEFAULT_BLOCK,
 ) -> G3State:
     """The update state of an IVF build from what it computed: its weight lists ``(N, K')``
-    (ranked by ``W_ij`` under the build's penalties), its cells and its density (``sample`` columns,
-    0 = exact). The raw sums are the density scaled back: the rows at its minimum and maximum
-    are summed exactly (``O(N D)``), which fixes the normalisation's two ends."""
+    (ranked by ``W_ij`` under the build's penalties), its cells (``None``: the join fell back to
+    the exact scan, whose lists are exact) and its density (``sample`` columns, 0 = exact). The
+    raw sums are the density scaled back: the rows at its minimum and maximum are summed exactly
+    (``O(N D)``), which fixes the normalisation's two ends."""
     n = z.shape[0]
     raw = _raw_of(graph, z, block)
     k = values.shape[1]
