@@ -128,7 +128,7 @@ def test_update_state_follows_to():
     graph = G3Graph.build(pool[:60], max_degree=4)
     graph.add(pool[60:65], [60, 61, 62, 63, 64])
     graph = graph.to(torch.float64)
-    assert graph.update_state.lists.values.dtype == torch.float64
+    assert graph.update_state.fvals.dtype == torch.float64
     graph.add(pool[65:].double(), [65, 66, 67, 68, 69])
     ref = G3Graph.build(pool.double(), max_degree=4)
     assert torch.equal(graph.col, ref.col) and torch.allclose(graph.val, ref.val, atol=1e-6)

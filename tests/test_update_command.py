@@ -178,3 +178,7 @@ def test_update_errors_are_one_line_naming_the_argument(tmp_path, corpora, capsy
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"error: {flag}" in err and text in err, (args, err)
         assert "Traceback" not in err
+    # a graph saved without passages.jsonl: the one line gives the command that builds it again
+    assert main(["update", "--data", corpora["new"], "--graph", str(bare), *cache]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"geograph build-graph --data {corpora['new']} --knn 3 --out {bare}" in err, err

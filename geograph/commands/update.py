@@ -12,10 +12,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from geograph.commands import checked_encoder_options
 from geograph.console import UsageError, add_command, add_encoder_options, command_parser
 from geograph.data import corpus_path
+
+if TYPE_CHECKING:
+    from geograph.data import Encoder
+    from geograph.graphs import CorpusGraph, G3Graph
 
 PROG = "geograph update"
 SUMMARY = "apply a changed corpus (added, removed, edited passages) to a saved graph, in place"
@@ -45,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``update`` to the ``geograph`` command's subcommands."""
     add_command(commands, "update", SUMMARY, DESCRIPTION, add_arguments, run)
 
@@ -98,6 +103,30 @@ def diff(old_ids: Sequence[str], old_keys: Sequence[str], new_ids: Sequence[str]
     )
 
 
+def rebuild_command(graph: str | Path, data: str | Path) -> str:
+    """One line: the ``geograph build-graph`` command that builds the saved graph again from ``data``
+    (its kind and parameters read from its manifest; the encoder options are the ones given)."""
+    from geograph._io import read_json
+
+    params: dict[str, Any] = {}
+    kind = None
+    try:
+        manifest = read_json(Path(graph) / "manifest.json")
+        params, kind = dict(manifest.get("params") or {}), manifest.get("kind")
+    except (OSError, ValueError):
+        pass
+    name = str(params.get("name", ""))
+    if kind == "G3Graph" or "max_degree" in params:
+        what = f"--g3 --max-degree {params.get('max_degree', 128)} --beta {params.get('beta', 0.4)}"
+    elif name.startswith("knn") and name[3:].isdigit():
+        what = f"--knn {name[3:]}"
+    elif name == "mentions":
+        what = "--mentions"
+    else:
+        what = "--knn K"
+    return f"build it again with: geograph build-graph --data {data} {what} --out {graph} (and your --encoder options)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``geograph update`` with ``argv``; the exit status."""
     return run(build_parser().parse_args(argv))
@@ -119,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             dataset = load_corpus(args.data)
         except BEIRError as e:
             raise UsageError(f"--data: {e}") from None
-        seen: set = set()
+        seen: set[str] = set()
         for i in dataset.doc_ids:
             if i in seen:
                 raise UsageError(f"--data: passage id {i!r} appears twice in {args.data}")
@@ -132,13 +161,14 @@ def run(args: argparse.Namespace) -> int:
             what = "holds no readable manifest.json" if kind is None else f"is a saved {kind}"
             raise UsageError(f"--graph: {args.graph} {what}, not a graph saved by geograph build-graph")
         try:
-            old_ids, old_keys = read_passages(args.graph)
+            old_ids, saved_keys = read_passages(args.graph)
         except ValueError as e:
-            raise UsageError(f"--graph: {e}") from None
-        if any(k is None for k in old_keys):
+            raise UsageError(f"--graph: {e}; {rebuild_command(args.graph, args.data)}") from None
+        old_keys = [k for k in saved_keys if k is not None]
+        if len(old_keys) != len(saved_keys):
             raise UsageError(
-                f"--graph: {args.graph} was saved without its passages' text keys (save_pretrained(..., "
-                "text_keys=...)), so edits cannot be told; build it again with geograph build-graph"
+                f"--graph: {args.graph} was saved without its passages' text keys, so edits cannot be told; "
+                f"{rebuild_command(args.graph, args.data)}"
             )
         if out.is_file():
             raise UsageError(f"--out: {out} is a file; give a folder to write the graph into")
@@ -164,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         version = graph.corpus_version
         print(f"no change: {args.graph} already holds the passages of {args.data} (corpus version {version})")
         return 0
-    if (change.added or change.edited) and not (kind == "G3Graph" or graph.name.startswith("knn")):
+    if (change.added or change.edited) and not (isinstance(graph, G3Graph) or graph.name.startswith("knn")):
         return UsageError(
             f"--graph: {args.graph} is a {graph.name!r} graph, which cannot take new or edited passages; "
             "build it again with geograph build-graph"
@@ -189,7 +219,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def apply(graph, old_ids: Sequence[str], new_ids: Sequence[str], texts: Sequence[str], change: Change, encoder):
+def apply(
+    graph: CorpusGraph | G3Graph,
+    old_ids: Sequence[str],
+    new_ids: Sequence[str],
+    texts: Sequence[str],
+    change: Change,
+    encoder: Encoder,
+) -> CorpusGraph | G3Graph:
     """``graph`` (over ``old_ids``) updated to ``new_ids`` in their order: the removed and edited
     passages removed, the added and edited ones embedded (``texts``: every new passage's embedded
     text) and added, then the rows put in the order of ``new_ids``."""
@@ -206,12 +243,14 @@ def apply(graph, old_ids: Sequence[str], new_ids: Sequence[str], texts: Sequence
     if todo:
         emb = encoder.encode([t for _, t in todo]).to(graph.embeddings.device, graph.embeddings.dtype)
         graph.add(emb, [i for i, _ in todo])
-    row = {i: r for r, i in enumerate(graph.passage_ids.ids)}
+    known = graph.passage_ids
+    assert known is not None  # (set by set_ids above)
+    row = {i: r for r, i in enumerate(known.ids)}
     reorder(graph, torch.tensor([row[i] for i in new_ids], dtype=torch.long))
     return graph
 
 
-def write(graph, out: Path, **save) -> None:
+def write(graph: CorpusGraph | G3Graph, out: Path, **save: Any) -> None:
     """Save ``graph`` into a new folder beside ``out``, then put it in ``out``'s place
     (:func:`geograph._io.replace_directory`); the new folder is removed on any failure."""
     from geograph._io import replace_directory

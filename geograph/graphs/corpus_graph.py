@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -10,8 +11,17 @@ from torch import Tensor
 
 from geograph._checks import check_positive_int, check_tensor
 from geograph.graphs._base import PassageGraph
-from geograph.graphs.updates import KnnState, PassageId, UpdateReport, add_passages, kept_lists, remove_passages
+from geograph.graphs.updates import (
+    KnnState,
+    PassageId,
+    UpdateReport,
+    add_passages,
+    kept_lists,
+    knn_unit,
+    remove_passages,
+)
 from geograph.knn.build import self_topk
+from geograph.knn.ivf_place import make_cells
 from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 from geograph.ops.similarity import normalize, unit_rows
@@ -142,7 +152,10 @@ class CorpusGraph(PassageGraph):
         index first. ``progress`` shows a bar with ETA. :attr:`build_info` records the index,
         the seconds of each stage and, for IVF, ``nprobe`` and the measured recall.
 
-        The directed lists are kept for :meth:`add` and :meth:`remove`; ``reserve`` more entries
+        The directed lists are kept for :meth:`add` and :meth:`remove` (an IVF build also keeps its
+        cells, :func:`~geograph.knn.ivf_place.make_cells`, trained again as the join trains
+        them: ``build_info["seconds"]["update_cells"]``, so that an update scans only the cells
+        the changed passages meet); ``reserve`` more entries
         a row (``k + reserve`` computed, the first ``k`` linked) spare :meth:`remove` the rescan
         of a row until it has lost more than ``reserve`` neighbours.
         """
@@ -191,7 +204,19 @@ class CorpusGraph(PassageGraph):
         graph = cls(embeddings, torch.stack([src[ok], dst[ok]]), name=f"knn{k}")
         graph.build_info = {"index": index, "k": k_asked, "seconds": seconds, **report}
         if kept is not None:
-            graph.knn_state = KnnState(kept, k_asked, exact=index == "exact")
+            cells = None
+            if index == "ivf" and not report.get("exact", False):  # the join's cells, for local updates
+                t0 = time.perf_counter()
+                cells = make_cells(
+                    knn_unit(embeddings),
+                    nlist=nlist,
+                    nprobe=report.get("nprobe", nprobe),
+                    sample=sample,
+                    seed=seed,
+                    block=chunk_size,
+                )
+                seconds["update_cells"] = time.perf_counter() - t0
+            graph.knn_state = KnnState(kept, k_asked, exact=index == "exact" or bool(report.get("exact")), cells=cells)
         return graph
 
     @classmethod

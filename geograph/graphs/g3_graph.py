@@ -21,10 +21,11 @@ from geograph.geometry.gain import (
     gain_transition_edges,
 )
 from geograph.graphs._base import PassageGraph
-from geograph.graphs.g3_updates import G3State, G3UpdateReport, g3_add, g3_remove
+from geograph.graphs.g3_updates import G3State, G3UpdateReport, g3_add, g3_remove, ivf_state
 from geograph.graphs.updates import PassageId
 from geograph.knn.allpairs import DEFAULT_BLOCK
 from geograph.knn.build import self_topk
+from geograph.knn.ivf_place import make_cells
 from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
 
 __all__ = ["G3Graph"]
@@ -263,6 +264,9 @@ class G3Graph(PassageGraph):
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
             if report is not None:
                 info.update(nlist=nlist or default_join_nlist(n), **report.as_dict())
+        keep = None  # an IVF build's weight lists and cells, kept for updates
+        if cand is not None and index == "ivf" and ranking == "weight":  # (exact lists after a fall-back)
+            keep = (cand[0].clone(), cand[1].clone())
         t0 = time.perf_counter()
         built = gain_transition_edges(
             z,
@@ -296,6 +300,17 @@ class G3Graph(PassageGraph):
             beta=beta,
             max_degree=max_degree,
         )
+        if keep is not None:
+            t0 = time.perf_counter()
+            zu = _unit(embeddings)
+            cells = None
+            if not info.get("exact", False):
+                cells = make_cells(
+                    zu, nlist=nlist, nprobe=info.get("nprobe", nprobe), sample=sample, seed=seed, block=tile
+                )
+            graph.update_state = ivf_state(graph, zu, keep[0], keep[1], cells, info["density"]["sample"], block=tile)
+            info["update_state_seconds"] = time.perf_counter() - t0
+            del keep, zu
         graph.build_info = info
         log.info("G3Graph.build: %s", info)
         return graph

@@ -1,29 +1,44 @@
-"""Adding and removing passages of a :class:`~geograph.G3Graph` in place, equal to an exact rebuild.
+r"""Adding and removing passages of a :class:`~geograph.G3Graph` in place, recomputing only the rows a change can move.
 
-G3's weights ``W_ij = f(S_ij) e^{-beta rho_j}`` depend on the density ``rho``, which every
-passage moves (its raw sums, and their min-max normalisation), so every penalty changes with
-every update. What does not change is each row's ranking of **cosines**. The update keeps:
+G3's weights ``W_ij = f(S_ij) p_j`` (``f(x) = x sqrt(1 - x^2)`` in the band, ``p_j = e^{-beta rho_j}``)
+depend on the density ``rho``, which every passage moves (its raw sums, and their min-max
+normalisation), so every penalty changes with every update. The update keeps
+(:class:`G3State`):
 
-- the raw density sums ``sum_{k != j} max(0, S_jk)`` of every passage (float64), updated
-  exactly by the ``(old x new)`` / ``(kept x removed)`` blocks of the change, then min-max
-  normalised again over all passages (``O(N)``);
-- every row's top-``K'`` cosine list below the band's ceiling
-  (:class:`~geograph.knn.update.TopkLists`, updated by
-  :func:`~geograph.knn.update.lists_add` / :func:`~geograph.knn.update.lists_remove`).
+- the raw density sums ``sum_{k != j} max(0, S_jk)`` of every passage (float64). An exact
+  build updates them exactly by the ``(new x all)`` / ``(kept x removed)`` blocks of the
+  change; a build whose density was sampled (the IVF build) updates the signed part
+  ``z_j . sum_k z_k`` exactly (``O(N D)``) and the negative part from a sample of the changed
+  passages at the build's rate (the rows at the minimum and maximum were summed exactly by
+  the build and move by these estimates, so that no column's penalty jumps). The sums are then
+  min-max normalised again (``O(N)``);
+- every row's top-``K'`` list **by weight** under the penalties it was made with (the values
+  are ``f(S_ij)``, the indices the columns) and a bound ``cut_i``: every pair outside the list
+  weighs at most ``cut_i`` (0: the list holds every positive weight of the row);
+- for an IVF build, its cells (:class:`~geograph.knn.ivf_place.IVFCells`).
 
-``T`` is then made from the lists under the new penalties by
-:func:`~geograph.functional.gain_transition_edges` with ``ranking="cosine"``: a row whose
-list proves it (every pair outside weighs at most ``f(x_K')``, below the row's kept
-``max_degree``-th weight) costs ``O(K')``; a row it cannot prove is recomputed against every
-passage. The result is the exact build's ``T`` (``index="exact"``) up to float rounding of the
-density sums. Costs: ``O((N M + R N) D + N K')`` for ``M`` changed passages and ``R``
-unproved rows (:class:`G3UpdateReport`); the first update of a graph without lists pays one
-all-pairs pass (the cost of the build's density stage) to make them. ``max_degree=None`` (the
-full ``T``) is rebuilt from the kept density: every weight of it moves.
+An update makes each row's new weights from its list (``O(K')``) and the new passages' columns
+(the blocks above for an exact graph; the rows of the cells each new passage meets for an IVF
+graph). A pair outside both weighed at most ``cut_i`` before; its new weight is its old one times
+``p'_j / p_j``, at most ``R = max_j p'_j / p_j``: **one bound for all rows** (the change of every
+penalty is the change of the normalisation, the same for every ``j``, and the changed passages'
+own share of ``raw_j``, small for most ``j``). A row whose ``max_degree``-th new weight is above
+``cut_i R`` (and above the best new column it did not keep) is **certified**: its row of ``T`` is
+the exact build's (for an IVF graph: the IVF build's, up to the join's misses). A row it cannot
+prove is recomputed, against the rows of the cells it meets (IVF: ``from_cells``) or against
+every passage (exact: ``redone``), and keeps a fresh list. :class:`G3UpdateReport` counts them.
+
+Costs: exact graph ``O(N M D + R N D + N K')``, IVF graph ``O(M C D + R C D + N (K' + D))`` for
+``M`` changed passages, ``R`` recomputed rows and ``C`` rows in the cells a row meets (about
+``2 nprobe N / nlist``). A graph without the state (loaded from disk, or reordered) makes it once:
+an exact graph by one all-pairs pass, an IVF graph from its build (kept) or, loaded, by one
+exact pass (the lists are not saved). ``max_degree=None`` (the full ``T``) is rebuilt from the
+kept density: every weight of it moves.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,34 +47,70 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from geograph.geometry.gain import _unit, candidate_cap, gain_transition_edges
-from geograph.graphs.updates import check_new_rows, mapped_lists, passage_ids
-from geograph.knn.allpairs import DEFAULT_BLOCK, Score, tiled_pairs
-from geograph.knn.update import TopkLists, lists_add, lists_remove
+from geograph.geometry.gain import _row_normalised, _unit, _weights, gain_rank, gain_transition_edges
+from geograph.graphs.updates import check_new_rows, passage_ids
+from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
+from geograph.knn.build import self_topk
+from geograph.knn.ivf_place import IVFCells, cell_blocks, cell_scan, make_cells, place_rows
+from geograph.knn.policy import AUTO_EXACT_MAX, DEFAULT_RECALL_TARGET, IVFOptions
 from geograph.ops.similarity import minmax_normalize
 
 if TYPE_CHECKING:
     from geograph.graphs.g3_graph import G3Graph
     from geograph.graphs.updates import PassageId
 
-__all__ = ["G3State", "G3UpdateReport", "g3_add", "g3_remove", "DEFAULT_UPDATE_CANDIDATES"]
+__all__ = ["G3State", "G3UpdateReport", "g3_add", "g3_remove", "g3_state", "DEFAULT_UPDATE_CANDIDATES"]
 
-#: cosine candidates a row keeps for updates unless told (twice ``max_degree``, at least this)
+#: weight candidates a row keeps for updates unless told (twice ``max_degree``, at least this)
 DEFAULT_UPDATE_CANDIDATES = 256
+
+#: relative slack of the certificate: a row is proven when its ``max_degree``-th weight exceeds the
+#: bound by more than this (the weights of the list and of the bound are rounded apart)
+CERTIFICATE_SLACK = 1e-5
+
+#: changed passages sampled (at least) for the negative part of a sampled density's change
+MIN_DENSITY_SAMPLE = 64
+
+#: columns a density is taken to be sampled with when the graph does not say (the IVF build's default)
+DENSITY_SAMPLE = 8192
 
 
 @dataclass
 class G3State:
-    """What a :class:`~geograph.G3Graph` keeps to be updated: raw density sums and cosine lists."""
+    """What a :class:`~geograph.G3Graph` keeps to be updated.
+
+    Attributes:
+        raw: ``(N,)`` float64 raw density sums (exact, or the sampled estimate of the build).
+        fvals: ``(N, K')`` ``f(S_ij)`` of each row's list, best weight first (``0`` past its end);
+            ``None`` for the full ``T``.
+        ids: ``(N, K')`` long columns of the lists (``-1`` past a row's end).
+        cut: ``(N,)`` float64: every pair outside row ``i``'s list weighs at most ``cut_i`` under
+            ``penalty`` (0: the list holds every positive weight).
+        penalty: ``(N,)`` the penalties ``e^{-beta rho}`` the lists were ranked by.
+        cells: the cells of an IVF build (local updates), or ``None`` (exact: every passage).
+        sample_rate: columns sampled per passage for the density (``None``: exact sums).
+    """
 
     raw: Tensor
-    lists: TopkLists | None
+    fvals: Tensor | None
+    ids: Tensor | None
+    cut: Tensor | None
+    penalty: Tensor
+    cells: IVFCells | None = None
+    sample_rate: float | None = None
+
+    @property
+    def width(self) -> int:
+        return 0 if self.ids is None else int(self.ids.shape[1])
 
     def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
-        """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the sums and lists."""
+        """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the state's tensors."""
         self.raw = fn(self.raw)
-        if self.lists is not None:
-            self.lists = mapped_lists(self.lists, fn)
+        self.penalty = fn(self.penalty)
+        if self.fvals is not None and self.ids is not None and self.cut is not None:
+            self.fvals, self.ids, self.cut = fn(self.fvals), fn(self.ids), fn(self.cut)
+        if self.cells is not None:
+            self.cells.apply(fn)
 
 
 @dataclass(frozen=True)
@@ -68,20 +119,25 @@ class G3UpdateReport:
 
     Attributes:
         added, removed, num_nodes: passages added, removed, and after the update.
-        lists_changed: rows whose cosine list changed.
-        lists_rescanned: rows whose cosine list was computed by a scan (new rows included).
-        certified: rows of ``T`` proven from their lists.
-        redone: rows of ``T`` recomputed against every passage.
+        certified: existing rows of ``T`` proven from their kept lists and the new columns
+            (their weights recomputed from the list, ``O(K')`` a row).
+        changed: certified rows whose edges (columns) changed.
+        from_cells: rows recomputed against the rows of the cells they meet (IVF graphs).
+        redone: rows recomputed against every passage (exact graphs).
+        scanned: new rows, listed against the cells they meet (IVF) or every passage (exact).
+        bound: the one factor ``R = max_j p'_j / p_j`` every outside weight was bounded by.
         seconds: wall time.
     """
 
     added: int
     removed: int
     num_nodes: int
-    lists_changed: int
-    lists_rescanned: int
     certified: int
+    changed: int
+    from_cells: int
     redone: int
+    scanned: int
+    bound: float
     seconds: float
 
 
@@ -89,77 +145,323 @@ def _positive(s: Tensor) -> Tensor:
     return s.clamp_min(0)
 
 
-def _width(graph: G3Graph) -> int:
-    return max(2 * (graph.max_degree or 0), DEFAULT_UPDATE_CANDIDATES)
+def _penalty(raw: Tensor, beta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The density ``rho`` (in ``dtype``) of raw sums and its penalties ``e^{-beta rho}``, as the build makes them."""
+    rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True).to(dtype)
+    return rho, torch.exp(-beta * rho)
+
+
+def _width(graph: G3Graph, width: int | None) -> int:
+    d = graph.max_degree or 0
+    return max(2 * d, DEFAULT_UPDATE_CANDIDATES) if width is None else max(int(width), d)
+
+
+def _padded(v: Tensor, i: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """Lists of fewer than ``width`` columns padded with ``-inf`` / ``-1``."""
+    if v.shape[1] >= width:
+        return v, i
+    pad = width - v.shape[1]
+    return torch.cat([v, v.new_full((v.shape[0], pad), float("-inf"))], 1), torch.cat(
+        [i, i.new_full((i.shape[0], pad), -1)], 1
+    )
+
+
+def _f_of(z: Tensor, rows: Tensor, ids: Tensor, band: tuple[float, float] | None, block: int) -> Tensor:
+    """``f(S_ij)`` of the pairs ``(rows[r], ids[r, c])`` (0 where ``ids`` is ``-1``): one dot product a
+    listed pair, by chunks of about ``block^2 / D`` pairs."""
+    out = torch.zeros(ids.shape, dtype=z.dtype, device=z.device)
+    r, c = (ids >= 0).nonzero(as_tuple=True)
+    step = max(1, (block * block) // (4 * z.shape[1]))
+    for p0 in range(0, r.numel(), step):
+        rr, cc = r[p0 : p0 + step], c[p0 : p0 + step]
+        s = (z[rows[rr]] * z[ids[rr, cc]]).sum(1)
+        out[rr, cc] = _weights(s, 1.0, band)
+    return out
+
+
+def _lists_from(
+    z: Tensor,
+    rows: Tensor,
+    w: Tensor,
+    ids: Tensor,
+    width: int,
+    n_others: int,
+    band: tuple[float, float] | None,
+    block: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Lists made by a scan ranked by weight: ``(f, ids, cut)``; entries of weight 0 dropped; the cut
+    is the last weight of a full scan (``width`` of ``n_others``), else 0."""
+    full = torch.isfinite(w).sum(1) >= width
+    cut = torch.where(full & (width < n_others), w[:, -1].clamp_min(0).double(), torch.zeros_like(w[:, -1]).double())
+    ids = ids.masked_fill(~(w > 0), -1)
+    return _f_of(z, rows, ids, band, block), ids, cut
 
 
 def g3_state(graph: G3Graph, block: int = DEFAULT_BLOCK, width: int | None = None) -> G3State:
     """The graph's update state, made by one all-pairs pass when it has none (``width``: the
-    cosine list length, default ``max(2 max_degree, DEFAULT_UPDATE_CANDIDATES)``)."""
-    state = getattr(graph, "update_state", None)
+    list length, default ``max(2 max_degree, DEFAULT_UPDATE_CANDIDATES)``)."""
+    state: G3State | None = getattr(graph, "update_state", None)
     if state is not None:
         if state.raw.device != graph.device:  # the graph was moved with .to()
-            state = G3State(state.raw.to(graph.device), state.lists and state.lists.to(graph.device))
-            graph.update_state = state
+            state.apply(lambda t: t.to(graph.device))
         return state
     z = _unit(graph.embeddings)
-    if graph.max_degree is None:
+    n = z.shape[0]
+    if graph.max_degree is not None and n > AUTO_EXACT_MAX:  # a large graph without its build's state
+        state = _ivf_state_again(graph, z, _width(graph, width), block)
+    elif graph.max_degree is None:
         _, _, sums = tiled_pairs(z, z, 0, block=block, exclude=True, row_sum=_positive)
         assert sums is not None  # (a row_sum was given)
-        state = G3State(sums.double(), None)
+        raw = sums.double()
+        state = G3State(raw, None, None, None, _penalty(raw, graph.beta, z.dtype)[1])
     else:
-        width = _width(graph) if width is None else max(int(width), graph.max_degree)
-        k = min(width, z.shape[0] - 1)
-        cap = candidate_cap(graph.band)
-        v, i, sums = tiled_pairs(z, z, k, block=block, exclude=True, row_sum=_positive, score=_score(cap))
+        k = _width(graph, width)
+        rho = graph.density.to(z)
+        penalty = torch.exp(-graph.beta * rho)
+        band = graph.band
+        v, i, sums = tiled_pairs(
+            z, z, min(k, n - 1), block=block, exclude=True, row_sum=_positive, score=_ranker(penalty, band)
+        )
         assert sums is not None
-        ok = torch.isfinite(v)
-        i = torch.where(ok, i, torch.full_like(i, -1))
-        if k < width:
-            v = torch.cat([v, v.new_full((v.shape[0], width - k), float("-inf"))], 1)
-            i = torch.cat([i, i.new_full((i.shape[0], width - k), -1)], 1)
-        state = G3State(sums.double(), TopkLists(v, i, ok.sum(1) < width))
+        v, i = _padded(v, i, k)
+        f, ids, cut = _lists_from(z, torch.arange(n, device=z.device), v, i, k, n - 1, band, block)
+        state = G3State(sums.double(), f, ids, cut, penalty)
     graph.update_state = state
     return state
 
 
-def _score(cap: Callable[[Tensor], Tensor] | None) -> Score | None:
-    return None if cap is None else (lambda s, cols: cap(s))
-
-
-def _block_sums(z_rows: Tensor, z_cols: Tensor, block: int) -> Tensor:
-    """``sum_c max(0, <z_r, z_c>)`` of every row against the given columns (float64)."""
-    out = torch.zeros(z_rows.shape[0], dtype=torch.float64, device=z_rows.device)
-    for r0 in range(0, z_rows.shape[0], block):
-        out[r0 : r0 + block] = (z_rows[r0 : r0 + block] @ z_cols.T).clamp_min_(0).sum(1, dtype=torch.float64)
-    return out
-
-
-def _remake(graph: G3Graph, embeddings: Tensor, z: Tensor, state: G3State, block: int) -> tuple[int, int]:
-    raw = state.raw
-    rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True)
-    cand = None if state.lists is None else (state.lists.values.clone(), state.lists.indices.clone())
-    built = gain_transition_edges(
+def _ivf_state_again(graph: G3Graph, z: Tensor, width: int, block: int) -> G3State:
+    """The state of a large graph that has none (loaded): the weight lists of an IVF join under its
+    density (the cost of the IVF build's join, not an all-pairs pass), its cells and a density
+    taken as sampled at the IVF build's default rate."""
+    penalty = torch.exp(-graph.beta * graph.density.to(z))
+    lists = self_topk(
         z,
-        band=graph.band,
-        beta=graph.beta,
-        max_degree=graph.max_degree,
+        width,
+        index="ivf",
+        ivf=IVFOptions(recall_target=DEFAULT_RECALL_TARGET),
         block=block,
-        density=rho.to(z.dtype),
-        candidates=cand,
-        ranking="cosine",
+        transform=gain_rank(graph.band),
+        target=penalty,
     )
-    t, edges = built.transition, built.edges
+    report = lists.ivf
+    if report is not None and report.exact:  # the join fell back to the exact scan: exact lists
+        f, ids, cut = _lists_from(
+            z,
+            torch.arange(z.shape[0], device=z.device),
+            lists.values,
+            lists.indices,
+            width,
+            z.shape[0] - 1,
+            graph.band,
+            block,
+        )
+        raw = _raw_of(graph, z, block)
+        return G3State(raw, f, ids, cut, penalty, sample_rate=min(1.0, DENSITY_SAMPLE / z.shape[0]))
+    cells = make_cells(z, nprobe=None if report is None else report.nprobe, block=block)
+    return ivf_state(graph, z, lists.values, lists.indices, cells, DENSITY_SAMPLE, block=block)
+
+
+def _raw_of(graph: G3Graph, z: Tensor, block: int) -> Tensor:
+    """The raw sums of a graph's density scaled back: its minimum and maximum rows summed exactly."""
+    rho = graph.density.to(torch.float64)
+    ends = torch.stack([rho.argmin(), rho.argmax()])
+    _, _, sums = tiled_pairs(z[ends], z, 0, block=block, exclude=ends, row_sum=_positive)
+    assert sums is not None
+    lo, hi = float(sums[0]), float(sums[1])
+    raw = lo + rho * (hi - lo)
+    raw[ends] = sums.double()
+    return raw
+
+
+def ivf_state(
+    graph: G3Graph,
+    z: Tensor,
+    values: Tensor,
+    indices: Tensor,
+    cells: IVFCells | None,
+    sample: int,
+    block: int = DEFAULT_BLOCK,
+) -> G3State:
+    """The update state of an IVF build from what it computed: its weight lists ``(N, K')``
+    (ranked by ``W_ij`` under the build's penalties), its cells (``None``: the join fell back to
+    the exact scan, whose lists are exact) and its density (``sample`` columns, 0 = exact). The
+    raw sums are the density scaled back: the rows at its minimum and maximum are summed exactly
+    (``O(N D)``), which fixes the normalisation's two ends."""
+    n = z.shape[0]
+    raw = _raw_of(graph, z, block)
+    k = values.shape[1]
+    penalty = torch.exp(-graph.beta * graph.density.to(z))
+    # f from the join's weights (w / p): an IVF graph's lists are approximate anyway, and a dot
+    # product a listed pair would cost a pass over N K' gathered rows
+    ok = torch.isfinite(values) & (values > 0) & (indices >= 0)
+    ids = indices.masked_fill(~ok, -1)
+    f = (values / penalty[ids.clamp_min(0)]).masked_fill_(~ok, 0.0)
+    full = torch.isfinite(values).sum(1) >= k
+    cut = torch.where(full, values[:, -1].clamp_min(0).double(), torch.zeros(n, dtype=torch.float64, device=z.device))
+    return G3State(raw, f, ids, cut, penalty, cells=cells, sample_rate=None if sample == 0 else sample / n)
+
+
+def _one_cell(z: Tensor) -> IVFCells:
+    """Every row in one cell: :func:`~geograph.knn.ivf_place.cell_blocks` then scans every row."""
+    return IVFCells(z[:1], torch.zeros(z.shape[0], dtype=torch.long, device=z.device), 1)
+
+
+def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int) -> Tensor:
+    """``sum_c max(0, <z_j, zc_c>)`` of every row ``j`` of ``z``: the signed part
+    ``z_j . sum_c zc_c`` exactly, the negative part from a uniform sample of the rows of ``zc``
+    (at least :data:`MIN_DENSITY_SAMPLE`, ``rate`` of them), scaled up (float64)."""
+    total = zc.double().sum(0)
+    signed = torch.empty(z.shape[0], dtype=torch.float64, device=z.device)
+    for r0 in range(0, z.shape[0], 1 << 16):  # by row chunks: no float64 copy of z
+        signed[r0 : r0 + (1 << 16)] = z[r0 : r0 + (1 << 16)].double() @ total
+    m = zc.shape[0]
+    s = min(m, max(MIN_DENSITY_SAMPLE, math.ceil(rate * m)))
+    pick = torch.randperm(m, generator=torch.Generator().manual_seed(seed))[:s].to(z.device)
+    neg = (z @ zc[pick].T).neg_().clamp_min_(0).sum(1, dtype=torch.float64)
+    return signed + neg * (m / s)
+
+
+def _new_raw(z: Tensor, n: int, state: G3State, block: int) -> Tensor:
+    """The raw sums of ``z`` (``N + M`` rows, the last ``M`` new) after an addition."""
+    m = z.shape[0] - n
+    new_ids = torch.arange(n, n + m, device=z.device)
+    if state.sample_rate is None:  # exact: the (new x all) blocks, both directions
+        fresh = torch.zeros(m, dtype=torch.float64, device=z.device)
+        delta = torch.zeros(n + m, dtype=torch.float64, device=z.device)
+        for q, cols, s in cell_blocks(z, new_ids, _one_cell(z), block=block):
+            pos = s.clamp_min(0).masked_fill_(q.unsqueeze(1) == cols, 0.0)
+            fresh[q - n] += pos.sum(1, dtype=torch.float64)
+            delta.index_add_(0, cols, pos.sum(0, dtype=torch.float64))
+        return torch.cat([state.raw + delta[:n], fresh])
+    rate = state.sample_rate
+    old = state.raw + _sampled_sum(z[:n], z[n:], rate, seed=n)
+    fresh = _sampled_sum(z[n:], z, rate, seed=n + m) - 1.0  # the passage itself: S_jj = 1
+    return torch.cat([old, fresh])
+
+
+def _remade(
+    graph: G3Graph,
+    z: Tensor,
+    embeddings: Tensor,
+    state: G3State,
+    raw: Tensor,
+    fvals: Tensor,
+    ids: Tensor,
+    cut: Tensor,
+    old_penalty: Tensor,
+    old_t: Tensor,
+    extra: tuple[Tensor, Tensor, Tensor, Tensor] | None,
+    fresh: tuple[Tensor, Tensor, Tensor] | None,
+    cells: IVFCells | None,
+    block: int,
+    t0: float,
+    added: int,
+    removed: int,
+) -> G3UpdateReport:
+    """Certify every old row from its list (and the new columns ``extra``: weights, ids, bound),
+    recompute the rest, append the new rows' lists ``fresh`` and make ``T``."""
+    n_all = z.shape[0]
+    d = int(graph.max_degree or 0)
+    width = fvals.shape[1]
+    rho, penalty = _penalty(raw, graph.beta, z.dtype)
+    n_old = fvals.shape[0]
+    ratio = penalty[:n_old].double() / old_penalty.double()
+    bound = float(ratio.max()) if ratio.numel() else 1.0
+    w = (fvals * penalty[ids.clamp_min(0)]).masked_fill_(ids < 0, float("-inf"))
+    limit = cut * bound
+    cand_w, cand_i, cand_f = w, ids, fvals
+    if extra is not None:
+        ew, ei, ef, eb = extra
+        cand_w, cand_i, cand_f = torch.cat([w, ew], 1), torch.cat([ids, ei], 1), torch.cat([fvals, ef], 1)
+        limit = torch.maximum(limit, eb)
+    # each entry keyed by (column, slot): ties fall by column as in the build, and f follows its slot
+    c = cand_w.shape[1]
+    key = cand_i.masked_fill(~torch.isfinite(cand_w), n_all) * c + torch.arange(c, device=z.device)
+    v, key = sort_topk(*merge_topk(cand_w, key, min(width + 1, c)))
+    i, f_sel = key // c, cand_f.gather(1, key % c)
+    proven = (v > (limit * (1 + CERTIFICATE_SLACK)).to(v.dtype).unsqueeze(1)) & (v > 0)
+    count = proven[:, :width].sum(1)
+    ok = (count >= min(d, n_all - 1)) | (limit == 0)
+    nxt = v.gather(1, count.clamp_max(v.shape[1] - 1).unsqueeze(1)).squeeze(1).clamp_min(0).double()
+    nxt = torch.where(count < v.shape[1], nxt, torch.zeros_like(nxt))
+    new_cut = torch.maximum(limit, nxt)
+    keep_slot = torch.arange(width, device=z.device).unsqueeze(0) < count.unsqueeze(1)
+    new_i = i[:, :width].masked_fill(~keep_slot, -1)
+    new_f = f_sel[:, :width].masked_fill(~keep_slot, 0.0)
+    todo = (~ok).nonzero().squeeze(1)
+    if todo.numel():
+        score = _ranker(penalty, graph.band)
+        if cells is not None:
+            rv, ri = cell_scan(z, todo, cells, width, score=score, block=block)
+        else:
+            rv, ri, _ = tiled_pairs(z[todo], z, min(width, n_all - 1), block=block, exclude=todo, score=score)
+            rv, ri = _padded(rv, ri, width)
+        rf, ri, rc = _lists_from(z, todo, rv, ri, width, n_all - 1 if cells is None else n_all, graph.band, block)
+        new_f[todo], new_i[todo], new_cut[todo] = rf, ri, rc
+    if fresh is not None:
+        new_f, new_i = torch.cat([new_f, fresh[0]]), torch.cat([new_i, fresh[1]])
+        new_cut = torch.cat([new_cut, fresh[2]])
+    state.raw, state.fvals, state.ids, state.cut, state.penalty = raw, new_f, new_i, new_cut, penalty
+    new_t = _set_t(graph, embeddings, rho, new_f, new_i, penalty, d)
+    changed = (new_t[:n_old] != old_t).any(1)
+    certified = int(ok.sum())
+    return G3UpdateReport(
+        added,
+        removed,
+        n_all,
+        certified,
+        int((changed & ok).sum()),
+        int(todo.numel()) if cells is not None else 0,
+        int(todo.numel()) if cells is None else 0,
+        0 if fresh is None else int(fresh[1].shape[0]),
+        bound,
+        time.perf_counter() - t0,
+    )
+
+
+def _ranker(penalty: Tensor, band: tuple[float, float] | None) -> Callable[[Tensor, Tensor], Tensor]:
+    return lambda s, cols: _weights(s, penalty[cols], band)
+
+
+def _set_t(
+    graph: G3Graph,
+    embeddings: Tensor,
+    rho: Tensor,
+    fvals: Tensor,
+    ids: Tensor,
+    penalty: Tensor,
+    d: int,
+) -> Tensor:
+    """``T`` from the first ``d`` entries of every list (weights ``f p``, positive only), in CSR order;
+    returns the ``(N, d)`` columns of every row, ascending, ``N`` past its end."""
+    n = ids.shape[0]
+    k = min(d, ids.shape[1])
+    ki = ids[:, :k]
+    kw = (fvals[:, :k] * penalty[ki.clamp_min(0)]).masked_fill_(ki < 0, 0.0)
+    cols, pos = ki.masked_fill(~(kw > 0), n).sort(dim=1)
+    kw = kw.gather(1, pos)
+    keep = cols < n
+    counts = keep.sum(1)
+    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    col, val = cols[keep], kw[keep]
     graph.embeddings = embeddings
     graph.density = rho.to(embeddings.dtype)
-    graph.crow = t.crow_indices().clone()
-    graph.col = t.col_indices().clone()
-    graph.val = t.values().to(embeddings.dtype).clone()
+    graph.crow, graph.col = crow, col
+    graph.val = _row_normalised(crow, val).to(embeddings.dtype)
     graph._update_width()
     graph.corpus_version += 1
-    if edges is None:
-        return 0, z.shape[0]
-    return int(edges.certified.sum()), int(edges.redone.sum())
+    return cols
+
+
+def _t_columns(graph: G3Graph, rows: Tensor, new_col: Tensor, n: int, k: int) -> Tensor:
+    """The columns of ``T``'s ``rows`` (``(R, k)``, renumbered by ``new_col``, ``-1`` = removed),
+    ascending, ``n`` past a row's end: to tell which rows an update changed."""
+    counts = graph.degree()
+    r = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+    out = torch.full((counts.numel(), max(1, k)), n, dtype=torch.long, device=counts.device)
+    out[r, torch.arange(r.numel(), device=r.device) - graph.crow[r]] = new_col[graph.col]
+    return out.masked_fill(out < 0, n)[rows].sort(dim=1).values
 
 
 def g3_add(
@@ -174,20 +476,87 @@ def g3_add(
     n, m = graph.num_nodes, len(new)
     emb = torch.cat([graph.embeddings, embeddings])
     z = _unit(emb)
-    new_rows = torch.arange(n, n + m, device=z.device)
-    _, _, fresh = tiled_pairs(z[n:], z, 0, block=block, exclude=new_rows, row_sum=_positive)
-    assert fresh is not None
-    raw = torch.cat([state.raw + _block_sums(z[:n], z[n:], block), fresh.double()])
-    changed = rescanned = 0
-    lists = None
-    if state.lists is not None:
-        change = lists_add(z, state.lists, transform=candidate_cap(graph.band), block=block)
-        lists, changed, rescanned = change.lists, int(change.changed.numel()) - m, int(change.rescanned.numel())
-    state_new = G3State(raw, lists)
-    certified, redone = _remake(graph, emb, z, state_new, block)
-    graph.update_state = state_new
+    raw = _new_raw(z, n, state, block)
+    if state.ids is None or state.fvals is None or state.cut is None:  # the full T: made again from the density
+        _full(graph, emb, z, state, raw, block)
+        known.add(new)
+        return G3UpdateReport(m, 0, n + m, 0, 0, 0, n, m, 1.0, time.perf_counter() - t0)
+    _, penalty = _penalty(raw, graph.beta, z.dtype)
+    # an old row's new column can be proven only above cut_i R: lower ones are not kept
+    floor = (state.cut * float((penalty[:n].double() / state.penalty.double()).max())).to(z.dtype)
+    cells = state.cells
+    if cells is not None:
+        cells.assign = torch.cat([cells.assign, place_rows(cells.centroids, z[n:], block=block)])
+    width = state.width
+    new_ids = torch.arange(n, n + m, device=z.device)
+    # the new rows' lists and the new columns of the old rows, from the same blocks
+    fw = z.new_full((m, width), float("-inf"))
+    fi = torch.full((m, width), -1, dtype=torch.long, device=z.device)
+    ow = z.new_full((n, width), float("-inf"))
+    oi = torch.full((n, width), -1, dtype=torch.long, device=z.device)
+    for q, cols, s in cell_blocks(z, new_ids, cells if cells is not None else _one_cell(z), block=block):
+        f = _weights(s, 1.0, graph.band).masked_fill_(q.unsqueeze(1) == cols, float("-inf"))
+        w = f * penalty[cols]  # the new rows' side: the target is the column
+        at = q - n
+        v, i = torch.cat([fw[at], w], 1), torch.cat([fi[at], cols.expand(q.numel(), -1)], 1)
+        fw[at], fi[at] = merge_topk(v, i.masked_fill(~torch.isfinite(v), n + m), width)
+        old = cols < n
+        if bool(old.any()):
+            g = cols[old]
+            wt = f.T[old] * penalty[q]  # the old rows' side: the target is the new row
+            wt = wt.masked_fill_(~(wt > floor[g].unsqueeze(1)), float("-inf"))
+            some = torch.isfinite(wt).any(1)
+            if not bool(some.any()):
+                continue
+            g, wt = g[some], wt[some]
+            v, i = torch.cat([ow[g], wt], 1), torch.cat([oi[g], q.expand(g.numel(), -1)], 1)
+            ow[g], oi[g] = merge_topk(v, i.masked_fill(~torch.isfinite(v), n + m), width)
+    full = torch.isfinite(ow).sum(1) >= width
+    last = ow.min(1).values.clamp_min(0).double()
+    extra_bound = torch.where(full, last, torch.zeros_like(last))
+    oi = oi.masked_fill(~(ow > 0), -1)
+    ow = ow.masked_fill(oi < 0, float("-inf"))
+    of = torch.zeros_like(ow)
+    hit = (oi >= 0).any(1).nonzero().squeeze(1)
+    of[hit] = _f_of(z, hit, oi[hit], graph.band, block)  # f from the pair, as every kept list holds it
+    fv, fi2 = sort_topk(fw, fi)
+    fresh = _lists_from(z, new_ids, fv, fi2.masked_fill(~torch.isfinite(fv), -1), width, n + m - 1, graph.band, block)
+    d = int(graph.max_degree or 0)
+    old_t = _t_columns(graph, torch.arange(n, device=z.device), torch.arange(n, device=z.device), n + m, d)
+    report = _remade(
+        graph,
+        z,
+        emb,
+        state,
+        raw,
+        state.fvals,
+        state.ids,
+        state.cut,
+        state.penalty,
+        old_t,
+        (ow, oi, of, extra_bound),
+        fresh,
+        cells,
+        block,
+        t0,
+        m,
+        0,
+    )
     known.add(new)
-    return G3UpdateReport(m, 0, n + m, changed, rescanned, certified, redone, time.perf_counter() - t0)
+    return report
+
+
+def _full(graph: G3Graph, emb: Tensor, z: Tensor, state: G3State, raw: Tensor, block: int) -> None:
+    rho, penalty = _penalty(raw, graph.beta, z.dtype)
+    built = gain_transition_edges(z, band=graph.band, beta=graph.beta, max_degree=None, block=block, density=rho)
+    t = built.transition
+    graph.embeddings = emb
+    graph.density = rho.to(emb.dtype)
+    graph.crow, graph.col = t.crow_indices().clone(), t.col_indices().clone()
+    graph.val = t.values().to(emb.dtype).clone()
+    graph._update_width()
+    graph.corpus_version += 1
+    state.raw, state.penalty = raw, penalty
 
 
 def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_BLOCK) -> G3UpdateReport:
@@ -198,19 +567,54 @@ def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_
     n = graph.num_nodes
     state = g3_state(graph, block)
     keep_d = keep.to(graph.device)
+    rows_d = rows.to(graph.device)
     z_all = _unit(graph.embeddings)
     z = z_all[keep_d]
-    raw = state.raw[keep_d] - _block_sums(z, z_all[rows.to(graph.device)], block)
-    changed = rescanned = 0
-    lists = None
-    if state.lists is not None:
-        cap = candidate_cap(graph.band)
-        change = lists_remove(z, state.lists, keep_d, state.lists.width, transform=cap, block=block)
-        lists, changed, rescanned = change.lists, int(change.changed.numel()), int(change.rescanned.numel())
-    state_new = G3State(raw, lists)
-    certified, redone = _remake(graph, graph.embeddings[keep_d], z, state_new, block)
-    graph.update_state = state_new
-    known.keep(keep)
-    return G3UpdateReport(
-        0, int(rows.numel()), n - int(rows.numel()), changed, rescanned, certified, redone, time.perf_counter() - t0
+    emb = graph.embeddings[keep_d]
+    if state.sample_rate is None:
+        gone = torch.zeros(z.shape[0], dtype=torch.float64, device=z.device)
+        zr = z_all[rows_d]
+        for r0 in range(0, z.shape[0], block):
+            gone[r0 : r0 + block] = (z[r0 : r0 + block] @ zr.T).clamp_min_(0).sum(1, dtype=torch.float64)
+        raw = state.raw[keep_d] - gone
+    else:
+        gone = _sampled_sum(z, z_all[rows_d], state.sample_rate, n)
+        raw = state.raw[keep_d] - gone
+    m = int(rows.numel())
+    if state.ids is None or state.fvals is None or state.cut is None:
+        _full(graph, emb, z, state, raw, block)
+        known.keep(keep)
+        return G3UpdateReport(0, m, n - m, 0, 0, 0, n - m, 0, 1.0, time.perf_counter() - t0)
+    if state.cells is not None:
+        state.cells.keep(keep_d)
+    pos = torch.cumsum(keep_d.long(), 0) - 1
+    lids = state.ids[keep_d]
+    valid = lids >= 0
+    alive = valid & keep_d[lids.clamp_min(0)]
+    lids = torch.where(alive, pos[lids.clamp_min(0)], torch.full_like(lids, -1))
+    fvals = state.fvals[keep_d].masked_fill(~alive, 0.0)
+    n_kept = z.shape[0]
+    old_t = _t_columns(
+        graph, keep_d.nonzero().squeeze(1), torch.where(keep_d, pos, -1), n_kept, int(graph.max_degree or 0)
     )
+    report = _remade(
+        graph,
+        z,
+        emb,
+        state,
+        raw,
+        fvals,
+        lids,
+        state.cut[keep_d],
+        state.penalty[keep_d],
+        old_t,
+        None,
+        None,
+        state.cells,
+        block,
+        t0,
+        0,
+        m,
+    )
+    known.keep(keep)
+    return report

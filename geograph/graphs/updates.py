@@ -23,7 +23,10 @@ from torch import Tensor
 from geograph._checks import check_tensor
 from geograph.artefacts.saved_graphs import saved_ids
 from geograph.knn.allpairs import DEFAULT_BLOCK
-from geograph.knn.update import TopkLists, lists_add, lists_edges, lists_remove, topk_lists
+from geograph.knn.build import self_topk
+from geograph.knn.ivf_place import IVFCells, make_cells, place_rows
+from geograph.knn.policy import AUTO_EXACT_MAX, DEFAULT_RECALL_TARGET, IVFOptions
+from geograph.knn.update import TopkLists, lists_add, lists_add_cells, lists_edges, lists_remove, topk_lists
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 from geograph.ops.similarity import normalize, unit_rows
 
@@ -126,7 +129,8 @@ class UpdateReport:
         added, removed: passages added and removed.
         num_nodes: passages after the update.
         rows_changed: existing rows whose neighbour list changed (new rows not counted).
-        rows_rescanned: rows whose list was computed by a scan against every passage (new rows included).
+        rows_rescanned: rows whose list was computed by a scan (new rows included): against every
+            passage, or for an IVF-built graph against the rows of the cells they meet.
         seconds: wall time.
     """
 
@@ -140,15 +144,22 @@ class UpdateReport:
 
 @dataclass
 class KnnState:
-    """A k-NN graph's directed lists (``width >= k``), ``k`` and whether the lists are exact."""
+    """A k-NN graph's directed lists (``width >= k``), ``k`` and whether the lists are exact.
+
+    ``cells``: the cells of the IVF build the lists came from (:class:`~geograph.knn.ivf_place.IVFCells`);
+    an update then scans only the cells the changed rows meet. ``None``: exact lists, scans
+    against every row."""
 
     lists: TopkLists
     k: int
     exact: bool = True
+    cells: IVFCells | None = None
 
     def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
-        """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the lists."""
+        """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the lists (and cells)."""
         self.lists = mapped_lists(self.lists, fn)
+        if self.cells is not None:
+            self.cells.apply(fn)
 
 
 def kept_lists(values: Tensor, indices: Tensor, k: int, *, exact: bool) -> TopkLists:
@@ -198,14 +209,23 @@ def passage_ids(owner: Any, n: int | None = None) -> PassageIds:
 
 
 def knn_state(graph: CorpusGraph, block: int = DEFAULT_BLOCK) -> KnnState | None:
-    """The graph's k-NN lists; made by one exact scan when a k-NN graph has none (e.g. loaded)."""
+    """The graph's k-NN lists; made when a k-NN graph has none (e.g. loaded): by one exact scan, or
+    above :data:`~geograph.knn.policy.AUTO_EXACT_MAX` passages by an IVF join (and its cells)."""
     state = getattr(graph, "knn_state", None)
     if state is not None and state.lists.values.device != graph.device:  # the graph was moved with .to()
         state.lists = state.lists.to(graph.device)
     if state is not None or not graph.name.startswith("knn"):
         return state
     k = int(graph.build_info.get("k", graph.name[3:] or 0))
-    state = KnnState(topk_lists(knn_unit(graph.embeddings), k, block=block), k)
+    z = knn_unit(graph.embeddings)
+    if z.shape[0] > AUTO_EXACT_MAX and k < z.shape[0] - 1:  # a large graph: its lists and cells from an IVF join
+        lists = self_topk(z, k, index="ivf", ivf=IVFOptions(recall_target=DEFAULT_RECALL_TARGET), block=block)
+        report = lists.ivf
+        exact = report is None or report.exact
+        cells = None if exact else make_cells(z, nprobe=None if report is None else report.nprobe, block=block)
+        state = KnnState(kept_lists(lists.values, lists.indices, k, exact=exact), k, exact=exact, cells=cells)
+    else:
+        state = KnnState(topk_lists(z, k, block=block), k)
     graph.knn_state = state
     return state
 
@@ -238,7 +258,13 @@ def add_passages(
     if state is not None:
         if groups is not None:
             raise ValueError("groups: a k-NN graph takes its edges from the embeddings, not from groups")
-        change = lists_add(knn_unit(emb), state.lists, block=block)
+        z = knn_unit(emb)
+        if state.cells is not None:  # an IVF build's lists: the new rows meet the cells they probe
+            cells = state.cells
+            cells.assign = torch.cat([cells.assign, place_rows(cells.centroids, z[n:], block=block)])
+            change = lists_add_cells(z, state.lists, cells, block=block)
+        else:
+            change = lists_add(z, state.lists, block=block)
         state.lists = change.lists
         changed, rescanned = int(change.changed.numel()) - m, int(change.rescanned.numel())
         ei = lists_edges(state.lists, state.k)
@@ -286,7 +312,9 @@ def remove_passages(graph: CorpusGraph, ids: Iterable[PassageId], *, block: int 
     state = knn_state(graph, block)
     changed = rescanned = 0
     if state is not None:
-        change = lists_remove(knn_unit(emb), state.lists, keep_d, state.k, block=block)
+        if state.cells is not None:
+            state.cells.keep(keep_d)
+        change = lists_remove(knn_unit(emb), state.lists, keep_d, state.k, block=block, cells=state.cells)
         state.lists = change.lists
         changed, rescanned = int(change.changed.numel()), int(change.rescanned.numel())
         ei = lists_edges(state.lists, state.k)

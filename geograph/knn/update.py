@@ -11,6 +11,10 @@ row of finite rank (fewer than ``K`` exist).
   rows have higher indices, so a tie stays with the old entry), which one batched
   ``(old x new)`` block per row tile decides. Merging keeps the list exact and lets it grow
   back to ``K``: every row of rank above the old last entry is known.
+- :func:`lists_add_cells` does the same for lists of an IVF build (:mod:`geograph.knn.ivf_place`):
+  the new rows meet the rows of the cells they meet (the build's probes), each block of scores
+  serving the new rows' lists and the old rows' lists, so an addition costs ``M`` rows times
+  about ``nprobe`` cells; the lists stay what the join would find, up to its misses.
 - :func:`lists_remove` drops rows and renumbers the rest (order kept, so the tie rule is
   unchanged); a row that lost entries keeps an exact, shorter list, and only rows left with
   fewer than ``need`` entries (and not complete) are scanned again, restricted to those rows.
@@ -29,9 +33,19 @@ from torch import Tensor
 
 from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
 from geograph.knn.exact import pair_score
+from geograph.knn.ivf_place import IVFCells, cell_blocks, cell_scan
 from geograph.knn.policy import Transform
 
-__all__ = ["TopkLists", "ListsChange", "topk_lists", "scan_rows", "lists_add", "lists_remove", "lists_edges"]
+__all__ = [
+    "TopkLists",
+    "ListsChange",
+    "topk_lists",
+    "scan_rows",
+    "lists_add",
+    "lists_add_cells",
+    "lists_remove",
+    "lists_edges",
+]
 
 
 @dataclass(frozen=True)
@@ -156,6 +170,72 @@ def lists_add(
     return ListsChange(out, torch.cat(changed), new_ids)
 
 
+def lists_add_cells(
+    z: Tensor,
+    lists: TopkLists,
+    cells: IVFCells,
+    *,
+    transform: Transform | None = None,
+    block: int = DEFAULT_BLOCK,
+) -> ListsChange:
+    """:func:`lists_add` for the lists of an IVF build: ``z`` is ``(N + M, D)`` (the ``N`` rows
+    of ``lists`` then ``M`` new ones) and ``cells.assign`` holds the cell of all ``N + M``
+    (:func:`~geograph.knn.ivf_place.place_rows`).
+
+    The new rows are scored against the rows of the cells they meet
+    (:func:`~geograph.knn.ivf_place.cell_blocks`): each block gives the new rows' lists and,
+    transposed, the old rows whose list a new row enters (ranked strictly above its last
+    entry), as each block of the join serves both of its cells. Cost: ``M`` rows times the
+    rows of about ``nprobe`` cells (``2 nprobe N / nlist``), not ``M N``.
+
+    Example:
+        >>> from geograph.knn.ivf_place import make_cells
+        >>> z = torch.nn.functional.normalize(torch.randn(300, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+        >>> cells = make_cells(z, nlist=4, nprobe=4)  # every cell meets every cell: exact
+        >>> out = lists_add_cells(z, topk_lists(z[:290], 5), cells)
+        >>> torch.equal(out.lists.indices, topk_lists(z, 5).indices)
+        True
+    """
+    n, width = lists.values.shape[0], lists.width
+    m = z.shape[0] - n
+    new_ids = torch.arange(n, n + m, device=z.device)
+    score = pair_score(transform, None)
+    values, indices, complete = lists.values.clone(), lists.indices.clone(), lists.complete.clone()
+    depth = lists.depth()
+    last = values.gather(1, (depth - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
+    threshold = torch.where(complete | (depth == 0), torch.full_like(last, float("-inf")), last)
+    fresh_v = z.new_full((m, width), float("-inf"))
+    fresh_i = torch.full((m, width), -1, dtype=torch.long, device=z.device)
+    touched = torch.zeros(n, dtype=torch.bool, device=z.device)
+    for q, cols, s in cell_blocks(z, new_ids, cells, block=block):
+        s = s if score is None else score(s, cols)
+        s = s.masked_fill(q.unsqueeze(1) == cols, float("-inf"))
+        at = q - n
+        v, i = torch.cat([fresh_v[at], s], 1), torch.cat([fresh_i[at], cols.expand(q.numel(), -1)], 1)
+        fresh_v[at], fresh_i[at] = merge_topk(v, i.masked_fill(~torch.isfinite(v), z.shape[0]), width)
+        old = cols < n
+        if not bool(old.any()):
+            continue
+        st, g = s.T[old], cols[old]  # the old rows of this cell against these new rows
+        hit = (st > threshold[g, None]) & torch.isfinite(st)
+        rows = hit.any(1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        g = g[rows]
+        cand_v = torch.cat([values[g], st[rows].masked_fill(~hit[rows], float("-inf"))], 1)
+        cand_i = torch.cat([indices[g], q.expand(len(rows), -1)], 1)
+        count = torch.isfinite(cand_v).sum(1)
+        v, i = sort_topk(*merge_topk(cand_v, cand_i.masked_fill(~torch.isfinite(cand_v), z.shape[0]), width))
+        values[g], indices[g] = v, i.masked_fill(~torch.isfinite(v), -1)
+        complete[g] = complete[g] & (count <= width)
+        touched[g] = True
+    fv, fi = sort_topk(fresh_v, fresh_i)
+    fi = fi.masked_fill(~torch.isfinite(fv), -1)
+    fresh_complete = torch.full((m,), z.shape[0] - 1 < width, dtype=torch.bool, device=z.device)
+    out = TopkLists(torch.cat([values, fv]), torch.cat([indices, fi]), torch.cat([complete, fresh_complete]))
+    return ListsChange(out, torch.cat([touched.nonzero().squeeze(1), new_ids]), new_ids)
+
+
 def lists_remove(
     z: Tensor,
     lists: TopkLists,
@@ -164,12 +244,14 @@ def lists_remove(
     *,
     transform: Transform | None = None,
     block: int = DEFAULT_BLOCK,
+    cells: IVFCells | None = None,
 ) -> ListsChange:
     """The lists of the kept rows ``z`` (``keep``: ``(N,)`` bool over the rows of ``lists``).
 
     Rows are renumbered in order. A kept row that lost entries keeps the rest (still its exact
     top); rows left with fewer than ``need`` entries (``need`` clamps to the other rows) and not
-    complete are scanned again (:func:`scan_rows` on those rows only).
+    complete are scanned again (:func:`scan_rows` on those rows only; with ``cells``, the cells
+    of the kept rows, :func:`~geograph.knn.ivf_place.cell_scan` against the cells they meet).
 
     Example:
         >>> z = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.8, 0.6], [0.0, 1.0]])
@@ -192,7 +274,10 @@ def lists_remove(
     need = min(need, n_new - 1)
     depth = torch.isfinite(values).sum(1)
     redo = ((depth < need) & ~complete).nonzero().squeeze(1)
-    if redo.numel():
+    if redo.numel() and cells is not None:
+        v, i = cell_scan(z, redo, cells, lists.width, transform=transform, block=block)
+        values[redo], indices[redo] = v, i
+    elif redo.numel():
         fresh = scan_rows(z, redo, lists.width, transform=transform, block=block)
         values[redo], indices[redo], complete[redo] = fresh.values, fresh.indices, fresh.complete
     return ListsChange(TopkLists(values, indices, complete), affected, redo)
