@@ -385,7 +385,7 @@ def test_default_join_nprobe_meets_enough_rows_and_small_corpora_join_every_cell
     z = torch.nn.functional.normalize(torch.randn(900, 16, generator=torch.Generator().manual_seed(3)), dim=1)
     out = ivf_self_topk(z, 6, IVFOptions(nlist=16, refine=False))  # default nprobe = all 16 cells
     v, i = out.values, out.indices
-    assert out.ivf.nprobe == 16 and set(out.seconds) == {"train", "assign", "join", "own_probes"}
+    assert out.ivf.nprobe == 16 and set(out.seconds) == {"train", "assign", "join", "own_probes", "merge"}
     ev, ei = tiled_topk(z, z, 6, exclude_self=True)
     assert torch.equal(i, ei) and torch.equal(v, ev)
     i8 = ivf_self_topk(z, 6, IVFOptions(nlist=16, nprobe=2, refine=False)).indices  # 2 cells miss pairs

@@ -6,7 +6,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict, cast
+from typing import TypedDict, Unpack, cast
 
 import torch
 from torch import Tensor
@@ -28,6 +28,7 @@ __all__ = [
     "DensityInfo",
     "GainEdges",
     "GainTransition",
+    "GainOptions",
     "candidate_cap",
     "gain_rank",
 ]
@@ -489,19 +490,7 @@ def _compact(t: Tensor) -> Tensor:
     return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 
 
-def gain_transition(
-    embeddings: Tensor,
-    *,
-    band: tuple[float, float] | None = (0.1, 0.7),
-    beta: float = 0.4,
-    max_degree: int | None = None,
-    block: int | None = None,
-    density: Tensor | None = None,
-    candidates: tuple[Tensor, Tensor] | None = None,
-    ranking: str = "cosine",
-    progress: bool | str = False,
-    consume: bool = False,
-) -> Tensor:
+def gain_transition(embeddings: Tensor, **options: Unpack[GainOptions]) -> Tensor:
     r"""G3RAG's row-normalised transition matrix ``T`` as a sparse CSR ``(N, N)`` tensor.
 
     .. math:: W_{ij} = x \sqrt{1 - x^2}\, e^{-\beta \hat\rho_j} \quad (x = S_{ij} \in [lo, hi],
@@ -525,17 +514,9 @@ def gain_transition(
 
     Args:
         embeddings: ``(N, D)`` passage embeddings (normalised here).
-        band: similarity interval ``(lo, hi)`` of the edges, or ``None``.
-        beta: density penalty on the target.
-        max_degree: strongest edges kept per row; ``None`` = all.
-        block: tile side (``max_degree``), or rows per block (``None``: default ``2^26 // N``).
-        density: precomputed :func:`gain_density` (saves one pass).
-        candidates: ``(values, indices)`` top-``K'`` cosine (or weight) lists of every passage
-            (needs ``max_degree <= K'``).
-        ranking: what ``candidates`` rank: ``"cosine"`` or ``"weight"`` (:func:`gain_edges`).
-        progress: progress bars.
-        consume: ``candidates`` are used up (:func:`gain_edges`): left empty, their memory
-            reused and released.
+        options: the keywords of :func:`gain_transition_edges` (``GainOptions``: ``band``,
+            ``beta``, ``max_degree``, ``block``, ``density``, ``candidates``, ``ranking``,
+            ``progress``, ``consume``), with its defaults.
 
     Returns:
         ``torch.sparse_csr_tensor`` ``(N, N)`` in the embeddings' dtype, rows sum to 1 or 0
@@ -549,18 +530,22 @@ def gain_transition(
                 [0.5000, 0.0000, 0.5000],
                 [0.0000, 1.0000, 0.0000]])
     """
-    return gain_transition_edges(
-        embeddings,
-        band=band,
-        beta=beta,
-        max_degree=max_degree,
-        block=block,
-        density=density,
-        candidates=candidates,
-        ranking=ranking,
-        progress=progress,
-        consume=consume,
-    ).transition
+    return gain_transition_edges(embeddings, **options).transition
+
+
+class GainOptions(TypedDict, total=False):
+    """The keywords of :func:`gain_transition_edges`, which :func:`gain_transition` passes on (their
+    defaults are :func:`gain_transition_edges`')."""
+
+    band: tuple[float, float] | None
+    beta: float
+    max_degree: int | None
+    block: int | None
+    density: Tensor | None
+    candidates: tuple[Tensor, Tensor] | None
+    ranking: str
+    progress: bool | str
+    consume: bool
 
 
 @dataclass(frozen=True)
@@ -591,8 +576,22 @@ def gain_transition_edges(
     progress: bool | str = False,
     consume: bool = False,
 ) -> GainTransition:
-    """:func:`gain_transition` (same arguments) with the kept edges and how each row was proven
+    """:func:`gain_transition` with the kept edges and how each row was proven
     (:func:`gain_edges`: certified from its candidate list, or recomputed).
+
+    Args:
+        embeddings: ``(N, D)`` passage embeddings (normalised here).
+        band: similarity interval ``(lo, hi)`` of the edges, or ``None``.
+        beta: density penalty on the target.
+        max_degree: strongest edges kept per row; ``None`` = all.
+        block: tile side (``max_degree``), or rows per block (``None``: default ``2^26 // N``).
+        density: precomputed :func:`gain_density` (saves one pass).
+        candidates: ``(values, indices)`` top-``K'`` cosine (or weight) lists of every passage
+            (needs ``max_degree <= K'``).
+        ranking: what ``candidates`` rank: ``"cosine"`` or ``"weight"`` (:func:`gain_edges`).
+        progress: progress bars.
+        consume: ``candidates`` are used up (:func:`gain_edges`): left empty, their memory
+            reused and released.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from geograph import _checks
 from geograph._checks import check_positive_int
+from geograph.knn.select import compiled, new_lists, offer_rows
 from geograph.outputs import topk_by_key, topk_stable
 
 __all__ = [
@@ -287,10 +288,17 @@ def pairs_rows(shared: dict[str, Any], r0: int) -> tuple[Tensor, Tensor, Tensor 
     best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=q.device)
     sums = q.new_zeros(q.shape[0]) if row_sum is not None else None
     own = None if self_ids is None else self_ids[r0 : r0 + block].unsqueeze(1)
+    # a build over many query tiles on CPU: each tile offered to the rows' heaps by the compiled
+    # kernel (:mod:`geograph.knn.select`); the kept set is the same, ordered once at the end
+    heaps = bool(k) and not traced and compiled(q)
+    if heaps:
+        best_v, best_i = new_lists(q.shape[0], k, q)
+        local = torch.arange(q.shape[0])
+        excl = None if own is None else own.squeeze(1)
     for c0 in range(0, v, block):
         s = q @ keys[c0 : c0 + block].T
         cols = torch.arange(c0, c0 + s.shape[1], device=q.device)
-        hit = None if own is None else own == cols
+        hit = None if own is None or (heaps and sums is None) else own == cols
         if sums is not None:
             term = row_sum(s)
             if hit is not None:
@@ -299,6 +307,9 @@ def pairs_rows(shared: dict[str, Any], r0: int) -> tuple[Tensor, Tensor, Tensor 
         if k == 0:
             continue
         ranked = s if score is None else score(s, cols)
+        if heaps:
+            offer_rows(best_v, best_i, local, ranked, cols, exclude=excl)
+            continue
         if hit is not None:
             ranked = ranked.masked_fill(hit, float("-inf"))
         if traced:  # positions ascend with key ids, so the stable top-k keeps the tie rule

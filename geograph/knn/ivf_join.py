@@ -25,7 +25,6 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,17 +35,17 @@ from geograph.knn.allpairs import (
     DEFAULT_BLOCK,
     current_executor,
     map_tiles,
-    merge_topk,
     progress_bar,
     sort_topk_,
     tiled_topk,
 )
-from geograph.knn.exact import exact_rows, exact_self_topk, rank_pairs
+from geograph.knn.exact import exact_rows, exact_self_topk
 from geograph.knn.faiss_ivf import train_centroids
 from geograph.knn.ivf_recall import choose_nprobe, measure_recall
 from geograph.knn.nn_descent import refine_neighbours
 from geograph.knn.policy import (
-    LADDER_DESCENT,
+    LADDER_LOWEST,
+    RECALL_MARGIN_SE,
     IVFOptions,
     IVFReport,
     SelfTopk,
@@ -57,6 +56,7 @@ from geograph.knn.policy import (
     default_join_nprobe,
     log,
 )
+from geograph.knn.select import new_lists, offer_cols, offer_lists, offer_rows
 
 __all__ = ["ivf_self_topk", "join_cells"]
 
@@ -80,10 +80,12 @@ def ivf_self_topk(
     With ``options.recall_target`` and ``nprobe`` left to its default, ``recall_rows`` sampled
     rows are ranked exactly against every row; the cells of their exact neighbours say, for any
     ``nprobe``, which of them the join would meet (its cell pairs and the row's own probes), so
-    ``nprobe`` is the smallest of the ladder ``default / 4, default / 2, default, 2 default, ...``
-    (:data:`~geograph.knn.policy.LADDER_DESCENT`) whose predicted recall reaches the
-    target (:func:`~geograph.knn.ivf_recall.choose_nprobe`; the refining round
-    only adds to it). Above ``nlist / 4`` cells (probed from both sides, a large share of all
+    ``nprobe`` is the least count of cells (from :data:`~geograph.knn.policy.LADDER_LOWEST` up)
+    whose predicted recall clears the target by :data:`~geograph.knn.policy.RECALL_MARGIN_SE`
+    standard errors (:func:`~geograph.knn.ivf_recall.choose_nprobe`), and the refining round is
+    skipped (``refine=None``): the join is exact on the pairs it scores, so the prediction is its
+    recall, and a 0.98 target delivers about 0.98, not the 0.9999 that a fixed ``nprobe`` and a
+    refining round would pay for. Above ``nlist / 4`` cells (probed from both sides, a large share of all
     pairs) the rows are computed exactly instead: a simple bound, not a cost model. Either way
     ``recall_rows`` other sampled rows measure the recall of the result. Why: IVF's recall
     depends on the data, not only on its size (at 50k rows of MiniLM-like topics ``nprobe`` 32
@@ -108,7 +110,7 @@ def ivf_self_topk(
         :class:`~geograph.knn.policy.SelfTopk`: ``values``, ``indices`` ``(N, k)``,
         best first (ties: lowest index; a row with fewer than ``k`` candidates pads with
         ``-inf`` and index ``-1``, rare: tiny cells only), the seconds of each stage
-        (``train``, ``assign``, ``join``, ``own_probes``, ``refine``; ``recall`` for the sampled
+        (``train``, ``assign``, ``join``, ``own_probes``, ``merge``, ``refine``; ``recall`` for the sampled
         exact rows; ``exact`` after a fall-back) and the
         :class:`~geograph.knn.policy.IVFReport` (after a fall-back to the exact scan
         ``exact`` is True, ``nprobe`` None and ``recall`` 1.0 by construction, not measured).
@@ -131,7 +133,7 @@ def ivf_self_topk(
     nlist = default_join_nlist(n) if opts.nlist is None else opts.nlist
     nprobe = default_join_nprobe(n, nlist) if opts.nprobe is None else opts.nprobe
     sample = check_ivf(n, nlist, nprobe, opts.sample)
-    seed, refine = opts.seed, opts.refine
+    seed = opts.seed
     clock = StageClock()
     centroids = train_centroids(z, nlist, sample=sample, seed=seed)
     clock("train")
@@ -168,7 +170,15 @@ def ivf_self_topk(
             choose_rows = choose_rows.to(z.device)
             ref = exact_rows(z, choose_rows, k, block, transform, target)
             probe, predicted = choose_nprobe(
-                z, choose_rows, ref, centroids, assign, nprobe, float(recall_target), lowest=nprobe // LADDER_DESCENT
+                z,
+                choose_rows,
+                ref,
+                centroids,
+                assign,
+                nprobe,
+                float(recall_target),
+                lowest=LADDER_LOWEST,
+                margin=RECALL_MARGIN_SE,
             )
         clock("recall")
         if probe is None:  # no nprobe up to max(default, nlist / 4) reaches the target
@@ -184,27 +194,31 @@ def ivf_self_topk(
             clock.reset()  # the scan timed itself ("exact")
             return measured(scan.values, scan.indices, None, recall_target, exact=True)
         nprobe = probe
+    # the refining round only where it pays: not after the join alone is predicted to reach the target
+    refine = (predicted is None) if opts.refine is None else opts.refine
     order = torch.sort(assign, stable=True).indices
     counts = torch.bincount(assign, minlength=nlist)
     ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
     # the running lists in corpus order (row = passage id): the join works on sorted positions
     # and maps them through `order` when it merges, so no permuted copy of the lists is made
-    best_v = z.new_full((n, k), float("-inf"))
-    best_i = torch.full((n, k), -1, dtype=torch.long, device=z.device)  # corpus ids
+    best_v, best_i = new_lists(n, k, z)  # the running lists (heaps on CPU, :mod:`geograph.knn.select`)
     pairs = _cell_pairs(centroids, nprobe)
     clock("assign")
     bar = progress_bar(progress, n, "ivf join", "join")
-    shared = dict(z=z, order=order, ptr=ptr, pairs=pairs, k=k, block=block, transform=transform, target=target)
+    # the rows in cell order: a cell's rows, and the met cells' rows, are slices of it (copied
+    # contiguously, not gathered row by row)
+    zs = z.index_select(0, order)
+    shared = dict(zs=zs, order=order, ptr=ptr, pairs=pairs, k=k, block=block, transform=transform, target=target)
     executor = current_executor()
-    if executor is None:  # cell by cell, merged in place
+    if executor is None:  # cell by cell, into the lists in place
         for a in range(nlist):
-            _join_cell(shared, a, lambda rows, tv, ti: _merge_into(best_v, best_i, order[rows], tv, ti))
+            _join_cell(shared, a, best_v, best_i)
             if bar is not None:
                 bar.update(ptr[a + 1] - ptr[a])
-    else:  # groups of cells as independent tiles, each returning its merged lists
+    else:  # groups of cells as independent tiles, each returning its own lists
         groups = _cell_groups(ptr, pairs, 4 * getattr(executor, "parallelism", 2))
         for cells, (rows, tv, ti) in map_tiles(join_cells, shared, groups):
-            _merge_into(best_v, best_i, order[rows], tv, ti)
+            offer_lists(best_v, best_i, rows, tv, ti)
             if bar is not None:
                 bar.update(sum(ptr[a + 1] - ptr[a] for a in cells))
     if bar is not None:
@@ -217,13 +231,14 @@ def ivf_self_topk(
         2.0
         * d
         * _own_probes(
-            z, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+            zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
         )
     )
     clock("own_probes")
-    del shared
+    del shared, zs
     # canonical lists (best first, ties lowest id, -1 where empty) whatever order the merges ran in
     vals, out_i = sort_topk_(best_v, best_i, empty=-1)
+    clock("merge")
     if refine:
         vals, out_i = refine_neighbours(
             z,
@@ -261,55 +276,46 @@ def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
     return [hi[ptr[c] : ptr[c + 1]] for c in range(nlist)]
 
 
-def _join_cell(shared: dict[str, Any], a: int, sink: Callable[[slice | Tensor, Tensor, Tensor], None]) -> None:
-    """Cell ``a`` joined with every cell it meets: the candidates of its rows, and of the met cells'
-    rows against its rows (each pair once), passed to ``sink(rows, values, ids)`` (sorted positions)."""
-    z, order, ptr, pairs, k = shared["z"], shared["order"], shared["ptr"], shared["pairs"], shared["k"]
+def _join_cell(shared: dict[str, Any], a: int, best_v: Tensor, best_i: Tensor, touched: Tensor | None = None) -> None:
+    """Cell ``a`` joined with every cell it meets, offered to the lists ``best_v`` / ``best_i`` (rows
+    are corpus ids): its rows' candidates, and the met cells' rows' candidates among its rows (each
+    pair once: only cells ``b > a`` get the other side). ``touched`` marks the lists it offered to."""
+    zs, order, ptr, pairs = shared["zs"], shared["order"], shared["ptr"], shared["pairs"]
     block, transform, target = shared["block"], shared["transform"], shared["target"]
     a0, a1 = ptr[a], ptr[a + 1]
     if a1 == a0:
         return
-    cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=z.device) for c in pairs[a].tolist()])
+    met = pairs[a].tolist()
+    cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=zs.device) for c in met])
     col_ids = order[cols]
-    kc = z[col_ids]  # the met cells' rows, gathered (no sorted copy of z is kept)
-    za = z[order[a0:a1]]
+    kc = torch.cat([zs[ptr[c] : ptr[c + 1]] for c in met])  # the met cells' rows
+    za = zs[a0:a1]
+    other = (cols >= a1).nonzero().squeeze(1)  # the columns of met cells b > a: they get the other side
+    owners = col_ids[other]
+    col_scale = None if target is None else target[col_ids]
     step = max(1, (block * block) // max(1, cols.numel()))
     for r0 in range(a0, a1, step):
         r1 = min(a1, r0 + step)
         s = za[r0 - a0 : r1 - a0] @ kc.T
         if transform is not None:
             s = transform(s)
-        rows = torch.arange(r0, r1, device=z.device)
-        s.masked_fill_(rows.unsqueeze(1) == cols, float("-inf"))
-        # these rows of cell a against every cell a meets
-        fwd = s if target is None else s * target[col_ids]
-        tv, ti = merge_topk(fwd, col_ids.expand(s.shape[0], -1), min(k, s.shape[1]))
-        sink(slice(r0, r1), tv, ti)
-        # the other side: each row of a met cell b > a against these rows of a (each pair once)
-        other = cols >= a1
-        if bool(other.any()):
-            st = s.T[other]
-            if target is not None:
-                st = st * target[order[rows]]
-            tv, ti = merge_topk(st, order[rows].expand(st.shape[0], -1), min(k, st.shape[1]))
-            sink(cols[other], tv, ti)
+        ids = order[r0:r1]
+        offer_rows(best_v, best_i, ids, s, col_ids, exclude=ids, scale=col_scale)
+        offer_cols(best_v, best_i, s, other, owners, ids, scale=None if target is None else target[ids])
+    if touched is not None:
+        touched[order[a0:a1]] = True
+        touched[owners] = True
 
 
 def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
     """A group of cells of the IVF join as one independent tile (:func:`~geograph.knn.allpairs.map_tiles`):
-    returns the sorted positions it touched and their merged lists ``(rows, values (R, k), ids (R, k))``.
-    Memory: one ``(N, k)`` list buffer for the group."""
-    z, k = shared["z"], shared["k"]
-    best_v = z.new_full((z.shape[0], k), float("-inf"))
-    best_i = torch.full((z.shape[0], k), -1, dtype=torch.long, device=z.device)
-    touched = torch.zeros(z.shape[0], dtype=torch.bool, device=z.device)
-
-    def sink(rows: slice | Tensor, tv: Tensor, ti: Tensor) -> None:
-        _merge_into(best_v, best_i, rows, tv, ti)
-        touched[rows] = True
-
+    returns the rows (corpus ids) it offered candidates to and their lists ``(rows, values (R, k),
+    ids (R, k))``, unordered within a row. Memory: one ``(N, k)`` list buffer for the group."""
+    zs, k = shared["zs"], shared["k"]
+    best_v, best_i = new_lists(zs.shape[0], k, zs)
+    touched = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
     for a in cells:
-        _join_cell(shared, a, sink)
+        _join_cell(shared, a, best_v, best_i, touched)
     rows = touched.nonzero().squeeze(1)
     return rows, best_v[rows], best_i[rows]
 
@@ -323,15 +329,8 @@ def _cell_groups(ptr: list[int], pairs: list[Tensor], groups: int) -> list[list[
     return [list(range(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
-def _merge_into(best_v: Tensor, best_i: Tensor, rows: slice | Tensor, values: Tensor, ids: Tensor) -> None:
-    """Merge candidates ``(R, c)`` into the running lists of ``rows`` (a slice or unique row ids), in place."""
-    best_v[rows], best_i[rows] = merge_topk(
-        torch.cat([best_v[rows], values], 1), torch.cat([best_i[rows], ids], 1), best_v.shape[1]
-    )
-
-
 def _own_probes(
-    z: Tensor,
+    zs: Tensor,
     order: Tensor,
     centroids: Tensor,
     cell: Tensor,
@@ -347,14 +346,15 @@ def _own_probes(
 ) -> int:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
-    Rows are sorted positions; ``best_v`` / ``best_i`` are in corpus order (row ``order[r]``).
+    ``zs`` is ``z`` in cell order (row ``r`` is passage ``order[r]``); ``best_v`` / ``best_i`` are
+    in corpus order.
     Returns the pairs of rows it scored."""
     nlist = centroids.shape[0]
-    met = torch.zeros(nlist, nlist, dtype=torch.bool, device=z.device)
+    met = torch.zeros(nlist, nlist, dtype=torch.bool, device=zs.device)
     for a, bs in enumerate(pairs):
-        met[a, bs.to(z.device)] = True
+        met[a, bs.to(zs.device)] = True
     met |= met.T.clone()
-    probes = tiled_topk(z, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1][order]
+    probes = tiled_topk(zs, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1]
     need = ~met[cell.unsqueeze(1), probes]
     rows, slot = need.nonzero(as_tuple=True)
     if rows.numel() == 0:
@@ -363,7 +363,7 @@ def _own_probes(
     by_cell = torch.sort(cells, stable=True)
     rows, cells = rows[by_cell.indices], by_cell.values
     bounds = torch.searchsorted(cells, torch.arange(nlist + 1, device=cells.device)).tolist()
-    k, scored = best_v.shape[1], 0
+    scored = 0
     bar = progress_bar(progress, rows.numel(), "ivf join", "own probes")
     for c in range(nlist):
         if bar is not None:
@@ -371,16 +371,17 @@ def _own_probes(
         if bounds[c + 1] == bounds[c] or ptr[c + 1] == ptr[c]:
             continue
         r = rows[bounds[c] : bounds[c + 1]]
-        members = torch.arange(ptr[c], ptr[c + 1], device=z.device)
-        ids = order[members]
-        zc = z[ids]
-        scored += r.numel() * members.numel()
-        step = max(1, (block * block) // members.numel())
+        ids = order[ptr[c] : ptr[c + 1]]
+        zc = zs[ptr[c] : ptr[c + 1]]
+        scored += r.numel() * ids.numel()
+        step = max(1, (block * block) // ids.numel())
+        scale = None if target is None else target[ids]
         for r0 in range(0, r.numel(), step):
             rr = r[r0 : r0 + step]
-            s = rank_pairs(z[order[rr]] @ zc.T, transform, target, ids)
-            tv, ti = merge_topk(s, ids.expand(s.shape[0], -1), min(k, s.shape[1]))
-            _merge_into(best_v, best_i, order[rr], tv, ti)
+            s = zs.index_select(0, rr) @ zc.T
+            if transform is not None:
+                s = transform(s)
+            offer_rows(best_v, best_i, order[rr], s, ids, scale=scale)
     if bar is not None:
         bar.close()
     return scored

@@ -11,6 +11,8 @@ picks the least ``nprobe`` whose predicted recall reaches a target; after it,
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -51,15 +53,18 @@ def choose_nprobe(
     target: float,
     *,
     lowest: int | None = None,
+    margin: float = 0.0,
 ) -> tuple[int | None, float]:
-    """The smallest ``nprobe`` of the ladder ``..., start / 4, start / 2, start, 2 start, 4 start, ...``
-    (from ``lowest``, default ``start``, up to ``max(start, nlist // 4)``) whose join would meet at
-    least ``target`` of the sampled rows' exact neighbours; ``None`` if none would.
+    """The least ``nprobe`` from ``lowest`` (default ``start``) up to ``max(start, nlist // 4)``
+    whose join would meet at least ``target + margin`` of the sampled rows' exact neighbours
+    (``margin`` in standard errors of that share, ``sqrt(t (1 - t) / m)`` for ``m`` neighbours);
+    ``None`` if none would.
 
     A row in cell ``a`` meets a neighbour in cell ``c`` when ``c`` is among ``a``'s ``nprobe``
     nearest cells or ``a`` among ``c``'s (the join's cell pairs), or ``c`` among the row's own
     ``nprobe`` nearest centroids (its own probes): the smallest of those three ranks is the
-    least ``nprobe`` that finds it.
+    least ``nprobe`` that finds it, so the join's recall at every ``nprobe`` is one cumulative
+    count (the join is exact on the pairs it scores: the prediction is its recall on these rows).
 
     Args:
         z: ``(N, D)`` rows.
@@ -67,14 +72,14 @@ def choose_nprobe(
         exact: ``(R, k)`` their exact neighbours (``-1`` = none).
         centroids: ``(nlist, D)`` the cells' centroids.
         assign: ``(N,)`` each row's cell.
-        start: the ``nprobe`` the ladder halves and doubles from.
+        start: the default ``nprobe``; the ladder reaches at least it.
         target: the recall to reach.
-        lowest: the least ``nprobe`` tried (``start // 2^j >= lowest``; default ``start``: the
-            ladder only climbs).
+        lowest: the least ``nprobe`` tried (default ``start``: the ladder only climbs).
+        margin: standard errors the predicted recall must clear the target by.
 
     Returns:
         ``(nprobe, predicted recall at it)``; ``(None, the recall at the largest tried)`` when
-        none reaches ``target``.
+        none reaches the target.
 
     Example:
         >>> z = torch.eye(4)
@@ -91,17 +96,15 @@ def choose_nprobe(
     need = need.masked_fill(a == c, 0)[ok]
     total = max(1, need.numel())
     floor = start if lowest is None else max(1, min(int(lowest), start))
-    down = [start >> j for j in range(1, start.bit_length()) if start >> j >= floor]
-    limit, up = max(start, nlist // 4), []
-    p = start
-    while p <= limit:
-        up.append(p)
-        p *= 2
+    limit = min(nlist, max(start, nlist // 4))
+    goal = min(1.0, target + margin * math.sqrt(max(0.0, target * (1.0 - target)) / total))
+    # found[p - 1]: the neighbours an nprobe of p meets (need < p), for p = 1 .. limit
+    found = torch.bincount(need.clamp_max(limit).cpu(), minlength=limit + 1)[:limit].cumsum(0)
     predicted = 1.0
-    for p in down[::-1] + up:  # ascending; the predicted recall only grows with p
-        predicted = float((need < p).sum()) / total
-        if predicted >= target:
-            return min(p, nlist), predicted
+    for p in range(floor, limit + 1):  # ascending; the predicted recall only grows with p
+        predicted = float(found[p - 1]) / total
+        if predicted >= goal:
+            return p, predicted
     return None, predicted
 
 

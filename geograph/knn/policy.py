@@ -32,7 +32,8 @@ __all__ = [
     "DEFAULT_POINTS_PER_CELL",
     "QUERY_POINTS_PER_CELL",
     "DEFAULT_JOIN_NPROBE",
-    "LADDER_DESCENT",
+    "LADDER_LOWEST",
+    "RECALL_MARGIN_SE",
     "MIN_JOIN_ROWS",
     "Transform",
     "resolve_index",
@@ -75,9 +76,13 @@ QUERY_POINTS_PER_CELL = 256
 
 #: cells each cell of the self-join meets at least (the default ``nprobe``)
 DEFAULT_JOIN_NPROBE = 32
-#: with a recall target, the ``nprobe`` ladder descends from the default down to ``1 / LADDER_DESCENT``
-#: of it (32: 16 and 8 are tried first) when the prediction says fewer cells reach the target
-LADDER_DESCENT = 4
+#: with a recall target, the ``nprobe`` ladder is every count of cells from this one up to
+#: ``max(default, nlist / 4)``: the least that is predicted to reach the target is chosen
+LADDER_LOWEST = 1
+#: the predicted recall must clear the target by this many standard errors of its estimate
+#: (``sqrt(t (1 - t) / m)`` over the ``m`` sampled neighbours), so that the recall measured on
+#: other rows is about the target and not below it by the luck of the sample
+RECALL_MARGIN_SE = 1.0
 #: rows each row of the self-join meets at least by default (:func:`default_join_nprobe`)
 MIN_JOIN_ROWS = 2560
 
@@ -188,12 +193,15 @@ class IVFOptions:
     Attributes:
         nlist: cells (default :func:`default_join_nlist`); ``nlist <= N``.
         nprobe: cells each cell is joined with (its own included), ``<= nlist`` (default
-            :func:`default_join_nprobe`; with ``recall_target``, the smallest of its ladder that
-            is predicted to reach it, from a quarter of the default up).
+            :func:`default_join_nprobe`; with ``recall_target``, the least count of cells that
+            is predicted to reach it, :data:`LADDER_LOWEST` up).
         sample: k-means training rows (default ``64 x nlist``, at most N; at least ``39 x nlist``).
         seed: the sample and the k-means seed.
         refine: one neighbours-of-neighbours round
-            (:func:`~geograph.knn.nn_descent.refine_neighbours`).
+            (:func:`~geograph.knn.nn_descent.refine_neighbours`); ``None`` (default): only where
+            it pays, i.e. without a prediction (no ``recall_target``, or ``nprobe`` given), and
+            never after the join alone is predicted to reach the target (the round would buy recall
+            nobody asked for, at about a quarter of the build's time).
         recall_target: with ``nprobe`` left to its default, the share of each row's exact
             top-``k`` the join must find, in ``(0, 1]``; ``None``: ``nprobe`` as given or by
             default, nothing measured (see :func:`~geograph.knn.ivf_join.ivf_self_topk`).
@@ -202,14 +210,14 @@ class IVFOptions:
 
     Example:
         >>> IVFOptions(nlist=64, recall_target=0.95)
-        IVFOptions(nlist=64, nprobe=None, sample=None, seed=0, refine=True, recall_target=0.95, recall_rows=1000)
+        IVFOptions(nlist=64, nprobe=None, sample=None, seed=0, refine=None, recall_target=0.95, recall_rows=1000)
     """
 
     nlist: int | None = None
     nprobe: int | None = None
     sample: int | None = None
     seed: int = 0
-    refine: bool = True
+    refine: bool | None = None
     recall_target: float | None = None
     recall_rows: int = DEFAULT_RECALL_ROWS
 
@@ -263,7 +271,7 @@ class SelfTopk:
         indices: ``(N, k)`` long row ids, ``-1`` in those slots.
         seconds: wall-clock seconds of each stage, in the order they first ran (the exact scan:
             ``exact``; the IVF join: ``train``, ``assign``, ``recall``, ``join``,
-            ``own_probes``, ``refine``, or ``exact`` after its fall-back).
+            ``own_probes``, ``merge``, ``refine``, or ``exact`` after its fall-back).
         ivf: what the IVF join chose and measured; ``None`` for the exact scan.
         flops: floating-point operations of the pair scores of each IVF stage (``join``:
             ``2 D`` per pair of rows its cell pairs score; ``own_probes``: the same for the rows'

@@ -8,6 +8,7 @@ import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,14 +33,14 @@ SYNTHETIC_NOTE = (
 )
 
 
-def _probes(info: dict) -> str:
+def _probes(info: dict[str, Any]) -> str:
     """The cells an IVF build probed (``exact`` when its recall target sent it to the exact scan; ``-``: not IVF)."""
     if info.get("exact"):
         return "exact"
     return str(info["nprobe"]) if info.get("nprobe") else "-"
 
 
-def _nprobe_arg(text: str):
+def _nprobe_arg(text: str) -> int | str:
     if text == "auto":
         return text
     try:
@@ -152,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.peers:
         return peers_report(args, model, {"threads": torch.get_num_threads(), "geometry": geo})
-    results: dict = {
+    results: dict[str, Any] = {
         "threads": torch.get_num_threads(),
         "index": args.index,
         "nprobe": args.nprobe,

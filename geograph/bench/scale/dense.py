@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from geograph.bench.common import time_calls
 
 
-def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe, k: int = 20, batch: int = 64) -> dict:
+def dense_compare(
+    x: torch.Tensor, queries: torch.Tensor, *, nprobe: int | str, k: int = 20, batch: int = 64
+) -> dict[str, Any]:
     from geograph.retrievers import DenseRetriever
 
     exact = DenseRetriever(x)
@@ -25,7 +28,7 @@ def dense_compare(x: torch.Tensor, queries: torch.Tensor, *, nprobe, k: int = 20
     te = time_calls(lambda: exact(q, k), repeat=5)
     ti = time_calls(lambda: ivf(q, k), repeat=5)
 
-    def ms(t):
+    def ms(t: dict[str, float]) -> dict[str, float]:
         return {key: t[key] * 1000 / batch for key in ("median", "min", "max")}
 
     return {

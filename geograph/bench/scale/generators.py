@@ -3,13 +3,15 @@ geometry (pairwise-cosine histogram, neighbour cosines) that checks them against
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import torch
 
 GENERATORS = ("mixture", "gauss")
 
 
-def fit_generators(real: np.ndarray, *, clusters: int = 512, seed: int = 0) -> dict:
+def fit_generators(real: np.ndarray, *, clusters: int = 512, seed: int = 0) -> dict[str, Any]:
     """Two Gaussian models of real unit embeddings ``(n, D)``.
 
     - ``mixture``: spherical k-means with ``clusters`` centres (512 on SciFact's 5,183: about 10
@@ -28,7 +30,9 @@ def fit_generators(real: np.ndarray, *, clusters: int = 512, seed: int = 0) -> d
     km.train(x)
     _, lab = km.index.search(x, 1)
     lab = lab[:, 0]
-    means = np.stack([x[lab == c].mean(0) if (lab == c).any() else km.centroids[c] for c in range(clusters)])
+    means = np.stack(
+        [x[lab == c].mean(0) if (lab == c).any() else cast(np.ndarray, km.centroids)[c] for c in range(clusters)]
+    )
     resid = x - means[lab]
     scale = np.array([resid[lab == c].var() if (lab == c).sum() > 1 else resid.var() for c in range(clusters)])
     cov_w = np.cov(resid.T / np.sqrt(scale[lab] / resid.var()))
@@ -44,7 +48,7 @@ def fit_generators(real: np.ndarray, *, clusters: int = 512, seed: int = 0) -> d
     }
 
 
-def generate(model: dict, kind: str, n: int, *, seed: int = 0, chunk: int = 100_000) -> np.ndarray:
+def generate(model: dict[str, Any], kind: str, n: int, *, seed: int = 0, chunk: int = 100_000) -> np.ndarray:
     """``n`` float32 unit vectors from a fitted generator (chunked: memory ``O(n D)``)."""
     rng = np.random.default_rng(seed)
     m = model[kind]
@@ -62,7 +66,7 @@ def generate(model: dict, kind: str, n: int, *, seed: int = 0, chunk: int = 100_
     return out
 
 
-def geometry(x: np.ndarray, *, pairs: int = 200_000, seed: int = 0) -> dict:
+def geometry(x: np.ndarray, *, pairs: int = 200_000, seed: int = 0) -> dict[str, Any]:
     """Pairwise-cosine histogram (random pairs) and 1st / 10th-neighbour cosine quantiles."""
     from geograph.knn.allpairs import tiled_topk
 

@@ -9,6 +9,7 @@ import queue as queues
 import resource
 import sys
 import time
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,13 +32,13 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _child(task: dict, queue) -> None:
+def _child(task: dict[str, Any], queue: Any) -> None:
     try:
         sys.path[:0] = task.get("pythonpath", [])  # packages installed apart (the peers' --peer-path)
         torch.set_num_threads(task["threads"])
         x = torch.from_numpy(np.load(task["path"], mmap_mode="c"))  # mapped copy-on-write: pages read from the file
         with contextlib.ExitStack() as stack:
-            out: dict = {}
+            out: dict[str, Any] = {}
             if task.get("ray") is not None:
                 executor, out["ray"] = _enter_ray(stack, task["ray"], x)
             base = _rss_mb()
@@ -52,13 +53,13 @@ def _child(task: dict, queue) -> None:
         raise
 
 
-def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
+def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor) -> tuple[Any, dict[str, Any]]:
     """Connect (or start a local Ray) and warm its workers with a small build, both timed apart from the build."""
     from geograph.distributed import on_ray
     from geograph.graphs.corpus_graph import CorpusGraph
 
     t0 = time.perf_counter()
-    executor = stack.enter_context(on_ray(address))
+    executor: Any = stack.enter_context(on_ray(address))  # on_ray sets its `session` on it
     connect = time.perf_counter() - t0
     t0 = time.perf_counter()
     CorpusGraph.from_knn(x[:2048], 5, chunk_size=256)  # every worker imports torch and geograph once
@@ -72,7 +73,7 @@ def _enter_ray(stack: contextlib.ExitStack, address: str, x: torch.Tensor):
     }
 
 
-def _build(task: dict, x: torch.Tensor, out: dict) -> None:
+def _build(task: dict[str, Any], x: torch.Tensor, out: dict[str, Any]) -> None:
     """One build of ``task["kind"]``; its graph arrays saved to ``task["out"]``."""
     if task["kind"] == "peer":
         from geograph.bench.scale.peers import run_peer
@@ -88,7 +89,7 @@ def _build(task: dict, x: torch.Tensor, out: dict) -> None:
     else:
         from geograph.graphs.g3_graph import G3Graph
 
-        g = G3Graph.build(
+        g3 = G3Graph.build(
             x,
             max_degree=MAX_DEGREE,
             index=task["index"],
@@ -98,13 +99,13 @@ def _build(task: dict, x: torch.Tensor, out: dict) -> None:
             ranking=task["ranking"],
             progress=task["progress"],
         )
-        np.savez(task["out"], crow=g.crow.numpy(), col=g.col.numpy(), val=g.val.numpy(), density=g.density.numpy())
-        info = g.build_info
+        np.savez(task["out"], crow=g3.crow.numpy(), col=g3.col.numpy(), val=g3.val.numpy(), density=g3.density.numpy())
+        info = g3.build_info
         out["stages"] = {k: info[k] for k in ("density_seconds", "candidate_seconds", "edge_seconds") if k in info}
         out["build_info"] = info
 
 
-def build_in_child(task: dict) -> dict:
+def build_in_child(task: dict[str, Any]) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(task, queue))
@@ -123,4 +124,4 @@ def build_in_child(task: dict) -> dict:
     proc.join()
     if "error" in out:
         raise RuntimeError(f"{task['kind']} build failed: {out['error']}")
-    return out
+    return cast("dict[str, Any]", out)

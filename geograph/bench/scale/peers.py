@@ -12,11 +12,19 @@ builders: geograph's IVF self-join (:func:`~geograph.knn.build.self_topk`, the c
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from usearch.index import BatchMatches
+
+#: a builder's way to save one configuration's ``(N, k)`` lists
+Save = Callable[[np.ndarray], None]
 
 #: the builders, in the order the comparison runs them
 PEERS = ("geograph", "faiss-hnsw", "faiss-ivf", "pynndescent", "usearch")
@@ -48,14 +56,45 @@ def drop_self(ids: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(ids, keep, 1)
 
 
-def _geograph(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+def matmul_gflops(m: int, n: int, d: int, threads: int, repeat: int = 5) -> float:
+    """GFLOP/s of a float32 product ``(m, d) @ (d, n)`` with ``threads`` torch threads (best of
+    ``repeat`` after one warm-up): the machine's rate for a tile of that shape."""
+    import torch
+
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(max(1, m), d, generator=gen), torch.randn(d, max(1, n), generator=gen)
+    a @ b  # warm
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * a.shape[0] * d * b.shape[1] / best / 1e9
+
+
+def join_tile(n: int, d: int, nlist: int, join_flops: float) -> tuple[int, int]:
+    """The mean tile of the IVF join: ``(rows, columns)``, a cell's rows (``N / nlist``) against the rows
+    of the cells it meets (the join's pairs over ``N``; a pair costs ``2 D`` flops).
+
+    Example:
+        >>> join_tile(1000, 8, 10, 2.0 * 8 * 1000 * 300)
+        (100, 300)
+    """
+    return max(1, round(n / nlist)), max(1, round(join_flops / (2.0 * d) / n))
+
+
+def _geograph(
+    x: np.ndarray, k: int, build: dict[str, Any], searches: list[dict[str, Any]], threads: int, save: Save
+) -> list[dict[str, Any]]:
     import torch
 
     from geograph.knn.allpairs import DEFAULT_BLOCK
     from geograph.knn.build import self_topk
-    from geograph.knn.policy import IVFOptions
+    from geograph.knn.policy import IVFOptions, default_join_nlist
     from geograph.ops.similarity import unit_rows
 
+    torch.set_num_threads(threads)
     z = unit_rows(torch.from_numpy(x))
     out = []
     for search in searches:
@@ -64,20 +103,22 @@ def _geograph(x: np.ndarray, k: int, build: dict, searches: list[dict], threads:
         lists = self_topk(z, k, index="ivf", ivf=opts, block=DEFAULT_BLOCK)
         seconds = time.perf_counter() - t0
         save(lists.indices.numpy())
-        out.append(
-            dict(
-                build_seconds=seconds,
-                search_seconds=0.0,
-                stages=lists.seconds,
-                flops=lists.flops,
-                report=lists.ivf.as_dict() if lists.ivf is not None else {},
-            )
+        cfg = dict(
+            build_seconds=seconds,
+            search_seconds=0.0,
+            stages=lists.seconds,
+            flops=lists.flops,
+            report=lists.ivf.as_dict() if lists.ivf is not None else {},
         )
+        if lists.flops.get("join"):  # the matmul rate of the join's tile, same process and threads
+            rows, cols = join_tile(len(x), x.shape[1], default_join_nlist(len(x)), lists.flops["join"])
+            cfg.update(tile=[rows, cols, int(x.shape[1])], matmul_gflops=matmul_gflops(rows, cols, x.shape[1], threads))
+        out.append(cfg)
         del lists
     return out
 
 
-def _faiss_search(index, x: np.ndarray, k: int, set_param: Callable[[], None], save) -> float:
+def _faiss_search(index: Any, x: np.ndarray, k: int, set_param: Callable[[], None], save: Save) -> float:
     set_param()
     t0 = time.perf_counter()
     _, ids = index.search(x, k + 1)
@@ -86,7 +127,9 @@ def _faiss_search(index, x: np.ndarray, k: int, set_param: Callable[[], None], s
     return seconds
 
 
-def _faiss_hnsw(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+def _faiss_hnsw(
+    x: np.ndarray, k: int, build: dict[str, Any], searches: list[dict[str, Any]], threads: int, save: Save
+) -> list[dict[str, Any]]:
     import faiss
 
     faiss.omp_set_num_threads(threads)
@@ -97,12 +140,14 @@ def _faiss_hnsw(x: np.ndarray, k: int, build: dict, searches: list[dict], thread
     built = time.perf_counter() - t0
     out = []
     for s in searches:
-        sec = _faiss_search(index, x, k, lambda s=s: setattr(index.hnsw, "efSearch", s["efSearch"]), save)
+        sec = _faiss_search(index, x, k, functools.partial(setattr, index.hnsw, "efSearch", s["efSearch"]), save)
         out.append(dict(build_seconds=built, search_seconds=sec))
     return out
 
 
-def _faiss_ivf(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+def _faiss_ivf(
+    x: np.ndarray, k: int, build: dict[str, Any], searches: list[dict[str, Any]], threads: int, save: Save
+) -> list[dict[str, Any]]:
     import faiss
 
     faiss.omp_set_num_threads(threads)
@@ -115,13 +160,15 @@ def _faiss_ivf(x: np.ndarray, k: int, build: dict, searches: list[dict], threads
     built = time.perf_counter() - t0
     out = []
     for s in searches:
-        sec = _faiss_search(index, x, k, lambda s=s: setattr(index, "nprobe", s["nprobe"]), save)
+        sec = _faiss_search(index, x, k, functools.partial(setattr, index, "nprobe", s["nprobe"]), save)
         out.append(dict(build_seconds=built, search_seconds=sec, nlist=nlist))
     return out
 
 
-def _pynndescent(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
-    import pynndescent
+def _pynndescent(
+    x: np.ndarray, k: int, build: dict[str, Any], searches: list[dict[str, Any]], threads: int, save: Save
+) -> list[dict[str, Any]]:
+    import pynndescent  # type: ignore[import-untyped]  # no stubs
 
     out = []
     for s in searches:
@@ -135,7 +182,9 @@ def _pynndescent(x: np.ndarray, k: int, build: dict, searches: list[dict], threa
     return out
 
 
-def _usearch(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: int, save) -> list[dict]:
+def _usearch(
+    x: np.ndarray, k: int, build: dict[str, Any], searches: list[dict[str, Any]], threads: int, save: Save
+) -> list[dict[str, Any]]:
     from usearch.index import Index
 
     t0 = time.perf_counter()
@@ -144,9 +193,9 @@ def _usearch(x: np.ndarray, k: int, build: dict, searches: list[dict], threads: 
     built = time.perf_counter() - t0
     out = []
     for s in searches:
-        index.expansion_search = s["expansion_search"]
+        setattr(index, "expansion_search", s["expansion_search"])  # noqa: B010  (a read-only property to the stubs)
         t0 = time.perf_counter()
-        found = index.search(x, k + 1, threads=threads)
+        found = cast("BatchMatches", index.search(x, k + 1, threads=threads))  # a batch of queries: BatchMatches
         sec = time.perf_counter() - t0
         keys = np.where(np.arange(k + 1)[None, :] < found.counts[:, None], found.keys.astype(np.int64), -1)
         save(drop_self(keys, k))
@@ -176,7 +225,7 @@ def default_peer_nlist(n: int) -> int:
     return nlist
 
 
-def run_peer(task: dict, x: np.ndarray, out: dict) -> None:
+def run_peer(task: dict[str, Any], x: np.ndarray, out: dict[str, Any]) -> None:
     """Run ``task["builder"]`` on ``x`` (in the fresh process): its configurations in ``out["configs"]``,
     each one's lists saved to ``task["out"] + ".<i>.npy"``; ``out["missing"]`` if its package is not importable."""
     import importlib

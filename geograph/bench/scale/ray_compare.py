@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from geograph.bench.scale.harness import build_in_child
 
 
-def ray_compare(common: dict, args, tmp: Path, label: str, res: dict) -> dict:
+def ray_compare(
+    common: dict[str, Any], args: argparse.Namespace, tmp: Path, label: str, res: dict[str, Any]
+) -> dict[str, Any]:
     """The same two builds with their tiles on Ray (fresh process, Ray connected and its workers warmed
     before the clock starts): wall time, overhead against the single-process build, and equality."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     for kind in [b for b in ("knn", "g3") if b in res]:  # the builds made in this run
         print(f"[{label}] {kind} graph on Ray ({args.ray}) ...", flush=True)
         extra = (

@@ -3,13 +3,16 @@ retrievers' top-k on both."""
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
 import torch
 
 from geograph.bench.scale.harness import KNN_K, MAX_DEGREE
 from geograph.bench.scale.references import csr_edge_recall, exact_knn_rows, knn_recall
 
 
-def real_set(name: str, root: str, encoder, args) -> dict:
+def real_set(name: str, root: str, encoder: Any, args: argparse.Namespace) -> dict[str, Any]:
     from geograph.data import load_beir
     from geograph.graphs.corpus_graph import CorpusGraph
     from geograph.graphs.g3_graph import G3Graph
@@ -19,7 +22,7 @@ def real_set(name: str, root: str, encoder, args) -> dict:
     x = encoder.encode(ds.passages())
     q = encoder.encode(ds.queries)
     n = len(x)
-    out: dict = {"N": n, "queries": len(ds.queries)}
+    out: dict[str, Any] = {"N": n, "queries": len(ds.queries)}
     z = torch.nn.functional.normalize(x, dim=1)
     exact_knn = CorpusGraph.from_knn(x, KNN_K)
     ivf_knn = CorpusGraph.from_knn(x, KNN_K, index="ivf", nprobe=args.nprobe)
@@ -43,7 +46,7 @@ def real_set(name: str, root: str, encoder, args) -> dict:
     out["nprobe"] = info.get("nprobe")
     out["g3_edge_recall"] = csr_edge_recall(g_exact.crow, g_exact.col, g_ivf.crow, g_ivf.col)
 
-    def same(a, b):
+    def same(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((torch.sort(a, 1).values == torch.sort(b, 1).values).all(1).float().mean())
 
     k = 10

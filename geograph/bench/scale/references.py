@@ -4,6 +4,7 @@ exact scan, and the recalls and errors of a build against them."""
 from __future__ import annotations
 
 import time
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -28,11 +29,13 @@ def knn_recall(edge_index: np.ndarray, rows: np.ndarray, ref: np.ndarray) -> flo
     return hits / ref.size
 
 
-def exact_g3_rows(z: torch.Tensor, rows: torch.Tensor, penalty: torch.Tensor, band=(0.1, 0.7)) -> list[dict]:
+def exact_g3_rows(
+    z: torch.Tensor, rows: torch.Tensor, penalty: torch.Tensor, band: tuple[float, float] = (0.1, 0.7)
+) -> list[dict[int, float]]:
     """Each sampled row's exact top-``MAX_DEGREE`` weights, normalised: ``[{col: weight}]``."""
     from geograph.knn.allpairs import tiled_pairs
 
-    def score(s, cols):
+    def score(s: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         ok = (s >= band[0]) & (s <= band[1])
         w = torch.where(ok, s * torch.sqrt((1 - s * s).clamp_min(0)), torch.zeros_like(s))
         return w * penalty[cols]
@@ -46,7 +49,7 @@ def exact_g3_rows(z: torch.Tensor, rows: torch.Tensor, penalty: torch.Tensor, ba
     return out
 
 
-def g3_row_errors(npz, rows: np.ndarray, ref: list[dict]) -> tuple[float, float]:
+def g3_row_errors(npz: Any, rows: np.ndarray, ref: list[dict[int, float]]) -> tuple[float, float]:
     """Edge recall and mean L1 of the normalised weights, built vs exact, on the sampled rows."""
     crow, col, val = npz["crow"], npz["col"], npz["val"]
     found = total = 0
@@ -72,14 +75,14 @@ def raw_density(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tens
         row_sum=lambda t: t.clamp_min(0),
         progress="exact density" if rows is None else False,
     )
-    return s / z.shape[0]
+    return cast(torch.Tensor, s) / z.shape[0]  # row_sum is given: the sums are there
 
 
-def g3_check(z: torch.Tensor, rows: torch.Tensor, g3, exact_limit: int) -> dict:
+def g3_check(z: torch.Tensor, rows: torch.Tensor, g3: Any, exact_limit: int) -> dict[str, Any]:
     """A G3 build's density error and, on ``rows``, its edge recall and weight L1 error against exact rows."""
     n = z.shape[0]
     t0 = time.perf_counter()
-    out: dict = {}
+    out: dict[str, Any] = {}
     built_rho = torch.from_numpy(g3["density"])
     if n <= exact_limit:
         raw = raw_density(z).double()
@@ -113,7 +116,7 @@ def csr_edge_recall(crow: torch.Tensor, col: torch.Tensor, crow2: torch.Tensor, 
     """
     n = crow.numel() - 1
 
-    def key(c, k):
+    def key(c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return torch.repeat_interleave(torch.arange(n), c.diff()) * n + k
 
     a, b = key(crow, col), key(crow2, col2)

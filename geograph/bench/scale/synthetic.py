@@ -3,7 +3,9 @@ rows, the Ray builds and the dense retriever."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,14 +16,14 @@ from geograph.bench.scale.ray_compare import ray_compare
 from geograph.bench.scale.references import exact_knn_rows, g3_check, knn_recall
 
 
-def run_size(x: np.ndarray, queries: np.ndarray, args, tmp: Path, label: str) -> dict:
+def run_size(x: np.ndarray, queries: np.ndarray, args: argparse.Namespace, tmp: Path, label: str) -> dict[str, Any]:
     n = len(x)
     path = tmp / f"{label}.npy"
     np.save(path, x)
     common = dict(
         path=str(path), threads=torch.get_num_threads(), index=args.index, nprobe=args.nprobe, progress=args.progress
     )
-    res: dict = {"N": n}
+    res: dict[str, Any] = {"N": n}
     z = torch.from_numpy(x)
     rows = torch.from_numpy(np.sort(np.random.default_rng(1).choice(n, size=min(args.check_rows, n), replace=False)))
     if "knn" in args.builds:

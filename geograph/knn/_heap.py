@@ -1,0 +1,125 @@
+"""The compiled kernels of :mod:`geograph.knn.select` (private; imported on first use: numba loads then).
+
+Each list is a min-heap of ``k`` entries ``(value, id)`` whose root is its worst entry: a lower
+value, or an equal value with a higher id (the tie rule: equal values keep the lowest id). A
+candidate enters only when it beats the root (one comparison when it does not), replacing it and
+sifting down. Empty slots hold ``-inf`` and id ``-1``: a ``-inf`` candidate ties them with a higher
+id and never enters; NaN fails every comparison and never enters. The kernels run their lists in
+parallel (``prange``); the lists a call touches are distinct, so no two threads write one list.
+
+numba caches the compiled kernels on disk (``cache=True``: the package's ``__pycache__``, or
+numba's user cache); where no directory is writable (a read-only install) they compile in memory
+once per process. They call no code of another file, so numba's cache key (this file) is enough.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+from numba import prange
+
+log = logging.getLogger("geograph.ann")
+
+#: columns of a tile one thread of :func:`cols_kernel` takes at a time (their lists' roots stay in cache)
+COL_CHUNK = 64
+
+
+def _jit(**flags: Any) -> Callable[[Any], Any]:
+    def decorate(fn: Any) -> Any:
+        try:
+            return numba.njit(cache=True, **flags)(fn)
+        except RuntimeError:  # "no locator available": no writable cache directory
+            log.info("k-NN kernels: no writable numba cache directory; compiling in memory")
+            return numba.njit(cache=False, **flags)(fn)
+
+    return decorate
+
+
+@_jit(inline="always")
+def sift(hv: Any, hi: Any, v: Any, j: Any) -> None:  # pragma: no cover - compiled
+    """Replace the root of the heap ``(hv, hi)`` by ``(v, j)`` and restore the heap."""
+    k = hv.shape[0]
+    pos = 0
+    while True:
+        c = 2 * pos + 1
+        if c >= k:
+            break
+        if c + 1 < k and (hv[c + 1] < hv[c] or (hv[c + 1] == hv[c] and hi[c + 1] > hi[c])):
+            c += 1  # the worse child
+        if hv[c] < v or (hv[c] == v and hi[c] > j):
+            hv[pos] = hv[c]
+            hi[pos] = hi[c]
+            pos = c
+        else:
+            break
+    hv[pos] = v
+    hi[pos] = j
+
+
+@_jit(nogil=True, parallel=True)
+def rows_kernel(s: Any, cols: Any, scale: Any, lv: Any, li: Any, rows: Any, excl: Any) -> None:  # pragma: no cover
+    """Tile row ``r`` offers ``s[r, c] (* scale[c])`` with id ``cols[c]`` to list ``rows[r]``, skipping ``excl[r]``."""
+    n_r, n_c = s.shape
+    scaled = scale.shape[0] > 0
+    for r in prange(n_r):
+        hv = lv[rows[r]]
+        hi = li[rows[r]]
+        me = excl[r]
+        top_v = hv[0]
+        top_i = hi[0]
+        for c in range(n_c):
+            v = s[r, c] * scale[c] if scaled else s[r, c]
+            if not v >= top_v:  # the common case: below the list's k-th (or NaN)
+                continue
+            j = cols[c]
+            if (v == top_v and j >= top_i) or j == me:
+                continue
+            sift(hv, hi, v, j)
+            top_v = hv[0]
+            top_i = hi[0]
+
+
+@_jit(nogil=True, parallel=True)
+def cols_kernel(s: Any, pick: Any, ids: Any, scale: Any, lv: Any, li: Any, owners: Any) -> None:  # pragma: no cover
+    """Tile column ``pick[p]`` offers ``s[r, pick[p]] (* scale[r])`` with id ``ids[r]`` to list ``owners[p]``."""
+    n_r = s.shape[0]
+    n_p = pick.shape[0]
+    scaled = scale.shape[0] > 0
+    for chunk in prange((n_p + COL_CHUNK - 1) // COL_CHUNK):
+        p0 = chunk * COL_CHUNK
+        p1 = min(n_p, p0 + COL_CHUNK)
+        top_v = np.empty(p1 - p0, lv.dtype)  # the lists' roots, read once and kept current
+        top_i = np.empty(p1 - p0, li.dtype)
+        for p in range(p0, p1):
+            top_v[p - p0] = lv[owners[p], 0]
+            top_i[p - p0] = li[owners[p], 0]
+        for r in range(n_r):
+            j = ids[r]
+            for p in range(p0, p1):
+                v = s[r, pick[p]] * scale[r] if scaled else s[r, pick[p]]
+                q = p - p0
+                if not v >= top_v[q] or (v == top_v[q] and j >= top_i[q]):
+                    continue
+                o = owners[p]
+                sift(lv[o], li[o], v, j)
+                top_v[q] = lv[o, 0]
+                top_i[q] = li[o, 0]
+
+
+@_jit(nogil=True, parallel=True)
+def lists_kernel(values: Any, ids: Any, lv: Any, li: Any, rows: Any) -> None:  # pragma: no cover
+    """List ``rows[r]`` is offered the entries ``(values[r, c], ids[r, c])`` (id ``-1``: none)."""
+    n_r, n_c = values.shape
+    for r in prange(n_r):
+        hv = lv[rows[r]]
+        hi = li[rows[r]]
+        for c in range(n_c):
+            v = values[r, c]
+            j = ids[r, c]
+            if j < 0 or not v >= hv[0] or (v == hv[0] and j >= hi[0]):
+                continue
+            sift(hv, hi, v, j)
