@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypedDict
+from typing import Any, NoReturn
 
 
 class UsageError(Exception):
@@ -146,15 +146,7 @@ def add_encoder_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--passage-prefix", default="", metavar="TEXT", help="prepended to passages (e.g. 'passage: ')")
 
 
-class EncoderOptions(TypedDict):
-    """The :class:`geograph.data.Encoder` keyword arguments of the encoder options."""
-
-    model: str | None
-    query_prefix: str
-    passage_prefix: str
-
-
-def encoder_options(args: argparse.Namespace) -> EncoderOptions:
+def encoder_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of :class:`geograph.data.Encoder` that :func:`add_encoder_options` gave;
     a path-like ``--encoder`` that does not exist is a one-line :class:`UsageError`."""
     model = getattr(args, "encoder", None)
