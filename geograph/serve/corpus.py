@@ -24,11 +24,20 @@ traffic (70 texts/s on one thread, against 150-166 texts/s in buckets of 8-32 te
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from geograph.artefacts import EncoderIdentity
+    from geograph.data import Dataset, Encoder
 
 
-def read_corpus(corpus_dir: str | Path):
+def read_corpus(corpus_dir: str | Path) -> Dataset:
     """The passages of a BEIR folder (its ``corpus.jsonl``) as a :class:`~geograph.data.Dataset`.
 
     Queries and judgements are not read: serving does not use them, and a corpus changed by
@@ -45,7 +54,7 @@ def read_corpus(corpus_dir: str | Path):
     data = load_corpus(corpus_dir)
     if len(set(data.doc_ids)) != len(data.doc_ids):
         seen: set[str] = set()
-        twice = next(x for x in data.doc_ids if x in seen or seen.add(x))
+        twice = next(x for x in data.doc_ids if x in seen or seen.add(x))  # type: ignore[func-returns-value]
         raise ValueError(f"corpus: {corpus_dir}/corpus.jsonl holds the id {twice!r} twice")
     return data
 
@@ -101,24 +110,26 @@ class TextEncoder:
         from geograph.data.cache import Encoder, MemoryCache
 
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
-        prefixes = dict(query_prefix=query_prefix, passage_prefix=passage_prefix)  # recorded in the identity
+        prefixes: dict[str, Any] = dict(
+            query_prefix=query_prefix, passage_prefix=passage_prefix
+        )  # recorded in the identity
         self.corpus_encoder = Encoder(model, cache=cache, progress=False, device=device, **prefixes)
         self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, progress=False, device=device)
         self.group = group
         self.max_chars = max_chars
 
     @property
-    def identity(self):
+    def identity(self) -> EncoderIdentity:
         """The :class:`~geograph.artefacts.EncoderIdentity` (model files hashed, prefixes) that saved
         artefacts are checked against."""
         return self.corpus_encoder.identity
 
-    def corpus(self, passages: Sequence[str]):
+    def corpus(self, passages: Sequence[str]) -> torch.Tensor:
         """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache (whose vectors are not
         kept in memory afterwards: the corpus is read once, and a worker holds only the result)."""
         out = self.corpus_encoder.encode([self.passage_prefix + p for p in passages])
         if hasattr(self.corpus_encoder.cache, "forget"):
-            self.corpus_encoder.cache.forget()
+            self.corpus_encoder.cache.forget()  # type: ignore[union-attr]  # it has one (hasattr)
         return out
 
     def warm(self) -> None:
@@ -130,7 +141,7 @@ class TextEncoder:
         else:
             model.encode(["warm up"], batch_size=1)
 
-    def _shared(self):
+    def _shared(self) -> Encoder:
         if self.request_encoder._model is None:  # one model in memory for both
             self.request_encoder._model = self.corpus_encoder.model
         return self.request_encoder
@@ -162,11 +173,11 @@ class TextEncoder:
         n = self.max_chars
         return list(texts) if n is None else [t if len(t) <= n else t[:n] for t in texts]
 
-    def queries(self, texts: Sequence[str]):
+    def queries(self, texts: Sequence[str]) -> torch.Tensor:
         """``(B, D)`` query vectors (texts cut to ``max_chars``); in memory only."""
         return self.encode_requests([self.query_prefix + t for t in self.cap(texts)])
 
-    def passages(self, texts: Sequence[str]):
+    def passages(self, texts: Sequence[str]) -> torch.Tensor:
         """``(N, D)`` candidate-text vectors (texts cut to ``max_chars``); in memory only."""
         return self.encode_requests([self.passage_prefix + t for t in self.cap(texts)])
 
@@ -174,7 +185,7 @@ class TextEncoder:
         """Whether request texts are encoded in padded buckets (``group`` and a CPU model)."""
         return self.group and self._shared().model.device.type == "cpu"
 
-    def encode_requests(self, texts: Sequence[str]):
+    def encode_requests(self, texts: Sequence[str]) -> torch.Tensor:
         """``(N, D)`` float32 unit vectors of ``texts`` (prefixes included), each a function of its
         text alone; through the in-memory LRU, never the disk.
 
@@ -191,7 +202,7 @@ class TextEncoder:
         enc = self._shared()
         if not self.grouped():
             return enc.encode(texts)
-        found, missing = enc.cache.get(texts)
+        found, missing = enc.cache.get(texts)  # type: ignore[union-attr]  # the request encoder's MemoryCache
         todo = list(dict.fromkeys(texts[i] for i in missing))  # a text repeated in a batch is encoded once
         if todo:
             model = enc.model
@@ -199,20 +210,23 @@ class TextEncoder:
             tokens = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)
             buckets: dict[int, list[int]] = {}
             for j, row in enumerate(tokens["input_ids"]):
-                buckets.setdefault(bucket_length(len(row), model.max_seq_length), []).append(j)
-            vectors = {}
+                # (a loaded model has its max_seq_length; sentence-transformers types it as optional)
+                buckets.setdefault(bucket_length(len(row), model.max_seq_length), []).append(j)  # type: ignore[arg-type]
+            vectors: dict[str, np.ndarray] = {}
             with one_thread():
                 for length, rows in buckets.items():
                     group = [todo[j] for j in rows]
                     part = {name: [tokens[name][j] for j in rows] for name in tokens.keys()}
                     vectors.update(zip(group, encode_padded(model, group, length, tokens=part)))
-            enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
+            enc.cache.put(todo, np.stack([vectors[t] for t in todo]))  # type: ignore[union-attr]
             for i in missing:
                 found[i] = vectors[texts[i]]
-        return torch.from_numpy(np.stack(found))
+        return torch.from_numpy(np.stack(cast("list[np.ndarray]", found)))  # every position is filled now
 
 
-def encode_padded(model, texts: Sequence[str], length: int, *, tokens: dict | None = None):
+def encode_padded(
+    model: SentenceTransformer, texts: Sequence[str], length: int, *, tokens: dict[str, list[list[int]]] | None = None
+) -> np.ndarray:
     """``(len(texts), D)`` float32 unit vectors of a sentence-transformers ``model``, every text
     padded (or truncated) to ``length`` tokens: the model's own forward and pooling, then L2
     normalisation as ``encode(..., normalize_embeddings=True)`` does. ``tokens``: the texts
@@ -233,7 +247,7 @@ def encode_padded(model, texts: Sequence[str], length: int, *, tokens: dict | No
 
 
 @contextlib.contextmanager
-def one_thread():
+def one_thread() -> Iterator[None]:
     """Run the body with one torch intra-op thread (restored after).
 
     With several threads a matrix product's split over the threads depends on its number of
