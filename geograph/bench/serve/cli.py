@@ -3,9 +3,11 @@ summary."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from geograph.bench.serve.limit import encoder_limit
 from geograph.bench.serve.load import closed_loop, summarise
@@ -16,7 +18,7 @@ from geograph.console import UsageError, make_parser
 from geograph.data import corpus_path
 
 
-def parser():
+def parser() -> argparse.ArgumentParser:
     from geograph.bench import serve as package
 
     p = make_parser("geograph bench serve", package.__doc__)
@@ -52,7 +54,7 @@ def parser():
     return p
 
 
-def check_args(args) -> None:
+def check_args(args: argparse.Namespace) -> None:
     for name in ("clients", "pool", "repeat", "candidates"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -87,8 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  {limit['texts_per_s']:.0f} texts/s ({limit['threads']} torch threads)", flush=True)
 
     server = None if args.url else Server(args.method, corpus, args.server_arg)
-    url = args.url.rstrip("/") if args.url else server.url
-    result: dict = {
+    url = args.url.rstrip("/") if args.url else server.url  # type: ignore[union-attr]  # started without --url
+    result: dict[str, Any] = {
         "method": args.method,
         "corpus": corpus,
         "clients": args.clients,
@@ -134,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row['p99_over_p50']:>9.2f}"
                 )
         if args.soak:
-            s = soak(server, work, args.soak, args.pool, args.clients, args.timeout)
+            s = soak(server, work, args.soak, args.pool, args.clients, args.timeout)  # type: ignore[arg-type]  # no --url
             result["soak"] = s
             print(
                 f"soak: {s['requests']} requests in {s['seconds']:.0f} s ({s['req_per_s']:.1f} req/s), "

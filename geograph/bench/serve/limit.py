@@ -4,9 +4,10 @@ throughput is measured against."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
-def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict:
+def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict[str, Any]:
     """Batched texts/s of the encoder in this process (batches of 64, distinct texts, warmed up,
     median of ``repeat`` passes), with one torch thread and with all usable CPUs: the better one."""
     import torch
@@ -16,7 +17,7 @@ def encoder_limit(encoder: str | None, texts: list[str], repeat: int) -> dict:
 
     model = Encoder(encoder, cache=False, progress=False).model
     before = torch.get_num_threads()
-    runs = {}
+    runs: dict[int, dict[str, Any]] = {}
     try:
         for n in sorted({1, len(os.sched_getaffinity(0))}):
             torch.set_num_threads(n)
