@@ -56,6 +56,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(torch|numpy|np|nn|ot|scipy|networkx|ray|faiss|litserve|fastapi|pydantic|lightning|geoopt)(\..*)?"),
     (r"py:.*", r"(langchain_core|llama_index|haystack|sentence_transformers|jsonargparse|starlette)(\..*)?"),
     (r"py:class", r"(Tensor|Module|Parameter|Path|PathLike|Callable|Sequence|Mapping|Iterable|Iterator|Any)"),
+    (r"py:class", r"SentenceTransformer"),
     (r"py:class", r"(collections\.abc|typing|pathlib|os|argparse|concurrent\.futures|dataclasses|enum)\..*"),
     (r"py:class", r"(Literal|Kind|T|optional|callable|array-like|dtype|device|torch.device)"),
     (r"py:.*", r"(float|int|bool|str|tuple|list|dict|None|type|object|bytes|Exception|ValueError)"),

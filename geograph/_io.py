@@ -81,7 +81,7 @@ def atomic_save(path: PathLike, save: Callable[[Path], None]) -> Path:
     return path
 
 
-def atomic_write(path: PathLike, write: Callable[[BinaryIO], None]) -> Path:
+def atomic_write(path: PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(f)`` on a temporary file next to ``path``, then fsync and rename it as :func:`atomic_save`."""
 
     def save(tmp: Path) -> None:
@@ -102,7 +102,7 @@ def atomic_write_json(obj: Any, path: PathLike) -> Path:
     return atomic_write(path, lambda f: f.write(data))
 
 
-def read_json(path: PathLike) -> dict:
+def read_json(path: PathLike) -> dict[str, Any]:
     """A JSON object from ``path``; a missing, truncated or non-object file is a one-line ``ValueError``."""
     path = Path(path)
     try:
@@ -132,7 +132,7 @@ def check_file_size(path: PathLike, expected: int | None, meta_file: PathLike) -
             )
 
 
-def read_torch(path: PathLike, map_location=None) -> Any:
+def read_torch(path: PathLike, map_location: str | torch.device | None = None) -> Any:
     """``torch.load(path, weights_only=True)``; an unreadable file is a one-line ``ValueError`` naming it."""
     path = Path(path)
     try:

@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class UsageError(Exception):
@@ -42,7 +42,9 @@ class _Parser(argparse.ArgumentParser):
     not pay for, or an extra that may be missing).
     """
 
-    def __init__(self, *args, arguments: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs) -> None:
+    def __init__(
+        self, *args: Any, arguments: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self._arguments = arguments
@@ -52,7 +54,9 @@ class _Parser(argparse.ArgumentParser):
             add, self._arguments = self._arguments, None
             add(self)
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]  # one signature for typeshed's three overloads
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         self._add_arguments()
         return super().parse_known_args(args, namespace)
 
@@ -73,13 +77,15 @@ class Forward(_Parser):
     """A subcommand that hands every argument after its name, unparsed, to a command with its
     own parser (``geograph bench <name>``): the namespace gets them as ``argv``."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]  # one signature for typeshed's three overloads
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         namespace = argparse.Namespace() if namespace is None else namespace
         namespace.argv = list(sys.argv[1:] if args is None else args)
         return namespace, []
 
 
-def make_parser(prog: str | None, description: str | None, **kwargs) -> argparse.ArgumentParser:
+def make_parser(prog: str | None, description: str | None, **kwargs: Any) -> argparse.ArgumentParser:
     """An argument parser whose mistakes print one line and exit 2, and whose help is plain text
     (``kwargs``: more :class:`argparse.ArgumentParser` options, e.g. ``argument_default``; and
     ``arguments``, a function that adds the arguments when they are first needed)."""
@@ -97,7 +103,7 @@ def command_parser(
 
 
 def add_command(
-    commands: argparse._SubParsersAction,
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
     summary: str,
     description: str,
@@ -153,7 +159,7 @@ def add_encoder_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def encoder_options(args) -> dict:
+def encoder_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of :class:`geograph.data.Encoder` that :func:`add_encoder_options` gave;
     a path-like ``--encoder`` that does not exist is a one-line :class:`UsageError`."""
     model = getattr(args, "encoder", None)
@@ -170,7 +176,7 @@ def encoder_options(args) -> dict:
     }
 
 
-def check_ray_options(args) -> None:
+def check_ray_options(args: argparse.Namespace) -> None:
     """One line naming the option when an actor-pool option makes no sense (or is given without --ray)."""
     if getattr(args, "concurrency", None) is None:
         return
@@ -197,8 +203,8 @@ def plain_text(text: str) -> str:
         'Run it:\n\n    geograph demo\n\n    geograph serve'
     """
 
-    def role(m: re.Match) -> str:
-        target = m.group(1).strip()
+    def role(m: re.Match[str]) -> str:
+        target: str = m.group(1).strip()
         return target.rsplit(".", 1)[-1] if m.group(0).find("`~") >= 0 else target
 
     text = _ROLE.sub(role, text)

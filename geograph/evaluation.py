@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -166,7 +167,7 @@ def evaluate(
     run: Sequence[Sequence[str]],
     qrels: Sequence[Mapping[str, float]],
     metrics: Iterable[str] = ("nDCG@10", "Recall@10"),
-    **answer_inputs,
+    **answer_inputs: Any,
 ) -> dict[str, float]:
     """Mean of each metric (``"nDCG@10"``, ``"Recall@5"``, ``"P@1"``, ``"MRR@10"``, ``"HitAll@5"``,
     ``"HitAns@5"`` with ``passages=`` and ``answers=`` as in :func:`per_query`).

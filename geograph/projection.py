@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import geoopt
 import torch  # noqa: F401 - the doctests run in this namespace
@@ -47,6 +48,8 @@ class PoincareProjection(nn.Module):
         True
     """
 
+    manifest: dict[str, Any]  # what the artefact it was loaded from recorded (set by from_pretrained)
+
     def __init__(self, in_dim: int, out_dim: int, *, hidden: int = 256, c: float = 1.0) -> None:
         super().__init__()
         self.in_dim = check_positive_int(in_dim, "in_dim")
@@ -58,25 +61,30 @@ class PoincareProjection(nn.Module):
         self.hidden = hidden
         self.c = float(c)
         self.ball = geoopt.PoincareBall(c=self.c)
+        self.mlp: nn.Module
         if hidden:
             self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
         else:
             self.mlp = nn.Linear(in_dim, out_dim)
-        self.register_load_state_dict_post_hook(_curvature_after_load)
+        self.register_load_state_dict_post_hook(_curvature_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def forward(self, h: Tensor) -> Tensor:
         if not isinstance(h, Tensor) or h.shape[-1] != self.in_dim:
             raise ValueError(f"input must end in dimension {self.in_dim}, got {tuple(getattr(h, 'shape', ()))}")
-        return self.ball.projx(self.ball.expmap0(self.mlp(h)))
+        z: Tensor = self.ball.projx(self.ball.expmap0(self.mlp(h)))  # geoopt is untyped
+        return z
 
     def distance(self, x: Tensor, y: Tensor) -> Tensor:
         """Poincare distance (geoopt ``dist``) along the last dimension."""
-        return self.ball.dist(x, y)
+        d: Tensor = self.ball.dist(x, y)  # geoopt is untyped
+        return d
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden": self.hidden, "c": self.c}
 
-    def save_pretrained(self, directory: str | Path, *, encoder=None, corpus=None) -> Path:
+    def save_pretrained(
+        self, directory: str | Path, *, encoder: Any = None, corpus: Tensor | CorpusFingerprint | None = None
+    ) -> Path:
         """Write the configuration and weights as an artefact directory (:mod:`geograph.artefacts`).
 
         ``encoder`` (a :class:`geograph.data.Encoder` or an
@@ -101,8 +109,8 @@ class PoincareProjection(nn.Module):
         cls,
         source: str | Path,
         *,
-        encoder=None,
-        corpus=None,
+        encoder: Any = None,
+        corpus: Tensor | None = None,
         map_location: str | None = "cpu",
         in_dim: int | None = None,
     ) -> PoincareProjection:
@@ -173,13 +181,14 @@ class IdentityPoincare(nn.Module):
         super().__init__()
         self.c = float(c)
         self.ball = geoopt.PoincareBall(c=self.c)
-        self.register_load_state_dict_post_hook(_curvature_after_load)
+        self.register_load_state_dict_post_hook(_curvature_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.ball.projx(self.ball.expmap0(h))
+        z: Tensor = self.ball.projx(self.ball.expmap0(h))  # geoopt is untyped
+        return z
 
 
-def _load_v1(cls, path: Path, map_location) -> PoincareProjection:
+def _load_v1(cls: type[PoincareProjection], path: Path, map_location: str | None) -> PoincareProjection:
     """A projection from a former ``torch.save`` file (read with ``weights_only=True``: tensors only)."""
     blob = read_torch(path, map_location)
     if not isinstance(blob, dict) or blob.get("kind") != "PoincareProjection":
@@ -195,7 +204,7 @@ def _load_v1(cls, path: Path, map_location) -> PoincareProjection:
     return model
 
 
-def _curvature_after_load(module: nn.Module, incompatible_keys) -> None:
+def _curvature_after_load(module: PoincareProjection | IdentityPoincare, incompatible_keys: object) -> None:
     """``load_state_dict`` post hook: ``c`` follows the ball's curvature, which the state carries.
 
     The ball holds ``c`` in float32 (0.5 comes back as 0.49999997): a value within float32

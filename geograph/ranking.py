@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -174,7 +174,9 @@ def _per_query(values: Any, sizes: list[int], what: str) -> list[list[Any]]:
     return [_per_document(v, n, f"{what}[{i}]") for i, (v, n) in enumerate(zip(values, sizes))]
 
 
-def _embed_rows(encoder: LazyEncoder, groups: list[tuple[list[str | None], list[Tensor | None]]], query: bool):
+def _embed_rows(
+    encoder: LazyEncoder, groups: list[tuple[list[str | None], list[Tensor | None]]], query: bool
+) -> list[list[Tensor]]:
     """Fill every text position of ``groups`` with its embedding, all texts in one encoder call."""
     texts = [t for ts, _ in groups for t in ts if t is not None]
     if texts:
@@ -183,7 +185,7 @@ def _embed_rows(encoder: LazyEncoder, groups: list[tuple[list[str | None], list[
             for j, t in enumerate(ts):
                 if t is not None:
                     vs[j] = next(enc)
-    return [vs for _, vs in groups]
+    return [cast(list[Tensor], vs) for _, vs in groups]  # every text position now holds its embedding
 
 
 class Ranker:
@@ -462,7 +464,7 @@ class Retriever:
             self._encoder_checked = True
         [qv] = _embed_rows(self.encoder, [(texts, vecs)], query=True)
         dev = module_device(self.module)
-        q = torch.stack(qv)  # type: ignore[arg-type]
+        q = torch.stack(qv)
         with torch.inference_mode():
             res = self.module(q if dev is None else q.to(dev), k)
         idx, scores = res.indices.cpu().tolist(), res.scores.cpu().tolist()
@@ -487,7 +489,7 @@ def _corpus_size(module: nn.Module) -> int:
     graph = getattr(module, "graph", None)
     if graph is not None:
         return int(graph.num_nodes)
-    return int(module.embeddings.shape[0])  # type: ignore[union-attr]
+    return int(cast(Tensor, module.embeddings).shape[0])  # nn.Module types a buffer as Tensor | Module
 
 
 def _module_params(spec: MethodSpec, module: nn.Module) -> dict[str, Any]:

@@ -8,7 +8,7 @@ texts, and ``mask`` an optional ``(B, N)`` bool of the pairs to score (the other
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -52,7 +52,7 @@ class CrossEncoderScorer:
                 raise ValueError(f"cross-encoder path {str(path)!r} is not a directory (no model is downloaded)")
             from sentence_transformers import CrossEncoder
 
-            kwargs = {"device": device, "local_files_only": True}
+            kwargs: dict[str, str | bool | int | None] = {"device": device, "local_files_only": True}
             if max_length is not None:
                 kwargs["max_length"] = max_length
             model = CrossEncoder(str(path), **kwargs)
@@ -84,7 +84,7 @@ class CrossEncoderScorer:
             scores[mask] = pred
         return scores
 
-    def for_corpus(self, passages: Sequence[str]):
+    def for_corpus(self, passages: Sequence[str]) -> Callable[[Tensor, Tensor, Sequence[str] | None], Tensor]:
         """A G3RAG seed scorer over a corpus: ``scorer(query, candidate_ids, query_texts) -> (B, C)``.
 
         ``candidate_ids`` index ``passages``; ``query_texts`` are required (the model reads text).

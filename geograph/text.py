@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -124,7 +124,8 @@ def as_rows(items: Any, what: str) -> tuple[list[str | None], list[Tensor | None
 def module_device(module: nn.Module) -> torch.device | None:
     """The device of a module's registered state (``None``: it holds none, inputs decide)."""
     for t in module.state_dict().values():
-        return t.device
+        device: torch.device = t.device
+        return device
     return None
 
 
@@ -140,6 +141,10 @@ def pad(rows: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     return out, mask
 
 
+@overload
+def check_top(value: int, name: str) -> int: ...
+@overload
+def check_top(value: int | None, name: str) -> int | None: ...
 def check_top(value: int | None, name: str) -> int | None:
     """``value`` if ``None`` or a positive integer, else a ``ValueError`` naming ``name``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -15,12 +15,15 @@ test suite does that with small sizes so the script cannot rot between GPU loans
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 from geograph.bench.common import time_calls
 from geograph.console import make_parser
@@ -33,7 +36,7 @@ def clustered(n: int, dim: int, *, clusters: int = 50, seed: int = 0) -> torch.T
     return torch.nn.functional.normalize(x, dim=1)
 
 
-def _diff(a, b) -> float:
+def _diff(a: Tensor, b: Tensor) -> float:
     if isinstance(a, torch.Tensor) and a.is_sparse_csr:
         a, b = a.to_dense(), b.to_dense()
     a, b = torch.as_tensor(a).detach().cpu().double(), torch.as_tensor(b).detach().cpu().double()
@@ -64,7 +67,7 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
     a /= a.sum(1, keepdim=True)
     cost = torch.rand(b, n, n, dtype=torch.float64)
 
-    cases: dict[str, Callable[[Callable], object]] = {
+    cases: dict[str, Callable[[Callable[[Tensor], Tensor]], Tensor]] = {
         "cosine_similarity": lambda t: F.cosine_similarity(t(docs), t(docs)),
         "knn_graph": lambda t: F.knn_graph(t(docs), 5, t(mask)).double(),
         "shortest_paths": lambda t: F.shortest_paths(
@@ -83,8 +86,8 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
         "gain_density": lambda t: F.gain_density(t(x)),
         "gain_transition": lambda t: F.gain_transition(t(x), max_degree=16),
     }
-    cpu = lambda v: v  # noqa: E731
-    to_dev = lambda v: v.to(dev)  # noqa: E731
+    cpu: Callable[[Tensor], Tensor] = lambda v: v  # noqa: E731
+    to_dev: Callable[[Tensor], Tensor] = lambda v: v.to(dev)  # noqa: E731
     out = {}
     for name, fn in cases.items():
         out[name] = _diff(fn(to_dev), fn(cpu))
@@ -93,7 +96,7 @@ def kernel_parity(dev: torch.device, *, b: int = 8, n: int = 21, corpus: int = 2
 
 def module_parity_and_timing(
     dev: torch.device, sizes: Sequence[int], *, corpus: int, repeat: int, parity_queries: int = 16
-) -> dict:
+) -> dict[str, dict[str, Any]]:
     """Each module on CPU vs ``dev`` (ids / kept sets) and ms/query on ``dev`` at each B."""
     from geograph.graphs import G3Graph
     from geograph.graphs.corpus_graph import CorpusGraph
@@ -109,7 +112,7 @@ def module_parity_and_timing(
     g3_cpu = G3Graph.build(x, max_degree=32)
     # every module is built on the CPU and moved with .to(device), the path users take (a fresh
     # copy of the shared graphs each time: .to moves a module's state in place)
-    models = {
+    models: dict[str, tuple[Callable[[torch.device], nn.Module], Callable[[nn.Module, Tensor, Tensor], Tensor]]] = {
         "DenseRetriever (k=10)": (lambda d: DenseRetriever(x).to(d), lambda m, qq, cc: m(qq, 10).indices),
         "Maniscope (M=100)": (lambda d: Maniscope().to(d), lambda m, qq, cc: m(qq, x.to(qq.device)[cc]).order),
         "RicciFiltration (M=20)": (
@@ -128,7 +131,7 @@ def module_parity_and_timing(
         ref_model, model = make(torch.device("cpu")), make(dev)
         got = call(model, q[:parity_b].to(dev), cand[:parity_b].to(dev)).cpu()
         ref = call(ref_model, q[:parity_b], cand[:parity_b])
-        row = {
+        row: dict[str, Any] = {
             "parity_queries": parity_b,
             "identical_rows": float((got == ref).all(1).double().mean()),
             "identical_entries": float((got == ref).double().mean()),
@@ -139,7 +142,7 @@ def module_parity_and_timing(
                 row["ms_per_query"][str(b)] = None  # the CPU exact path: ~90 ms per graph, see bench ricci
                 continue
             qq, cc = q[:b].to(dev), cand[:b].to(dev)
-            t = time_calls(lambda call=call, model=model, qq=qq, cc=cc: call(model, qq, cc), repeat=repeat, device=dev)
+            t = time_calls(functools.partial(call, model, qq, cc), repeat=repeat, device=dev)
             row["ms_per_query"][str(b)] = t["median"] / b * 1e3
         out[name] = row
     return out

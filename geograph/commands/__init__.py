@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 
-def checked_encoder_options(args: Any) -> dict[str, Any]:
+def checked_encoder_options(args: argparse.Namespace) -> dict[str, Any]:
     """:func:`geograph.console.encoder_options`, and a hub id given to ``--encoder`` that cannot be
     fetched (offline and not in the local Hugging Face cache, no network, no such model) as one
     :class:`~geograph.console.UsageError` line before any work starts."""

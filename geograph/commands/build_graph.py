@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from geograph.commands import checked_encoder_options
 from geograph.console import (
@@ -20,6 +21,11 @@ from geograph.console import (
     command_parser,
 )
 from geograph.data import corpus_path
+
+if TYPE_CHECKING:
+    from geograph.data import Dataset, Encoder
+    from geograph.graphs.corpus_graph import CorpusGraph
+    from geograph.graphs.g3_graph import G3Graph
 
 PROG = "geograph build-graph"
 SUMMARY = "embed a corpus and save a graph over it: k-NN or title mentions (ISO-RAG), or G3RAG's"
@@ -55,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``build-graph`` to the ``geograph`` command's subcommands."""
     add_command(commands, "build-graph", SUMMARY, DESCRIPTION, add_arguments, run)
 
@@ -213,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             progress=show_progress(None),  # on a terminal only
             recall_target=args.recall_target,
         )
+        graph: CorpusGraph | G3Graph
         try:
             if args.knn is not None:
                 graph = CorpusGraph.from_knn(emb, args.knn, **ivf)
@@ -252,17 +259,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(graph, out: Path, *, encoder: str, seconds: dict[str, float]) -> dict:
+def summary(graph: CorpusGraph | G3Graph, out: Path, *, encoder: str, seconds: dict[str, float]) -> dict[str, Any]:
     """What ``build-graph`` built, as ``--json`` prints it: the graph's class and name, its
     passages, edges (a G3Graph's stored entries) and dimension, the encoder, the folder with its
     files' sizes in bytes, the seconds of each stage, and the builder's ``build_info``."""
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
     kind = type(graph).__name__
+    g3 = cast("G3Graph", graph)  # read only where kind says it is one
     return {
         "kind": kind,
         "name": graph.name if kind == "CorpusGraph" else "g3",
         "passages": graph.num_nodes,
-        "edges": graph.num_edges if kind == "CorpusGraph" else int(graph.val.numel()),
+        "edges": graph.num_edges if kind == "CorpusGraph" else int(g3.val.numel()),
         "dim": int(graph.embeddings.shape[1]),
         "encoder": encoder,
         "out": str(out),
@@ -270,11 +278,12 @@ def summary(graph, out: Path, *, encoder: str, seconds: dict[str, float]) -> dic
         "bytes": sum(files.values()),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "build_info": dict(getattr(graph, "build_info", None) or {}),
-        **({"band": list(graph.band), "beta": graph.beta, "max_degree": graph.max_degree} if kind == "G3Graph" else {}),
+        # the G3Graph here comes from G3Graph.build, which records its band
+        **({"band": list(g3.band), "beta": g3.beta, "max_degree": g3.max_degree} if kind == "G3Graph" else {}),  # type: ignore[arg-type]
     }
 
 
-def describe(built: dict) -> str:
+def describe(built: dict[str, Any]) -> str:
     """The lines ``build-graph`` prints about what it built (:func:`summary`).
 
     Example:
@@ -334,7 +343,7 @@ def _size(n: int) -> str:
     raise AssertionError  # pragma: no cover
 
 
-def passage_keys(encoder, dataset) -> list[str]:
+def passage_keys(encoder: Encoder, dataset: Dataset) -> list[str]:
     """The embedding cache's key of each passage's embedded text (its prefix included), saved with
     the graph so that ``geograph update`` tells an edited passage from an unchanged one."""
     from geograph.data.cache import text_key
@@ -342,7 +351,7 @@ def passage_keys(encoder, dataset) -> list[str]:
     return [text_key(encoder.passage_prefix + p) for p in dataset.passages()]
 
 
-def _check_index_options(args, n: int) -> None:
+def _check_index_options(args: argparse.Namespace, n: int) -> None:
     """The index options, checked against the corpus before embedding (one line naming the option)."""
     if args.index == "exact" and any(v is not None for v in (args.nlist, args.sample)):
         raise UsageError("--nlist and --sample apply to --index ivf or auto")

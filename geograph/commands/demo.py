@@ -14,6 +14,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -23,6 +24,10 @@ from geograph.console import UsageError, add_command, add_encoder_options, comma
 from geograph.data import BEIRError, Dataset, Encoder, corpus_path, load_beir, load_demo
 from geograph.evaluation import per_query
 from geograph.pipeline import embed, missing_embeddings, run_ids
+
+if TYPE_CHECKING:
+    from geograph.graphs.corpus_graph import CorpusGraph
+    from geograph.outputs import RetrievalOutput
 
 PROG = "geograph demo"
 SUMMARY = "every method side by side on the shipped corpus (or --data DIR), then a quality table"
@@ -49,7 +54,7 @@ class MethodRun:
     indices: Tensor
     scores: Tensor
     ms: float
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``demo`` to the ``geograph`` command's subcommands."""
     add_command(commands, "demo", SUMMARY, DESCRIPTION, add_arguments, run)
 
@@ -127,11 +132,11 @@ def _timed(
     return idx, scores, 1000.0 * (time.perf_counter() - t0) / max(n_queries, 1)
 
 
-def _pair(out) -> tuple[Tensor, Tensor]:
+def _pair(out: RetrievalOutput) -> tuple[Tensor, Tensor]:
     return out.indices, out.scores
 
 
-def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor):
+def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor) -> tuple[CorpusGraph, str]:
     from geograph.graphs.corpus_graph import CorpusGraph
 
     if args.graph in ("auto", "mentions"):
@@ -164,16 +169,16 @@ def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, quer
 
     maniscope = Maniscope(k=args.k, alpha=args.alpha)
 
-    def man():
+    def man() -> tuple[Tensor, Tensor]:
         out = maniscope(query, docs)
         return cand.gather(1, out.order), out.scores.gather(1, out.order)
 
     runs["Maniscope"] = MethodRun(f"Maniscope (k={args.k}, alpha={args.alpha})", *_timed(man, q))
 
     ricci = RicciFiltration()
-    keep = {}
+    keep: dict[str, Tensor] = {}
 
-    def rf():
+    def rf() -> tuple[Tensor, Tensor]:
         out = ricci(query, docs)
         keep["keep"] = out.keep
         return cand.gather(1, out.order), out.scores.gather(1, out.order)
@@ -186,7 +191,8 @@ def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, quer
         "Ricci-Filtration (percentile 50, kept by cosine)", r_idx, r_s, r_ms, {"keep": keep["keep"]}
     )
 
-    def chain():  # Maniscope over the candidates Ricci-Filtration kept (its first stage is the run above)
+    # Maniscope over the candidates Ricci-Filtration kept (its first stage is the run above)
+    def chain() -> tuple[Tensor, Tensor]:
         out = maniscope(query, corpus[r_idx], torch.isfinite(r_s))
         return r_idx.gather(1, out.order), out.scores.gather(1, out.order)
 

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from geograph.commands import checked_encoder_options
 from geograph.console import (
@@ -18,6 +19,9 @@ from geograph.console import (
     command_parser,
 )
 from geograph.data import corpus_path
+
+if TYPE_CHECKING:
+    from geograph.data import EmbeddingCache
 
 PROG = "geograph embed"
 SUMMARY = "embed a corpus (BEIR folder or JSONL file) into the embedding cache (--ray: a Ray Data actor pool)"
@@ -40,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     return command_parser(PROG, DESCRIPTION, add_arguments)
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``embed`` to the ``geograph`` command's subcommands."""
     add_command(commands, "embed", SUMMARY, DESCRIPTION, add_arguments, run)
 
@@ -120,10 +124,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     encoder = Encoder(cache=args.cache, batch_size=args.batch_size, **options)
     passages = [encoder.passage_prefix + p for p in passages]
-    _, missing = encoder.cache.get(passages)
+    cache = cast("EmbeddingCache", encoder.cache)  # a cache folder (or the default one): an EmbeddingCache
+    _, missing = cache.get(passages)
     encoder.encode(passages)
     print(
         f"{len(passages)} passages: {len(passages) - len(missing)} already cached, {len(missing)} encoded into "
-        f"{encoder.cache.path} ({time.perf_counter() - t0:.1f} s)"
+        f"{cache.path} ({time.perf_counter() - t0:.1f} s)"
     )
     return 0

@@ -82,7 +82,7 @@ class BEIRFileError(BEIRError, FileNotFoundError):
     """A :class:`BEIRError` for a folder or file that does not exist."""
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     out = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

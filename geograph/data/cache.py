@@ -9,11 +9,17 @@ import sys
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from geograph.artefacts import EncoderIdentity
 
 __all__ = [
     "EmbeddingCache",
@@ -239,7 +245,7 @@ def show_progress(progress: bool | None) -> bool:
 
 
 @contextlib.contextmanager
-def _transformers_bars(show: bool):
+def _transformers_bars(show: bool) -> Iterator[None]:
     """transformers' own bars (``Loading weights``) off for the block unless ``show``.
 
     Through transformers' tqdm hook, set for the block and restored, so the process-wide switch
@@ -261,7 +267,9 @@ def _transformers_bars(show: bool):
         tf_logging.set_tqdm_hook(previous)
 
 
-def load_sentence_transformer(model: str, device: str | None = None, progress: bool | None = None):
+def load_sentence_transformer(
+    model: str, device: str | None = None, progress: bool | None = None
+) -> SentenceTransformer:
     """``SentenceTransformer(model)``: a local folder without touching a hub, a hub id as the
     library fetches it (or finds it in the local cache). A hub id that cannot be fetched raises
     :class:`EncoderUnavailable` (one line); the ``Loading weights`` bar follows :func:`show_progress`."""
@@ -334,7 +342,8 @@ class Encoder:
         self.model_path = default_model_path() if model is None else str(model)
         self.model_name = model_name or (DEFAULT_MODEL_NAME if model is None else str(model))
         self.query_prefix, self.passage_prefix = str(query_prefix), str(passage_prefix)
-        self._identity = None
+        self._identity: EncoderIdentity | None = None
+        self.cache: EmbeddingCache | MemoryCache | None
         if isinstance(cache, (EmbeddingCache, MemoryCache)):
             self.cache = cache
         elif cache is False:
@@ -346,11 +355,11 @@ class Encoder:
         self.batch_size = batch_size
         self.device = device
         self.progress = progress
-        self._model = None
+        self._model: SentenceTransformer | None = None
         self._model_lock = threading.Lock()  # callers in several threads load the model once
 
     @property
-    def identity(self):
+    def identity(self) -> EncoderIdentity:
         """The :class:`~geograph.artefacts.EncoderIdentity` of this encoder (its files hashed, not loaded)."""
         if self._identity is None:
             from geograph.data.encoder_id import encoder_identity
@@ -404,7 +413,7 @@ class Encoder:
         return self.encode([self.passage_prefix + p for p in passages])
 
     @property
-    def model(self):
+    def model(self) -> SentenceTransformer:
         if self._model is None:
             with self._model_lock:
                 if self._model is None:
@@ -418,6 +427,7 @@ class Encoder:
         texts = list(texts)
         if not texts:
             raise ValueError("texts is empty")
+        found: list[np.ndarray | None]
         if self.cache is None:
             found, missing = [None] * len(texts), list(range(len(texts)))
         else:
@@ -435,4 +445,4 @@ class Encoder:
                 self.cache.put(todo, vecs)
             for i, v in zip(missing, vecs):
                 found[i] = v
-        return torch.from_numpy(np.stack(found))
+        return torch.from_numpy(np.stack(cast(list[np.ndarray], found)))  # every position is filled now

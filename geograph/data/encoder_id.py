@@ -22,7 +22,8 @@ _MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".txt", ".mod
 _SKIP_DIRS = {".git", ".cache", "onnx", "openvino", "coreml"}
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
 
-_memo: dict[tuple, str] = {}  # (directory, files' sizes and mtimes) -> checksum, for this process
+# (directory, files' sizes and mtimes) -> checksum, for this process
+_memo: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
 _lock = threading.Lock()
 
 

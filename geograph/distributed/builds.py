@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from torch import Tensor
 
@@ -33,7 +34,7 @@ def on_ray(
     *,
     num_cpus: int | None = None,
     max_retries: int = 3,
-    runtime_env: dict | None = None,
+    runtime_env: dict[str, Any] | None = None,
 ) -> Iterator[RayExecutor]:
     """Inside the block, every corpus-graph build runs its tiles as Ray tasks.
 
@@ -54,7 +55,7 @@ def on_ray(
             yield executor
 
 
-def _record(graph, executor: RayExecutor, seconds: float) -> None:
+def _record(graph: CorpusGraph | G3Graph, executor: RayExecutor, seconds: float) -> None:
     graph.build_info = dict(
         graph.build_info,
         ray={
@@ -74,7 +75,7 @@ def knn_graph(
     address: str | None = None,
     num_cpus: int | None = None,
     max_retries: int = 3,
-    **options,
+    **options: Any,
 ) -> CorpusGraph:
     """:meth:`CorpusGraph.from_knn(embeddings, k, **options) <geograph.CorpusGraph.from_knn>` with its tiles on Ray
     (:func:`on_ray`); ``build_info["ray"]`` records the address, CPUs, tasks and seconds."""
@@ -91,7 +92,7 @@ def g3_graph(
     address: str | None = None,
     num_cpus: int | None = None,
     max_retries: int = 3,
-    **options,
+    **options: Any,
 ) -> G3Graph:
     """:meth:`G3Graph.build(embeddings, **options) <geograph.G3Graph.build>` with its tiles on Ray (:func:`on_ray`)."""
     with on_ray(address, num_cpus=num_cpus, max_retries=max_retries) as executor:

@@ -14,7 +14,8 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -25,7 +26,16 @@ __all__ = ["ray_session", "RayExecutor", "import_ray", "LOCAL"]
 LOCAL = "local"
 
 
-def import_ray():
+class RaySession(TypedDict):
+    """What :func:`ray_session` yields."""
+
+    address: str
+    started: bool
+    seconds: float
+    cpus: int
+
+
+def import_ray() -> ModuleType:
     """``ray``, or a one-line ImportError naming the extra."""
     try:
         import ray
@@ -44,8 +54,8 @@ def _check_address(address: str | None) -> str | None:
 
 @contextlib.contextmanager
 def ray_session(
-    address: str | None = None, *, num_cpus: int | None = None, runtime_env: dict | None = None
-) -> Iterator[dict]:
+    address: str | None = None, *, num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None
+) -> Iterator[RaySession]:
     """Ray for the ``with`` block: joined, started, or reused.
 
     - Ray already initialised in this process (``ray.is_initialized()``): used as it is and left
@@ -92,7 +102,7 @@ def ray_session(
         ray.shutdown()
 
 
-def _cpus(ray) -> int:
+def _cpus(ray: ModuleType) -> int:
     return int(ray.cluster_resources().get("CPU", 1))
 
 
@@ -128,11 +138,11 @@ class _Array:
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[_Array], tuple[np.ndarray]]:
         return (_Array, (self.array,))
 
 
-def _run_tile(fn: Callable[[dict, Any], Any], shared: dict, item: Any) -> Any:
+def _run_tile(fn: Callable[[dict[str, Any], Any], Any], shared: dict[str, Any], item: Any) -> Any:
     """One tile on a Ray worker: the same function the local build calls, on the same inputs."""
     return _pack(fn(_unpack(shared), item))
 
@@ -152,6 +162,8 @@ class RayExecutor:
             IVF join cuts its cells into 4 groups per slot.
     """
 
+    session: RaySession  # the Ray it runs on (set by on_ray)
+
     def __init__(self, *, num_cpus: float = 1, max_retries: int = 3, parallelism: int | None = None) -> None:
         if not num_cpus > 0:
             raise ValueError(f"num_cpus must be positive, got {num_cpus!r}")
@@ -167,7 +179,9 @@ class RayExecutor:
             num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=False, name="geograph_tile"
         )
 
-    def __call__(self, fn: Callable[[dict, Any], Any], shared: dict, items: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
+    def __call__(
+        self, fn: Callable[[dict[str, Any], Any], Any], shared: dict[str, Any], items: Sequence[Any]
+    ) -> Iterator[tuple[Any, Any]]:
         ray = self.ray
         ref = ray.put(_pack(shared))
         pending = {self._remote.remote(fn, ref, item): item for item in items}

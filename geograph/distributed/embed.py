@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class _EncoderActor:
         self.encoder = Encoder(model, model_name=model_name, cache=False, batch_size=batch_size, device=device)
         self.cache = EmbeddingCache(self.encoder.model_name, cache, weights=self.encoder.identity.weights)
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(t) for t in batch["text"]]
         self.cache.put(texts, self.encoder.encode(texts).numpy())
         return {"encoded": np.array([len(texts)])}
@@ -109,7 +110,7 @@ def embed_corpus(
     passages = load_corpus(source).passages()
     # the cache key as Encoder makes it (no model is loaded on the driver)
     root = cache_dir(cache)  # resolved here, so local actors write where this process reads
-    store = Encoder(model, model_name=model_name, cache=root).cache
+    store = cast(EmbeddingCache, Encoder(model, model_name=model_name, cache=root).cache)  # a root: an EmbeddingCache
     _, missing = store.get(passages)
     todo = list(dict.fromkeys(passages[i] for i in missing))  # distinct texts, first-seen order
     t0 = time.perf_counter()

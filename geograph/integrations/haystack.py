@@ -56,7 +56,11 @@ class GeographRanker:
     """
 
     def __init__(
-        self, method: Any = "maniscope", encoder: Any = None, top_k: int | None = None, params: dict | None = None
+        self,
+        method: Any = "maniscope",
+        encoder: Any = None,
+        top_k: int | None = None,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.ranker = Ranker(method, encoder=encoder, **(params or {}))
         self.top_k = check_top(top_k, "top_k")
@@ -75,7 +79,7 @@ class GeographRanker:
         return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, documents: list[Document], top_k: int | None = None):
+    def run(self, query: str, documents: list[Document], top_k: int | None = None) -> dict[str, list[Document]]:
         top_k = check_top(top_k, "top_k") if top_k is not None else self.top_k
         docs = [(d.content or "") if d.embedding is None else d.embedding for d in documents]
         ranked = self.ranker.rank(query, docs, top_k=top_k)
@@ -106,7 +110,7 @@ class GeographRetriever:
         documents: Sequence[Document],
         encoder: Any = None,
         top_k: int = 10,
-        params: dict | None = None,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.documents = list(documents)
         self.top_k = check_top(top_k, "top_k")
@@ -134,7 +138,7 @@ class GeographRetriever:
         return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, top_k: int | None = None):
+    def run(self, query: str, top_k: int | None = None) -> dict[str, list[Document]]:
         k = check_top(top_k, "top_k") if top_k is not None else self.top_k
         return {
             "documents": [replace(self.documents[r.index], score=r.score) for r in self.retriever.retrieve(query, k)]

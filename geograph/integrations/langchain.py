@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 try:
@@ -76,7 +76,7 @@ class GeographCompressor(BaseDocumentCompressor):
 
     @field_validator("top_n")
     @classmethod
-    def _top(cls, v):
+    def _top(cls, v: int | None) -> int | None:
         return check_top(v, "top_n")
 
     def model_post_init(self, context: Any) -> None:
@@ -84,7 +84,8 @@ class GeographCompressor(BaseDocumentCompressor):
 
     @property
     def ranker(self) -> Ranker:
-        return self._ranker
+        ranker: Ranker = self._ranker
+        return ranker
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
@@ -126,12 +127,12 @@ class GeographRetriever(BaseRetriever):
 
     @field_validator("corpus", mode="before")
     @classmethod
-    def _docs(cls, v):
+    def _docs(cls, v: Iterable[Document | str]) -> list[Document]:
         return [Document(page_content=d) if isinstance(d, str) else d for d in v]
 
     @field_validator("k")
     @classmethod
-    def _k(cls, v):
+    def _k(cls, v: int) -> int:
         return check_top(v, "k")
 
     def model_post_init(self, context: Any) -> None:
@@ -145,7 +146,8 @@ class GeographRetriever(BaseRetriever):
 
     @property
     def retriever(self) -> Retriever:
-        return self._retriever
+        retriever: Retriever = self._retriever
+        return retriever
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
         return [_scored(self.corpus[r.index], r.score) for r in self._retriever.retrieve(query, self.k)]

@@ -72,7 +72,8 @@ class GeographPostprocessor(BaseNodePostprocessor):
 
     @property
     def ranker(self) -> Ranker:
-        return self._ranker
+        ranker: Ranker = self._ranker
+        return ranker
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
@@ -99,7 +100,14 @@ class GeographRetriever(BaseRetriever):
     """
 
     def __init__(
-        self, method: Any, nodes: Sequence[Any], *, encoder: Any = None, k: int = 4, embeddings: Any = None, **params
+        self,
+        method: Any,
+        nodes: Sequence[Any],
+        *,
+        encoder: Any = None,
+        k: int = 4,
+        embeddings: Any = None,
+        **params: Any,
     ) -> None:
         callback_manager = params.pop("callback_manager", None)
         super().__init__(callback_manager=callback_manager)

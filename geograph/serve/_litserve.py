@@ -38,7 +38,9 @@ import contextvars
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from queue import Empty
+from typing import Any
 
 from geograph.serve.lifecycle import announce_ready, stop_processes, watch_workers
 from geograph.serve.schema import request_candidates, request_texts
@@ -46,7 +48,7 @@ from geograph.serve.schema import request_candidates, request_texts
 try:
     import litserve as ls
 except ImportError:  # pragma: no cover - exercised only without the serve extra
-    ls = None
+    ls = None  # only without the serve extra
 
 #: the LitServe versions these seams were checked against (the serve extra's requirement in pyproject.toml)
 TESTED_RANGE = ">=0.2.19,<0.3"
@@ -61,7 +63,7 @@ class VersionConflict(str):
     line (LitServe answers a batch's error to every request of the batch; this marker is one request's)."""
 
 
-def logging_enabled(api) -> bool:
+def logging_enabled(api: Any) -> bool:
     """Whether LitServe gave the LitAPI ``api`` its logger queue (``LitAPI.log`` puts nothing before).
 
     LitServe sets ``LitAPI._logger_queue`` before the API servers and the workers start, and only
@@ -70,7 +72,7 @@ def logging_enabled(api) -> bool:
     return getattr(api, "_logger_queue", None) is not None
 
 
-def worker_status_keys(server) -> list[str]:
+def worker_status_keys(server: Any) -> list[str]:
     """The inference workers' keys in ``server.workers_setup_status``, in the order of
     ``server.inference_workers`` (LitServe names them ``{endpoint}_{i}``, endpoint the last part
     of the API's path)."""
@@ -81,12 +83,13 @@ def worker_status_keys(server) -> list[str]:
     return keys
 
 
-def manager_pid(server) -> int | None:
+def manager_pid(server: Any) -> int | None:
     """The pid of the server's queue manager process (``None`` before it starts): LitServe keeps the
     ``multiprocessing`` manager in ``transport_config.manager``, which holds its process in ``_process``."""
     manager = getattr(getattr(server, "transport_config", None), "manager", None)
     process = getattr(manager, "_process", None)
-    return getattr(process, "pid", None)
+    pid: int | None = getattr(process, "pid", None)
+    return pid
 
 
 def collected(loop, payloads: list, timed_out: list, arrivals: dict[int, float]) -> tuple[list, list]:
@@ -101,7 +104,7 @@ def collected(loop, payloads: list, timed_out: list, arrivals: dict[int, float])
 def _endpoint(handler, request_type, response_type):
     """The FastAPI endpoint function of one route: the request, validated as ``request_type``, to ``handler``."""
 
-    async def endpoint_handler(request):
+    async def endpoint_handler(request: Any) -> Any:
         return await handler.handle_request(request, request_type)
 
     # real classes, not the strings of this module's postponed annotations: FastAPI reads them
@@ -115,23 +118,23 @@ if ls is not None:
     from litserve.server import RegularRequestHandler
     from litserve.utils import LitAPIStatus, LoopResponseType
 
-    _uid_var: contextvars.ContextVar = contextvars.ContextVar("geograph_request_uid", default=None)
+    _uid_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("geograph_request_uid", default=None)
 
-    class ForgetfulHandler(RegularRequestHandler):
+    class ForgetfulHandler(RegularRequestHandler):  # type: ignore[misc]  # litserve is untyped
         """LitServe's request handler that always removes its request's entry from the API
         server's response table. LitServe removes it only after the answer came: a request
         cancelled while it waits (a 504 of :class:`~geograph.serve.middleware.DeadlineMiddleware`,
         a client gone while the server stops) left its entry behind, and the answer arriving later
         filled it, for ever (memory grew with every 504)."""
 
-        async def _submit_request(self, payload):
+        async def _submit_request(self, payload: Any) -> tuple[str, Any]:
             # upstream: puts the request on the queue and returns its uid; here the uid is also
             # noted for handle_request, which must forget the uid's entry
             uid, queue_id = await super()._submit_request(payload)
             _uid_var.set(uid)  # the handler's task sees it after this coroutine returns
             return uid, queue_id
 
-        async def handle_request(self, request, request_type):
+        async def handle_request(self, request: Any, request_type: type[Any]) -> Any:
             # upstream: the response table's entry is removed only when the answer came; here
             # also when the request is cancelled or fails
             token = _uid_var.set(None)
@@ -148,13 +151,13 @@ if ls is not None:
                     self.server.response_buffer.pop(uid, None)
                 _uid_var.reset(token)
 
-    class GeoLitServer(ls.LitServer):
+    class GeoLitServer(ls.LitServer):  # type: ignore[misc]  # litserve is untyped
         """LitServer with geograph's worker monitor (:func:`~geograph.serve.lifecycle.watch_workers`)
         and a quiet shutdown: the logger process stops before the manager does, and API servers
         that :func:`~geograph.serve.lifecycle.drain_api_servers` already stopped are left out
         (LitServe would warn that they are "already not alive")."""
 
-        def _register_api_endpoints(self, lit_api, request_type, response_type):
+        def _register_api_endpoints(self, lit_api: Any, request_type: type[Any], response_type: type[Any]) -> Any:
             # LitServe 0.2.19's own method (pyproject caps litserve<0.3) with :class:`ForgetfulHandler`,
             # and a POST route for each of the API's routes (GeoAPI.routes: path -> request
             # model), all on the API's one queue
@@ -178,7 +181,7 @@ if ls is not None:
                     )
             self._register_spec_endpoints(lit_api)
 
-        def _start_worker_monitoring(self, manager, uvicorn_workers):
+        def _start_worker_monitoring(self, manager: Any, uvicorn_workers: Any) -> None:
             # upstream: a thread that restarts (or reports and stops on) a dead worker, and shuts
             # the server down from that thread while the main thread still waits on the manager;
             # here geograph's monitor: a dead worker stops the server with status 1
@@ -186,7 +189,7 @@ if ls is not None:
             if hasattr(self, "ready_line"):  # the line that says where it listens, once /health says ok
                 threading.Thread(target=announce_ready, args=(self,), daemon=True, name="geograph-ready").start()
 
-        def _init_manager(self, num_api_servers):
+        def _init_manager(self, num_api_servers: int) -> Any:
             # upstream: starts the manager process and LitServe's logger process; here the latter
             # is noted, for _perform_graceful_shutdown to stop it first
             before = {p.pid for p in mp.active_children()}
@@ -195,7 +198,9 @@ if ls is not None:
             self.logger_processes = [p for p in mp.active_children() if p.pid not in before and p.pid != ours]
             return manager
 
-        def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason="normal"):
+        def _perform_graceful_shutdown(
+            self, manager: Any, uvicorn_workers: dict[Any, Any], shutdown_reason: str = "normal"
+        ) -> None:
             # upstream: stops the API servers (warning about those already stopped), the workers
             # one after another, then the manager, and never the logger process; here the logger
             # first, the drained API servers left out, the workers together
@@ -208,7 +213,7 @@ if ls is not None:
                 stop_processes(self.inference_workers, 5)
             super()._perform_graceful_shutdown(manager, live, shutdown_reason)
 
-    class WaitingBatchedLoop(BatchedLoop):
+    class WaitingBatchedLoop(BatchedLoop):  # type: ignore[misc]  # litserve is untyped
         """LitServe's batched loop with a batch collected by blocking waits, not by polling.
 
         LitServe 0.2 fills a batch with ``get(timeout=0.001)`` calls on the request queue, a
@@ -237,7 +242,9 @@ if ls is not None:
         timed out instead of run, and the stop sentinel ends the loop.
         """
 
-        def get_batch_requests(self, lit_api, request_queue, transport):
+        def get_batch_requests(
+            self, lit_api: Any, request_queue: Any, transport: Any
+        ) -> tuple[list[tuple[Any, Any, Any]], list[tuple[Any, Any]]]:
             # upstream: polls the queue with get(timeout=0.001) until the batch is full or
             # batch_timeout has passed; here blocking waits, and a bound on the batch's texts
             payloads, timed_out, texts, widest, tokens = [], [], 0, 0, 0

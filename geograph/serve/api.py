@@ -27,13 +27,21 @@ carries the ``version`` that computed it.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from geograph.serve._litserve import VersionConflict, logging_enabled
 from geograph.serve.lifecycle import ParentGuard
 from geograph.serve.models import KERNEL_METHODS, RERANKERS, build_model, k_bounds
 from geograph.serve.schema import RerankRequest, RerankResponse, RetrieveRequest, RetrieveResponse
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from pydantic import BaseModel
+
+    from geograph.serve.reload import Limits
 
 try:
     import litserve as ls
@@ -74,8 +82,8 @@ class Served:
     (``corpus_version``: the saved graph's, ``None`` without a graph)."""
 
     version: int
-    ids: list
-    index: dict
+    ids: list[str]
+    index: dict[str, int]
     corpus: Any
     model: Any
     dense: Any
@@ -87,13 +95,13 @@ class Served:
     def with_version(self, version: int) -> Served:
         return replace(self, version=version)
 
-    def limits(self):
+    def limits(self) -> Limits:
         """The request limits of this version (:class:`geograph.serve.reload.Limits`)."""
         from geograph.serve.reload import Limits
 
         return Limits(list(self.ids), self.k_min, self.k_max, self.k_max_reason, self.corpus_version)
 
-    def conflict(self, r, method: str) -> str | None:
+    def conflict(self, r: object, method: str) -> str | None:
         """Why this version cannot answer ``r`` (a request checked against another version's
         limits), naming the field; ``None`` when it can (always, without a reload)."""
         if isinstance(r, RerankRequest):
@@ -109,7 +117,7 @@ class Served:
         return None
 
 
-class GeoAPI(ls.LitAPI if ls is not None else object):
+class GeoAPI(ls.LitAPI if ls is not None else object):  # type: ignore[misc]  # litserve is untyped
     """Every endpoint of one method (``/retrieve``, and ``/rerank`` for the rerankers) in one
     LitServe API: one request queue, one pool of workers; a batch may mix the endpoints.
 
@@ -141,9 +149,9 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         #: a batch's padded tokens to encode stay within this (None: no bound; a request over it runs alone)
         self.max_batch_tokens = settings.get("max_batch_tokens")
         #: route -> request model; the server registers one POST route for each
-        self.routes = {"/retrieve": RetrieveRequest}
+        self.routes: dict[str, type[BaseModel]] = {"/retrieve": RetrieveRequest}
         #: route -> response model (the 200 schema of the route in the OpenAPI document)
-        self.responses = {"/retrieve": RetrieveResponse}
+        self.responses: dict[str, type[BaseModel]] = {"/retrieve": RetrieveResponse}
         #: route -> its summary in the OpenAPI document
         self.summaries = {"/retrieve": "Retrieve the corpus passages for a query"}
         if self.method in RERANKERS:
@@ -151,7 +159,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             self.responses["/rerank"] = RerankResponse
             self.summaries["/rerank"] = "Rerank a query's candidates"
 
-    def setup(self, device) -> None:
+    def setup(self, device: str) -> None:
         import torch
 
         from geograph.serve.corpus import TextEncoder
@@ -206,7 +214,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             encoder=self.encoder,  # its identity, and the agreement of its backend with the artefact's
         )
         if s["graph"] is not None:  # the saved graph, checked to be this corpus, is memory-mapped: its
-            corpus = model.graph.embeddings  # embeddings are shared by the workers, not copied
+            # embeddings are shared by the workers, not copied (nn.Module types the graph as Tensor | Module)
+            corpus = model.graph.embeddings  # type: ignore[union-attr, assignment]
         k_min, k_max, why = k_bounds(self.method, model, n)
         return Served(
             version=version,
@@ -256,19 +265,20 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             return 0
 
     # LitServe hooks -----------------------------------------------------------------------
-    def batch(self, inputs):
+    def batch(self, inputs: Iterable[Any]) -> list[Any]:
         return list(inputs)
 
-    def unbatch(self, output):
+    def unbatch(self, output: list[Any]) -> list[Any]:
         return output
 
-    def encode_response(self, output):
+    # (type comments: LitServe reads these two hooks' annotations as the request and response types)
+    def encode_response(self, output):  # type: (Any) -> Any
         return output
 
-    def decode_request(self, request):
+    def decode_request(self, request):  # type: (Any) -> Any
         return request
 
-    def predict(self, reqs):
+    def predict(self, reqs: Sequence[RetrieveRequest | RerankRequest]) -> list[Any]:
         """Answers to a batch of validated requests, in order: the ``/retrieve`` ones in one module
         call, the ``/rerank`` ones in another (each answer says its own part's ``batch_size`` and
         the ``version`` that computed it).
@@ -279,7 +289,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         import torch
 
         served = self.served
-        out: list = [None] * len(reqs)
+        out: list[Any] = [None] * len(reqs)
         parts: dict[str, list[int]] = {"retrieve": [], "rerank": []}
         for i, r in enumerate(reqs):
             problem = served.conflict(r, self.method)
@@ -335,7 +345,8 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         rows = [torch.tensor(r.query_embedding, dtype=torch.float32) if r.query is None else next(enc) for r in reqs]
         return torch.stack(rows).to(self.device, served.corpus.dtype)
 
-    def _retrieve(self, served, reqs):
+    # (reqs: predict's split of a batch by request type, the /retrieve ones here, the /rerank ones in _rerank)
+    def _retrieve(self, served: Served, reqs: Sequence[Any]) -> list[dict[str, Any]]:
         import torch
 
         q = self._queries(served, reqs)
@@ -367,7 +378,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         mark("serialise")
         return [self._answer_retrieve(served, cols, i, r, b) for i, r in enumerate(reqs)]
 
-    def _pack(self, res, mask, ids=None):
+    def _pack(self, res: Any, mask: torch.Tensor, ids: torch.Tensor | None = None) -> np.ndarray:
         """``(6, B, N)`` float64 on the host: order, sorted scores, sorted keep, keep, mask, sorted ids."""
         import torch
 
@@ -382,7 +393,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         ]
         return torch.stack([p.to(torch.float64) for p in parts]).cpu().numpy()  # one transfer
 
-    def _answer_retrieve(self, served, cols, i, r, b):
+    def _answer_retrieve(self, served: Served, cols: np.ndarray, i: int, r: RetrieveRequest, b: int) -> dict[str, Any]:
         order, scores, kept_sorted, keep, mask, ids = (c[i] for c in cols)
         n = int(mask.sum())
         sel = kept_sorted[:n] > 0
@@ -395,7 +406,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
             "batch_size": b,
         }
 
-    def _rerank(self, served, reqs):
+    def _rerank(self, served: Served, reqs: Sequence[Any]) -> list[dict[str, Any]]:
         import torch
 
         q = self._queries(served, reqs)
@@ -408,7 +419,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
                 t for i in text_rows for t in self.encoder.truncate(reqs[i].candidates, reqs[i].max_tokens_per_doc)
             ]
             enc = self.encoder.passages(texts).to(self.device, q.dtype)
-            for i, part in zip(text_rows, enc.split([sizes[i] for i in text_rows])):
+            for i, part in zip(text_rows, enc.split([sizes[i] for i in text_rows])):  # type: ignore[no-untyped-call]  # unannotated in torch
                 blocks[i] = part
         id_rows = [i for i, r in enumerate(reqs) if r.candidate_ids is not None]
         if id_rows:
@@ -424,7 +435,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):
         starts = torch.cumsum(counts, 0) - counts
         cols_ = torch.arange(sum(sizes), device=self.device) - starts[rows]
         docs = torch.zeros(b, n, q.shape[1], dtype=q.dtype, device=self.device)
-        docs[rows, cols_] = torch.cat(blocks)
+        docs[rows, cols_] = torch.cat(cast("list[torch.Tensor]", blocks))  # a request gives one of the three
         mask = torch.arange(n, device=self.device) < counts.unsqueeze(1)
         mark = self._stage("method")
         res = served.model(q, docs, mask)

@@ -12,6 +12,10 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 ALWAYS_OPEN = ("/health",)
 GROUPS = {"metrics": ("/metrics",), "docs": ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")}
@@ -52,10 +56,10 @@ class APIKeyMiddleware:
         public: config groups (``metrics``, ``docs``) that stay open.
     """
 
-    def __init__(self, app, key: str, public: Iterable[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, key: str, public: Iterable[str] = ()) -> None:
         self.app, self.key, self.open = app, key.encode("utf-8"), open_paths(public)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open or authorized(scope.get("headers") or [], self.key):
             await self.app(scope, receive, send)
             return
@@ -76,7 +80,7 @@ class APIKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def exposure_warning(host: str, key) -> str | None:
+def exposure_warning(host: str, key: str | None) -> str | None:
     """A warning line when ``host`` is not a loopback address and there is no key, else ``None``.
 
     Example:

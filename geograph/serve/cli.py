@@ -45,7 +45,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``serve`` to the ``geograph`` command's subcommands (its flags added when first parsed)."""
     p = commands.add_parser("serve", help=SUMMARY, description=DESCRIPTION, arguments=_arguments)
     p.set_defaults(func=run)

@@ -154,7 +154,7 @@ class ServeConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _auto_max_candidates(self):
+    def _auto_max_candidates(self) -> ServeConfig:
         if self.max_candidates == "auto":
             self.max_candidates = AUTO_MAX_CANDIDATES.get(self.method, DEFAULT_MAX_CANDIDATES)
         return self

@@ -26,11 +26,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from geograph.artefacts import EncoderIdentity
+    from geograph.data import Dataset, Encoder
 
 
-def read_corpus(corpus_dir: str | Path):
+def read_corpus(corpus_dir: str | Path) -> Dataset:
     """The passages of a BEIR folder (its ``corpus.jsonl``) as a :class:`~geograph.data.Dataset`.
 
     Queries and judgements are not read: serving does not use them, and a corpus changed by
@@ -47,7 +56,7 @@ def read_corpus(corpus_dir: str | Path):
     data = load_corpus(corpus_dir)
     if len(set(data.doc_ids)) != len(data.doc_ids):
         seen: set[str] = set()
-        twice = next(x for x in data.doc_ids if x in seen or seen.add(x))
+        twice = next(x for x in data.doc_ids if x in seen or seen.add(x))  # type: ignore[func-returns-value]
         raise ValueError(f"corpus: {corpus_dir}/corpus.jsonl holds the id {twice!r} twice")
     return data
 
@@ -166,17 +175,17 @@ class TextEncoder:
         return out
 
     @property
-    def identity(self):
+    def identity(self) -> EncoderIdentity:
         """The :class:`~geograph.artefacts.EncoderIdentity` (model files hashed, prefixes) that saved
         artefacts are checked against."""
         return self.corpus_encoder.identity
 
-    def corpus(self, passages: Sequence[str]):
+    def corpus(self, passages: Sequence[str]) -> torch.Tensor:
         """``(V, D)`` float32 unit rows of the corpus, through the on-disk cache (whose vectors are not
         kept in memory afterwards: the corpus is read once, and a worker holds only the result)."""
         out = self.corpus_encoder.encode([self.passage_prefix + p for p in passages])
         if hasattr(self.corpus_encoder.cache, "forget"):
-            self.corpus_encoder.cache.forget()
+            self.corpus_encoder.cache.forget()  # type: ignore[union-attr]  # it has one (hasattr)
         return out
 
     def warm(self) -> None:
@@ -188,7 +197,7 @@ class TextEncoder:
         else:
             model.encode(["warm up"], batch_size=1)
 
-    def _shared(self):
+    def _shared(self) -> Encoder:
         if self.request_encoder._model is None:  # one model in memory for both
             self.request_encoder._model = self.corpus_encoder.model
         return self.request_encoder
@@ -220,11 +229,11 @@ class TextEncoder:
         n = self.max_chars
         return list(texts) if n is None else [t if len(t) <= n else t[:n] for t in texts]
 
-    def queries(self, texts: Sequence[str]):
+    def queries(self, texts: Sequence[str]) -> torch.Tensor:
         """``(B, D)`` query vectors (texts cut to ``max_chars``); in memory only."""
         return self.encode_requests([self.query_prefix + t for t in self.cap(texts)])
 
-    def passages(self, texts: Sequence[str]):
+    def passages(self, texts: Sequence[str]) -> torch.Tensor:
         """``(N, D)`` candidate-text vectors (texts cut to ``max_chars``); in memory only."""
         return self.encode_requests([self.passage_prefix + t for t in self.cap(texts)])
 
@@ -232,7 +241,7 @@ class TextEncoder:
         """Whether request texts are encoded in padded buckets (``group`` and a CPU model)."""
         return self.group and self._shared().model.device.type == "cpu"
 
-    def encode_requests(self, texts: Sequence[str]):
+    def encode_requests(self, texts: Sequence[str]) -> torch.Tensor:
         """``(N, D)`` float32 unit vectors of ``texts`` (prefixes included), each a function of its
         text alone; through the in-memory LRU, never the disk.
 
@@ -272,10 +281,12 @@ class TextEncoder:
             enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
             for i in missing:
                 found[i] = vectors[texts[i]]
-        return torch.from_numpy(np.stack(found))
+        return torch.from_numpy(np.stack(cast("list[np.ndarray]", found)))  # every position is filled now
 
 
-def encode_padded(model, texts: Sequence[str], length: int, *, tokens: dict | None = None):
+def encode_padded(
+    model: SentenceTransformer, texts: Sequence[str], length: int, *, tokens: dict[str, list[list[int]]] | None = None
+) -> np.ndarray:
     """``(len(texts), D)`` float32 unit vectors of a sentence-transformers ``model``, every text
     padded (or truncated) to ``length`` tokens: the model's own forward and pooling, then L2
     normalisation as ``encode(..., normalize_embeddings=True)`` does. ``tokens``: the texts
@@ -296,7 +307,7 @@ def encode_padded(model, texts: Sequence[str], length: int, *, tokens: dict | No
 
 
 @contextlib.contextmanager
-def one_thread():
+def one_thread() -> Iterator[None]:
     """Run the body with one torch intra-op thread (restored after).
 
     With several threads a matrix product's split over the threads depends on its number of

@@ -15,10 +15,21 @@ and the line it prints once it answers.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from geograph import registry
 from geograph.serve.models import RERANKERS
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.types import Scope
+
+    from geograph.serve.config import ServeConfig
+    from geograph.serve.reload import ReloadChannel
 
 #: the routes some configuration of ``geograph serve`` serves, and which configuration
 OPTIONAL_ROUTES = {
@@ -33,7 +44,7 @@ HIDDEN_ROUTES = ("/", "/docs/oauth2-redirect")
 DOC_ROUTES = ("/docs", "/redoc", "/openapi.json")
 
 
-def served_routes(app) -> dict[str, list[str]]:
+def served_routes(app: FastAPI) -> dict[str, list[str]]:
     """The FastAPI ``app``'s routes: path -> HTTP methods (``HEAD`` left out); the ``POST`` routes
     first, the documentation last, each group in registration order."""
     out: dict[str, list[str]] = {}
@@ -48,7 +59,7 @@ def served_routes(app) -> dict[str, list[str]]:
     return {p: out[p] for p in order}
 
 
-def not_found_line(path: str, method: str, served) -> str:
+def not_found_line(path: str, method: str, served: Iterable[str]) -> str:
     """The 404 line of ``path`` on a ``method`` server that serves the paths ``served``.
 
     Example:
@@ -69,27 +80,27 @@ def not_found_line(path: str, method: str, served) -> str:
     return f"no route {path}; method {method!r} serves: {listing}"
 
 
-def add_not_found_handler(app, method: str) -> None:
+def add_not_found_handler(app: FastAPI, method: str) -> None:
     """A 404 for a path no route of ``app`` matches: ``{"detail": not_found_line(...)}`` (a 404 that
     a route raises itself keeps its own detail)."""
     from fastapi.exception_handlers import http_exception_handler
     from fastapi.responses import JSONResponse
     from starlette.routing import Match
 
-    def no_route(scope) -> bool:
+    def no_route(scope: Scope) -> bool:
         return all(route.matches(scope)[0] is Match.NONE for route in app.router.routes)
 
-    async def not_found(request, exc):
+    async def not_found(request: Request, exc: HTTPException) -> Response:
         if getattr(exc, "detail", None) == "Not Found" and no_route(request.scope):
             served = list(served_routes(app))
             return JSONResponse(status_code=404, content={"detail": not_found_line(request.url.path, method, served)})
         return await http_exception_handler(request, exc)
 
-    app.add_exception_handler(404, not_found)
+    app.add_exception_handler(404, not_found)  # type: ignore[arg-type]  # a 404 is an HTTPException
 
 
 def describe(
-    cfg, *, encoder: dict[str, Any], dim: int, num_docs: int, corpus_version: int | None, workers: int
+    cfg: ServeConfig, *, encoder: dict[str, Any], dim: int, num_docs: int, corpus_version: int | None, workers: int
 ) -> dict[str, Any]:
     """The part of ``GET /info`` fixed at start (:func:`add_info_route` adds what a reload changes
     and the routes): ``cfg`` the :class:`~geograph.serve.config.ServeConfig`, ``encoder`` the
@@ -137,7 +148,7 @@ def describe(
     }
 
 
-def add_info_route(app, about: dict[str, Any], channel=None) -> None:
+def add_info_route(app: FastAPI, about: dict[str, Any], channel: ReloadChannel | None = None) -> None:
     """``GET /info`` on ``app`` (LitServe's own route at that path is removed): ``about``
     (:func:`describe`) with the served version and corpus read when asked (a reload changes them:
     ``channel`` is the server's :class:`~geograph.serve.reload.ReloadChannel`, ``None`` without

@@ -45,16 +45,22 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from geograph.serve.schema import RerankRequest, count_limit
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 try:
     from fastapi import HTTPException
 except ImportError:  # pragma: no cover - exercised only without the serve extra
-    HTTPException = None
+    HTTPException = None  # type: ignore[misc, assignment]  # only without the serve extra
 
 PATHS = ("/v1/rerank", "/v2/rerank")
 
@@ -91,7 +97,7 @@ class InteropRequest(BaseModel):
     candidate_embeddings: list[list[float]] | None = Field(None, description="geograph: one row per document")
 
     @model_validator(mode="after")
-    def _validate(self, info: ValidationInfo):
+    def _validate(self, info: ValidationInfo) -> Self:
         version = self.version or (info.context or {}).get("version", 1)
         kinds = {isinstance(d, str) for d in self.documents}
         if len(kinds) > 1:
@@ -152,11 +158,11 @@ class CohereV2Request(InteropRequest):
     """``POST /v2/rerank`` (Cohere v2): documents as strings."""
 
     version: ClassVar[int | None] = 2
-    documents: list[str] = Field(min_length=1)
+    documents: list[str] = Field(min_length=1)  # type: ignore[assignment]  # pydantic: /v2 narrows the field
 
     @field_validator("documents", mode="before")
     @classmethod
-    def _strings(cls, v):
+    def _strings(cls, v: Any) -> Any:
         if isinstance(v, list) and any(not isinstance(d, str) for d in v):
             raise ValueError("documents must be strings on /v2/rerank (objects are a /v1/rerank form)")
         return v
@@ -185,7 +191,7 @@ class CohereResponse(BaseModel):
     usage: dict[str, int]
 
 
-def error_message(e: ValidationError | list[dict]) -> str:
+def error_message(e: ValidationError | Sequence[Any]) -> str:
     """One line per pydantic error, ``loc: msg``, with the native names of the interop fields
     (``e``: the error, or its ``errors()`` as FastAPI gives them, located under ``body``)."""
     parts = []
@@ -208,7 +214,9 @@ def error_message(e: ValidationError | list[dict]) -> str:
     return "; ".join(parts)
 
 
-def answer(req: InteropRequest, out: dict, *, method: str, bounds: tuple[float, float], version: int) -> dict:
+def answer(
+    req: InteropRequest, out: dict[str, Any], *, method: str, bounds: tuple[float, float], version: int
+) -> dict[str, Any]:
     """The Cohere-shaped response for the native answer ``out`` (``order``, ``scores``, ``dropped``)."""
     lo, hi = bounds
     results = []
@@ -237,13 +245,13 @@ def answer(req: InteropRequest, out: dict, *, method: str, bounds: tuple[float, 
     }
 
 
-def _error(status: int, message: str):
+def _error(status: int, message: str) -> JSONResponse:
     from fastapi.responses import JSONResponse
 
     return JSONResponse(status_code=status, content={"message": message})
 
 
-def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
+def add_routes(app: FastAPI, *, method: str, bounds: tuple[float, float]) -> None:
     """``POST /v1/rerank`` and ``/v2/rerank`` on the FastAPI ``app`` of a reranker's server.
 
     Call after LitServe has registered ``/rerank``: its endpoint function is the one handler
@@ -251,7 +259,7 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
     """
     native = next(
         (
-            r.endpoint
+            r.endpoint  # type: ignore[attr-defined]  # the POST /rerank route is an APIRoute
             for r in app.routes
             if getattr(r, "path", None) == "/rerank" and "POST" in getattr(r, "methods", ())
         ),
@@ -260,7 +268,7 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
     if native is None:
         raise RuntimeError("the /rerank endpoint must be registered before the interop routes")
 
-    async def handle(req: InteropRequest, version: int):
+    async def handle(req: InteropRequest, version: int) -> JSONResponse | dict[str, Any]:
         if req.model is not None and req.model != method:
             return _error(
                 404, f"model: {req.model!r} is not served here; this server serves {method!r} (or omit model)"
@@ -275,13 +283,18 @@ def add_routes(app, *, method: str, bounds: tuple[float, float]) -> None:
             return _error(e.status_code, e.detail if isinstance(e.detail, str) else json.dumps(e.detail))
         return answer(req, out, method=method, bounds=bounds, version=version)
 
+    # the return annotation is FastAPI's response model: it validates the dict (a Response passes as it is)
     async def rerank_v1(body: CohereV1Request) -> CohereResponse:
-        return await handle(body, 1)
+        return await handle(body, 1)  # type: ignore[return-value]
 
     async def rerank_v2(body: CohereV2Request) -> CohereResponse:
-        return await handle(body, 2)
+        return await handle(body, 2)  # type: ignore[return-value]
 
-    common = {"methods": ["POST"], "response_model_exclude_none": True, "responses": {404: {"description": "model"}}}
+    common: dict[str, Any] = {
+        "methods": ["POST"],
+        "response_model_exclude_none": True,
+        "responses": {404: {"description": "model"}},
+    }
     app.add_api_route("/v1/rerank", rerank_v1, summary="Cohere v1 / Jina rerank", **common)
     app.add_api_route("/v2/rerank", rerank_v2, summary="Cohere v2 rerank", **common)
 
@@ -295,16 +308,16 @@ class MessageErrorMiddleware:
     middleware): outside it, a compressed error would be read as text and sent on as JSON still
     marked ``content-encoding: gzip``, which no client can decode."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in PATHS:
             await self.app(scope, receive, send)
             return
-        held: dict = {}
+        held: dict[str, Any] = {}
 
-        async def send_(message):
+        async def send_(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] >= 400:
                 held["start"], held["body"] = message, b""
                 return

@@ -40,19 +40,28 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import ctypes
+    from multiprocessing.process import BaseProcess
+    from types import FrameType
+
+    from geograph.serve._litserve import GeoLitServer
 
 log = logging.getLogger("geograph.serve")
 
 #: the running server's state in the main process: ``stopping`` (a flag shared with the API servers),
 #: ``port``, ``timeout``, ``server``, ``draining``, ``failure`` (the line that says why it stopped)
-STATE: dict = {}
+STATE: dict[str, Any] = {}
 
 
 def _stopping() -> bool:
     return "stopping" in STATE and bool(STATE["stopping"].value)
 
 
-def watch_workers(server, interval: float = 0.5) -> None:
+def watch_workers(server: GeoLitServer, interval: float = 0.5) -> None:
     """The worker monitor (a thread of the main process, replacing LitServe's).
 
     An inference worker that dies while the server serves (the OOM killer, a segfault) makes
@@ -92,7 +101,7 @@ def watch_workers(server, interval: float = 0.5) -> None:
         time.sleep(interval)
 
 
-def announce_ready(server, interval: float = 0.1) -> None:
+def announce_ready(server: GeoLitServer, interval: float = 0.1) -> None:
     """Print ``server.ready_line`` (:func:`~geograph.serve.info.listening_line`) on stderr once, as
     soon as ``/health`` answers ``ok``: every inference worker is ready and the port accepts
     connections (an API server listens only once its application has started). A thread of the
@@ -121,7 +130,7 @@ def announce_ready(server, interval: float = 0.1) -> None:
         time.sleep(interval)
 
 
-def stop_processes(procs, timeout: float) -> None:
+def stop_processes(procs: Iterable[BaseProcess], timeout: float) -> None:
     """SIGTERM the multiprocessing processes ``procs`` (children of this one), SIGKILL after ``timeout`` s."""
     for p in procs:
         if p.is_alive():
@@ -159,7 +168,7 @@ EXIT_GRACE = 10
 _TERMINATED = {"by_sigterm": False}
 
 
-def _exit_on_sigterm(signum, frame):
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the exit short (SIGKILL still does)
     if hasattr(signal, "alarm"):  # SIGALRM's default action ends a worker whose exit hangs (not on Windows)
         signal.alarm(EXIT_GRACE)
@@ -194,7 +203,7 @@ def _alive(pid: int) -> bool:
 
 
 @functools.cache
-def _prctl():
+def _prctl() -> Callable[..., int] | None:
     """libc's ``prctl`` (``None`` where there is none: not Linux). Looked up before the server forks
     (:func:`arm_fork_hooks`), so a forked child only calls it: loading a library right after a fork
     of a process with threads could wait for a lock another thread held at the fork."""
@@ -203,7 +212,8 @@ def _prctl():
     import ctypes
 
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
     except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
         return None
 
@@ -254,7 +264,7 @@ class ParentGuard:
     def __init__(self, sig: int) -> None:
         self.sig = int(sig)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[int, int, bool], ParentGuard], tuple[int, int, bool]]:
         main = threading.current_thread() is threading.main_thread()
         return (_guarded, (self.sig, os.getpid(), main))
 
@@ -267,7 +277,7 @@ def _guarded(sig: int, parent: int, main_thread: bool) -> ParentGuard:
 
 #: the fork hooks' state: armed while :func:`~geograph.serve.server.run` serves; the forking
 #: process's pid and whether its main thread forks, noted just before each fork
-_FORK: dict = {"registered": False, "armed": False, "parent": 0, "main_thread": True}
+_FORK: dict[str, Any] = {"registered": False, "armed": False, "parent": 0, "main_thread": True}
 
 
 def _before_fork() -> None:
@@ -291,16 +301,17 @@ def arm_fork_hooks(armed: bool = True) -> None:
     _FORK["armed"] = armed
 
 
-def stopping_flag():
+def stopping_flag() -> ctypes.c_byte:
     """A flag shared with the API servers (forked later): set when the server starts to stop."""
     import multiprocessing as mp
 
     if "stopping" not in STATE:
         STATE["stopping"] = mp.get_context("fork").Value("b", 0, lock=False)
-    return STATE["stopping"]
+    flag: ctypes.c_byte = STATE["stopping"]  # a raw shared c_byte (lock=False)
+    return flag
 
 
-def interrupt(signum, frame):
+def interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     """SIGTERM/SIGINT in the main process: drain the API servers, then LitServe's shutdown."""
     if "stopping" in STATE:
         STATE["stopping"].value = 1
@@ -312,7 +323,7 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def drain_api_servers(port: int, timeout: float, exclude=frozenset()) -> None:
+def drain_api_servers(port: int, timeout: float, exclude: Collection[int | None] = frozenset()) -> None:
     """SIGTERM the API server processes (the children listening on ``port``) and wait for them.
 
     ``exclude``: pids to leave alone (LitServe's queue manager inherits the listening socket).

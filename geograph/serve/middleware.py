@@ -8,6 +8,13 @@ the interop error bodies' :mod:`~geograph.serve.interop`'s.)
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.requests import Request
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: the routes whose answers come from an inference worker (the deadline applies to them)
 INFERENCE_ROUTES = ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank")
@@ -22,10 +29,10 @@ class DeadlineMiddleware:
     ``504 {"detail": "no answer within request_timeout (S s)"}``.
     """
 
-    def __init__(self, app, seconds: float) -> None:
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
         self.app, self.seconds = app, float(seconds)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         import asyncio
 
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in INFERENCE_ROUTES:
@@ -33,7 +40,7 @@ class DeadlineMiddleware:
             return
         started = [False]
 
-        async def send_(message):
+        async def send_(message: Message) -> None:
             if message["type"] == "http.response.start":
                 started[0] = True
             await send(message)
@@ -57,10 +64,10 @@ class DeadlineMiddleware:
 class JSONOnlyMiddleware:
     """ASGI middleware: a POST whose ``content-type`` is not JSON gets a 415 naming the header."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in INFERENCE_ROUTES:
             ctype = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1").lower()
             if ctype.split(";")[0].strip() != "application/json":
@@ -79,7 +86,7 @@ class JSONOnlyMiddleware:
         await self.app(scope, receive, send)
 
 
-def validation_error(request, exc):
+def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 with each error's location and message only: the default echoes the input, which
     cannot be rendered as JSON when it holds NaN, and can be megabytes long. On ``/v1`` and
     ``/v2/rerank`` the body is ``{"message": "<field>: <problem>"}``, as Cohere's clients read it;

@@ -15,9 +15,15 @@ when they were made with another.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from geograph import registry
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+_T = TypeVar("_T")
 
 #: every servable method (all registered ones)
 METHODS = registry.names()
@@ -43,7 +49,7 @@ def method_params(method: str) -> tuple[str, ...]:
     return registry.get(method).param_names()
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> dict[str, tuple[str, ...]]:
     if name == "PARAMS":  # the former hand-written table, now the registry's
         return {m: method_params(m) for m in METHODS}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -69,14 +75,14 @@ def check_params(
 
 def build_model(
     method: str,
-    corpus,
-    params: dict | None = None,
+    corpus: Tensor,
+    params: dict[str, Any] | None = None,
     *,
     graph: str | None = None,
     projection: str | None = None,
-    ids=None,
-    encoder=None,
-):
+    ids: Sequence[str] | None = None,
+    encoder: Any = None,
+) -> nn.Module:
     """The module for ``method`` over ``corpus (V, D)`` (on the corpus's device).
 
     ``ids`` (the corpus's passage ids) and ``encoder`` (its :class:`~geograph.artefacts.EncoderIdentity`
@@ -99,7 +105,7 @@ def build_model(
             corpus=_corpus(ids, corpus),
             encoder=encoder,
         )
-        _match(loaded.embeddings.shape, *corpus.shape, graph)
+        _match(loaded.embeddings.shape, *corpus.shape, graph)  # type: ignore[call-arg]  # corpus is (V, D)
     proj = None
     if projection is not None:
         from geograph.projection import PoincareProjection
@@ -112,12 +118,12 @@ def build_model(
     return spec.create(corpus if spec.kind == "retriever" else None, params, graph=loaded, projection=proj)
 
 
-def _corpus(ids, corpus):
+def _corpus(ids: Sequence[str] | None, corpus: Tensor) -> Tensor | tuple[list[str], Tensor]:
     cpu = corpus.cpu()
     return cpu if ids is None else (list(ids), cpu)
 
 
-def _load(loader, path: str, what: str, **checks):
+def _load(loader: Callable[..., _T], path: str, what: str, **checks: Any) -> _T:
     from geograph.artefacts import ArtefactMismatch
 
     try:
@@ -128,18 +134,18 @@ def _load(loader, path: str, what: str, **checks):
         raise ValueError(f"{what}: cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
-def _match(shape, v: int, d: int, path: str) -> None:
+def _match(shape: Sequence[int], v: int, d: int, path: str) -> None:
     if tuple(shape) != (v, d):
         raise ValueError(f"graph: {path} holds {shape[0]} x {shape[1]} embeddings, the corpus is {v} x {d}")
 
 
-def k_bounds(method: str, model, num_docs: int) -> tuple[int, int | None, str]:
+def k_bounds(method: str, model: nn.Module, num_docs: int) -> tuple[int, int | None, str]:
     """``(k_min, k_max, why)`` the module accepts on ``/retrieve`` (rerankers: bounded by the pool)."""
     spec = registry.get(method)
     return spec.k_range(model, num_docs) if spec.k_range is not None else (1, None, "")
 
 
-def score_bounds(method: str, model) -> tuple[float, float]:
+def score_bounds(method: str, model: nn.Module) -> tuple[float, float]:
     """``(lo, hi)``: the range of a reranker's scores, which ``/v1`` and ``/v2/rerank`` map onto [0, 1]
     (the registry's :attr:`~geograph.registry.MethodSpec.score_range`, as :class:`geograph.Ranker`'s relevance).
 

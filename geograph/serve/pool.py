@@ -4,6 +4,7 @@ for the configuration's ``"auto"`` values."""
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 #: the most inference workers per device ``workers_per_device="auto"`` starts on the CPU (each
 #: holds its own copy of the model, the encoder and the corpus; they serve every endpoint)
@@ -18,7 +19,7 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def workers_per_device(workers, accelerator: str) -> int:
+def workers_per_device(workers: int | Literal["auto"], accelerator: str) -> int:
     """Inference workers per device (one pool serves every endpoint): ``workers``, or for
     ``"auto"`` one per usable CPU (at most :data:`MAX_AUTO_WORKERS`) when the server runs on the
     CPU, else 1.
@@ -43,7 +44,7 @@ def workers_per_device(workers, accelerator: str) -> int:
     return max(1, min(usable_cpus(), MAX_AUTO_WORKERS)) if on_cpu else 1
 
 
-def worker_threads(threads, workers: int) -> int:
+def worker_threads(threads: int | Literal["auto"], workers: int) -> int:
     """torch intra-op threads of each CPU inference worker: ``threads``, or for ``"auto"`` the
     usable CPUs divided among the ``workers`` (at least 1).
 

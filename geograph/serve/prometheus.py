@@ -28,15 +28,22 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from geograph.serve._litserve import logging_enabled
 from geograph.serve.lifecycle import ParentGuard
 
+if TYPE_CHECKING:
+    import ctypes
+
+    from fastapi import FastAPI
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 try:
     import litserve as ls
 except ImportError:  # pragma: no cover - exercised only without the serve extra
-    ls = None
+    ls = None  # only without the serve extra
 
 ROUTES = ("/retrieve", "/rerank", "/v1/rerank", "/v2/rerank", "/health", "/metrics")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -59,11 +66,11 @@ def metrics_text() -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # unannotated in prometheus_client
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-def add_metrics_route(app) -> None:
+def add_metrics_route(app: FastAPI) -> None:
     """``GET /metrics`` on the FastAPI ``app`` (every API server reads the shared folder)."""
     from fastapi import Response
 
@@ -74,16 +81,18 @@ def add_metrics_route(app) -> None:
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
 
 
-class PrometheusLogger(ls.Logger if ls is not None else object):
+class PrometheusLogger(ls.Logger if ls is not None else object):  # type: ignore[misc]  # litserve is untyped
     """Turns the server's log events into prometheus-client metrics (runs in LitServe's logger process)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._metrics = None  # made in the logger process, after $PROMETHEUS_MULTIPROC_DIR is set
+        self._metrics: dict[str, Any] | None = (
+            None  # made in the logger process, after $PROMETHEUS_MULTIPROC_DIR is set
+        )
         # the logger process gets SIGKILL when the main process dies (geograph.serve.lifecycle)
         self._parent_guard = ParentGuard(signal.SIGKILL)
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled in LitServe's logger process: it ignores SIGINT (a terminal's Ctrl-C reaches
         the whole process group; the main process stops the server and then this process)."""
         import multiprocessing as mp
@@ -94,7 +103,7 @@ class PrometheusLogger(ls.Logger if ls is not None else object):
         if mp.current_process().name != "MainProcess":
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def _make(self):
+    def _make(self) -> dict[str, Any]:
         from prometheus_client import Counter, Histogram
 
         return {
@@ -150,16 +159,16 @@ class RequestMetricsMiddleware:
     on SIGTERM/SIGINT: a request that fails while the server stops gets 503, not 500.
     """
 
-    def __init__(self, app, apis, stopping=None) -> None:
+    def __init__(self, app: ASGIApp, apis: Iterable[Any], stopping: ctypes.c_byte | None = None) -> None:
         self.app, self.apis, self.stopping = app, list(apis), stopping
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start, status, started = time.perf_counter(), [500], [False]
 
-        async def send_(message):
+        async def send_(message: Message) -> None:
             if message["type"] == "http.response.start":
                 started[0] = True
                 if message["status"] == 500 and self.stopping is not None and self.stopping.value:

@@ -45,9 +45,17 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from geograph.serve.api import GeoAPI, Served
 
 #: the route of the reload
 RELOAD_PATH = "/admin/reload"
@@ -182,7 +190,9 @@ def read_limits(path: Path) -> Limits:
 
 
 # -- the worker's side --------------------------------------------------------------------------
-def follow_reloads(api, channel: ReloadChannel, worker: int, stop: threading.Event | None = None) -> threading.Thread:
+def follow_reloads(
+    api: GeoAPI, channel: ReloadChannel, worker: int, stop: threading.Event | None = None
+) -> threading.Thread:
     """Start the thread of an inference worker that prepares, swaps and acknowledges reloads
     (``api``: the worker's :class:`~geograph.serve.api.GeoAPI`, whose ``load`` builds a served state
     and whose ``served`` is swapped) until ``stop`` is set (a worker's: never, it ends with the process)."""
@@ -196,7 +206,7 @@ def follow_reloads(api, channel: ReloadChannel, worker: int, stop: threading.Eve
     return thread
 
 
-def _follow(api, channel: ReloadChannel, worker: int, stop: threading.Event) -> None:
+def _follow(api: GeoAPI, channel: ReloadChannel, worker: int, stop: threading.Event) -> None:
     handled = channel.attempt.value
     pending = None
     while not stop.is_set():
@@ -215,7 +225,7 @@ def _follow(api, channel: ReloadChannel, worker: int, stop: threading.Event) -> 
         time.sleep(POLL)
 
 
-def _prepare(api, channel: ReloadChannel, worker: int, attempt: int):
+def _prepare(api: GeoAPI, channel: ReloadChannel, worker: int, attempt: int) -> Served | None:
     expected = channel.token.value.decode()
     try:
         before = files_token(api.settings)
@@ -264,7 +274,7 @@ def reload_now(channel: ReloadChannel, settings: dict[str, Any], timeout: float)
         channel.lock.release()
 
 
-def _wait(cond, deadline: float) -> bool:
+def _wait(cond: Callable[[], bool], deadline: float) -> bool:
     while not cond():
         if time.monotonic() > deadline:
             return False
@@ -326,16 +336,16 @@ class LimitsMiddleware:
     """ASGI middleware: before a request is read, this API server's limits are the served version's
     (another API server may have run the reload)."""
 
-    def __init__(self, app, channel: ReloadChannel) -> None:
+    def __init__(self, app: ASGIApp, channel: ReloadChannel) -> None:
         self.app, self.channel = app, channel
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.channel.limits.value != self.channel.seen_limits:
             refresh_limits(self.channel)
         await self.app(scope, receive, send)
 
 
-def add_reload_route(app, channel: ReloadChannel, settings: dict[str, Any], timeout: float) -> None:
+def add_reload_route(app: FastAPI, channel: ReloadChannel, settings: dict[str, Any], timeout: float) -> None:
     """Register ``POST /admin/reload`` (:func:`reload_now` in a thread: the API server keeps serving)."""
     import asyncio
 
@@ -353,7 +363,7 @@ def add_reload_route(app, channel: ReloadChannel, settings: dict[str, Any], time
     class ReloadFailure(BaseModel):
         detail: str = Field(description="one line: why; the version served before keeps serving")
 
-    async def admin_reload():  # (no return annotation: FastAPI would read it as the response model)
+    async def admin_reload() -> JSONResponse:  # (no return model: response_model=None, the answer is built here)
         try:
             answer = await asyncio.to_thread(reload_now, channel, settings, timeout)
         except ReloadError as e:

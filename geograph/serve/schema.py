@@ -24,7 +24,8 @@ Checks, per field:
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,7 +63,7 @@ def count_limit(n: int) -> tuple[int, str] | None:
     return None
 
 
-def check_vector(v: list | None, name: str) -> None:
+def check_vector(v: list[float] | None, name: str) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``v`` is ``None`` or ``D`` finite values, not all 0.
 
     Example:
@@ -102,7 +103,7 @@ class RetrieveRequest(_Request):
     candidates: int | None = Field(None, ge=1, description="dense pool reranked (maniscope, ricci)")
 
     @model_validator(mode="after")
-    def _validate(self):
+    def _validate(self) -> Self:
         self._check_query()
         method = LIMITS.get("method")
         max_k = LIMITS.get("max_k", 1000)
@@ -145,7 +146,7 @@ class RerankRequest(_Request):
     max_tokens_per_doc: int | None = Field(None, ge=1, description="cut candidate texts to this many tokens")
 
     @model_validator(mode="after")
-    def _validate(self):
+    def _validate(self) -> Self:
         self._check_query()
         given = [n for n in ("candidates", "candidate_embeddings", "candidate_ids") if getattr(self, n) is not None]
         if len(given) != 1:
@@ -198,7 +199,7 @@ class RerankResponse(BaseModel):
     version: int = Field(description="the served corpus version that computed it: 0 at start, one more each reload")
 
 
-def request_candidates(body) -> int:
+def request_candidates(body: Any) -> int:
     """Candidates a queued request brings to a batch: its ``/rerank`` list (texts, embeddings or
     ids), its ``/retrieve`` dense pool (rerankers), or its ``k`` (ISO, G3). Never raises (it runs
     in the worker's batch loop); anything it cannot read counts as one.
@@ -209,7 +210,7 @@ def request_candidates(body) -> int:
         >>> request_candidates({"query": "q", "k": 5, "candidates": 20}), request_candidates(b"raw")
         (20, 1)
     """
-    get = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
+    get: Callable[[str], Any] = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
     for name in ("candidates", "candidate_embeddings", "candidate_ids"):
         items = get(name)
         if isinstance(items, (list, tuple)):
@@ -220,7 +221,7 @@ def request_candidates(body) -> int:
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
 
 
-def request_texts(body) -> int:
+def request_texts(body: Any) -> int:
     """Texts a queued request brings to encode: its query text (if any) and its candidate texts
     (a ``/rerank`` list; ``/retrieve``'s ``candidates`` is a pool size, not texts).
 
@@ -233,7 +234,7 @@ def request_texts(body) -> int:
         >>> request_texts({"query_embedding": [0.0]}), request_texts(b"raw")
         (0, 1)
     """
-    get = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
+    get: Callable[[str], Any] = body.get if isinstance(body, dict) else (lambda name: getattr(body, name, None))
     if not isinstance(body, dict) and not hasattr(body, "query"):
         return 1
     texts = get("candidates")

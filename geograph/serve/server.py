@@ -14,18 +14,24 @@ import shutil
 import signal
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from geograph.serve.config import ServeConfig
 from geograph.serve.lifecycle import STATE, arm_fork_hooks, interrupt, stop_children, stopping_flag
 from geograph.serve.models import RERANKERS, build_model, k_bounds, score_bounds
 from geograph.serve.pool import worker_threads, workers_per_device
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from geograph.serve._litserve import GeoLitServer
+
 
 class StartupError(RuntimeError):
     """The server could not start (one line)."""
 
 
-def build_server(cfg: ServeConfig):
+def build_server(cfg: ServeConfig) -> GeoLitServer:
     """A configured :class:`litserve.LitServer` for ``cfg`` (call :func:`run` to serve it)."""
     try:
         import litserve as ls  # noqa: F401 - the extra's presence
@@ -78,7 +84,8 @@ def build_server(cfg: ServeConfig):
     v = int(emb.shape[0])
     if cfg.method in RERANKERS and cfg.candidates > v:
         raise StartupError(f"candidates: {cfg.candidates} exceeds the corpus size {v}")
-    if cfg.method in RERANKERS and cfg.candidates > min(cfg.max_candidates, cfg.max_batch_candidates):
+    # max_candidates: the config's validator has replaced "auto" by a number
+    if cfg.method in RERANKERS and cfg.candidates > min(cfg.max_candidates, cfg.max_batch_candidates):  # type: ignore[operator]
         raise StartupError(
             f"candidates: the default pool {cfg.candidates} exceeds max_candidates {cfg.max_candidates} "
             f"or max_batch_candidates {cfg.max_batch_candidates}"
@@ -144,9 +151,9 @@ def build_server(cfg: ServeConfig):
         add_reload_route(server.app, channel, settings, cfg.reload_timeout)
         server.reload_directory = channel.directory
     add_metrics_route(server.app)
-    if cfg.method in RERANKERS:
-        add_routes(server.app, method=cfg.method, bounds=bounds)
-        add_tei_dialect(server.app, bounds=bounds)
+    if cfg.method in RERANKERS:  # a reranker's bounds are set above
+        add_routes(server.app, method=cfg.method, bounds=bounds)  # type: ignore[arg-type]
+        add_tei_dialect(server.app, bounds=bounds)  # type: ignore[arg-type]
     identity = encoder.identity
     about = describe(
         cfg,
@@ -167,7 +174,7 @@ def build_server(cfg: ServeConfig):
     return server
 
 
-def type_internal_routes(app) -> None:
+def type_internal_routes(app: FastAPI) -> None:
     """The OpenAPI answers of LitServe's ``GET`` routes: ``/`` and ``/health`` answer text
     (``/health``: ``ok``, or 503 ``not ready``) (the answers are unchanged; ``/info`` is geograph's,
     :mod:`~geograph.serve.info`)."""
@@ -175,10 +182,10 @@ def type_internal_routes(app) -> None:
 
     for route in app.router.routes:
         path = getattr(route, "path", None)
-        if path in ("/", "/health"):
-            route.response_class = PlainTextResponse
+        if path in ("/", "/health"):  # LitServe's APIRoutes
+            route.response_class = PlainTextResponse  # type: ignore[attr-defined]
             if path == "/health":
-                route.responses = {503: {"description": "not ready: a worker is starting or failed"}}
+                route.responses = {503: {"description": "not ready: a worker is starting or failed"}}  # type: ignore[attr-defined]
 
 
 def run(cfg: ServeConfig) -> int:

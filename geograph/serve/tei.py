@@ -25,11 +25,15 @@ Errors of a TEI body are 422 with the native API's detail.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from geograph.serve.schema import RerankRequest, RerankResponse, count_limit
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.routing import APIRoute
 
 #: the tags of ``/rerank``'s two dialects (a validation error's location names one after ``body``)
 DIALECTS = ("geograph", "tei")
@@ -50,7 +54,7 @@ class TEIRerankRequest(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _validate(self):
+    def _validate(self) -> Self:
         over = count_limit(len(self.texts))
         if over is not None:
             raise ValueError(f"texts has {len(self.texts)} entries; at most {over[0]} per request ({over[1]})")
@@ -95,7 +99,7 @@ RerankBody = Annotated[
 ]
 
 
-def tei_answer(req: TEIRerankRequest, out: dict, bounds: tuple[float, float]) -> list[dict]:
+def tei_answer(req: TEIRerankRequest, out: dict[str, Any], bounds: tuple[float, float]) -> list[dict[str, Any]]:
     """TEI's answer for the native answer ``out`` (``order``, ``scores``; best first).
 
     Example:
@@ -115,22 +119,30 @@ def tei_answer(req: TEIRerankRequest, out: dict, bounds: tuple[float, float]) ->
     return sorted(items, key=lambda x: -x["score"])  # stable: the method's order among ties
 
 
-def add_tei_dialect(app, *, bounds: tuple[float, float]) -> None:
+def add_tei_dialect(app: FastAPI, *, bounds: tuple[float, float]) -> None:
     """Replace the native ``POST /rerank`` route of ``app`` with one that takes either dialect
     (:data:`RerankBody`) and hands both to the native route's handler (the one queue)."""
-    route = next(
-        (r for r in app.router.routes if getattr(r, "path", None) == "/rerank" and "POST" in getattr(r, "methods", ())),
-        None,
+    route = cast(  # LitServe registers POST /rerank as an APIRoute
+        "APIRoute | None",
+        next(
+            (
+                r
+                for r in app.router.routes
+                if getattr(r, "path", None) == "/rerank" and "POST" in getattr(r, "methods", ())
+            ),
+            None,
+        ),
     )
     if route is None:
         raise RuntimeError("the /rerank endpoint must be registered before its TEI dialect")
     native = route.endpoint
     app.router.routes.remove(route)
 
+    # the return annotation is FastAPI's response model: it validates the answers
     async def rerank(body: RerankBody) -> Union[RerankResponse, list[TEIRank]]:  # noqa: UP007
         if isinstance(body, TEIRerankRequest):
-            return tei_answer(body, await native(body.native()), bounds)
-        return await native(body)
+            return tei_answer(body, await native(body.native()), bounds)  # type: ignore[return-value]
+        return await native(body)  # type: ignore[no-any-return]
 
     app.add_api_route(
         "/rerank",

@@ -4,7 +4,7 @@ a YAML file): LightningCLI for f_theta. ``python -m train fit ...`` from the rep
 import sys
 from collections.abc import Sequence
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from geograph import configs
 from geograph.train.data import DataConfigError, GraphDataModule
@@ -12,7 +12,7 @@ from geograph.train.module import PoincareModule
 
 
 class ProjectionCLI(LightningCLI):
-    def add_arguments_to_parser(self, parser) -> None:
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.dim", "model.in_dim", apply_on="instantiate")
 
     def instantiate_classes(self) -> None:

@@ -12,6 +12,7 @@ import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import lightning as L
 import numpy as np
@@ -24,6 +25,9 @@ from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.knn.allpairs import tiled_topk
 from geograph.ops.similarity import normalize
 from geograph.outputs import true_first
+
+if TYPE_CHECKING:
+    from lightning.fabric.utilities.data import AttributeDict
 
 
 def hard_negatives(graph: CorpusGraph, count: int, *, chunk_size: int = 4096) -> Tensor:
@@ -56,10 +60,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
         x = x + np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        out: np.ndarray = x ^ (x >> np.uint64(31))
+        return out
 
 
-class TripletDataset(Dataset):
+class TripletDataset(Dataset[Tensor]):
     """One item per directed edge ``(u, v)``: ``(u, v, w)`` with ``w`` a non-neighbour of ``u``.
 
     ``w`` is a hard negative (:func:`hard_negatives`) with probability ``hard_ratio`` when ``u``
@@ -84,6 +89,8 @@ class TripletDataset(Dataset):
         self.num_nodes = graph.num_nodes
         self.edges = graph.edge_index.T.contiguous().cpu().numpy()
         self.keys = np.sort(self.edges[:, 0] * self.num_nodes + self.edges[:, 1])
+        self.hard: np.ndarray | None
+        self.n_hard: np.ndarray | None
         if hard is not None:
             hard = hard.cpu()
             valid = hard >= 0
@@ -101,7 +108,8 @@ class TripletDataset(Dataset):
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return self.edges.shape[0]
+        n: int = self.edges.shape[0]
+        return n
 
     def _uniform(self, epoch: np.ndarray, i: np.ndarray, stream: int) -> np.ndarray:
         base = _mix(
@@ -132,7 +140,7 @@ class TripletDataset(Dataset):
             w[take] = cand[take]
             done |= take
         if self.hard is not None:
-            n_hard = self.n_hard[u]
+            n_hard = self.n_hard[u]  # type: ignore[index]  # set together with self.hard
             use = (self._uniform(epoch, i, 0) < self.hard_ratio) & (n_hard > 0)
             slot = np.minimum((self._uniform(epoch, i, 1) * n_hard).astype(np.int64), np.maximum(n_hard - 1, 0))
             w = np.where(use, self.hard[u, slot], w)
@@ -142,7 +150,7 @@ class TripletDataset(Dataset):
         return self.__getitems__([item])[0]
 
 
-class TripletSampler(DistributedSampler):
+class TripletSampler(DistributedSampler[int]):
     """Yields ``(epoch, i)`` for the items ``indices`` of a :class:`TripletDataset`.
 
     A :class:`~torch.utils.data.DistributedSampler` (so Lightning keeps it under DDP and calls
@@ -167,10 +175,11 @@ class TripletSampler(DistributedSampler):
         if rank is None:
             rank = dist.get_rank() if distributed else 0
         self.items = [int(i) for i in indices]
-        super().__init__(self.items, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        # DistributedSampler reads only the length of what torch annotates as a Dataset
+        super().__init__(self.items, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.fixed_epoch = fixed_epoch
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]  # (epoch, i), not a bare index
         epoch = self.epoch if self.fixed_epoch is None else self.fixed_epoch
         for pos in super().__iter__():
             yield epoch, self.items[pos]
@@ -185,7 +194,7 @@ def triplet_loader(
     seed: int = 0,
     num_workers: int = 0,
     fixed_epoch: int | None = None,
-) -> DataLoader:
+) -> DataLoader[Tensor]:
     """A DataLoader over ``dataset`` (all items, or ``indices``) that re-draws negatives every epoch."""
     items = range(len(dataset)) if indices is None else indices
     sampler = TripletSampler(items, shuffle=shuffle, seed=seed, fixed_epoch=fixed_epoch)
@@ -233,7 +242,7 @@ def build_graph(
     n = len(dataset.doc_ids)
     if knn is not None and not (isinstance(knn, int) and 1 <= knn < n):
         err = ValueError(f"knn must be an integer in [1, {n}) for {n} passages, got {knn!r}")
-        err.argument = "knn"
+        err.argument = "knn"  # type: ignore[attr-defined]  # read back as getattr(e, "argument")
         raise err
     encoder = Encoder(cache=cache)
     recipe = f"knn{knn}" if knn is not None else "mentions"
@@ -326,31 +335,33 @@ class GraphDataModule(L.LightningDataModule):
                 raise DataConfigError(f"data.graph_dir: {e}") from None
         else:
             try:
-                self.graph = build_graph(corpus, knn=knn, mentions=mentions, split=split, cache=cache)
+                # corpus is set: the check above allows no other case
+                self.graph = build_graph(cast(str, corpus), knn=knn, mentions=mentions, split=split, cache=cache)
             except (ValueError, OSError) as e:
-                arg = getattr(e, "argument", None)
-                name = {"split": "data.split", "path": "data.corpus", "knn": "data.knn"}.get(arg, "data")
+                arg: str | None = getattr(e, "argument", None)
+                names: dict[str | None, str] = {"split": "data.split", "path": "data.corpus", "knn": "data.knn"}
+                name = names.get(arg, "data")
                 raise DataConfigError(f"{name}: {e}") from None
         self.dim = int(self.graph.embeddings.shape[1])
 
     def setup(self, stage: str | None = None) -> None:
-        hp = self.hparams
+        hp = cast("AttributeDict", self.hparams)  # what save_hyperparameters() stores
         hard = hard_negatives(self.graph, hp.hard_negatives) if hp.hard_negatives > 0 else None
         self.full = TripletDataset(self.graph, hard=hard, hard_ratio=hp.hard_ratio, seed=hp.seed)
         n_val = int(round(len(self.full) * hp.val_fraction)) if len(self.full) > 1 else 0
         perm = torch.randperm(len(self.full), generator=torch.Generator().manual_seed(hp.seed)).tolist()
         self.train_idx, self.val_idx = perm[n_val:], perm[:n_val]
 
-    def train_dataloader(self) -> DataLoader:
-        hp = self.hparams
+    def train_dataloader(self) -> DataLoader[Tensor]:
+        hp = cast("AttributeDict", self.hparams)  # what save_hyperparameters() stores
         return triplet_loader(
             self.full, self.train_idx, batch_size=hp.batch_size, shuffle=True, seed=hp.seed, num_workers=hp.num_workers
         )
 
-    def val_dataloader(self):
+    def val_dataloader(self) -> DataLoader[Tensor] | list[DataLoader[Tensor]]:
         if not self.val_idx:
             return []
-        hp = self.hparams
+        hp = cast("AttributeDict", self.hparams)  # what save_hyperparameters() stores
         return triplet_loader(
             self.full,
             self.val_idx,

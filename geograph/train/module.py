@@ -18,12 +18,18 @@ from __future__ import annotations
 import math
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import lightning as L
 import torch
 from torch import Tensor
 
 from geograph.projection import PoincareProjection
+
+if TYPE_CHECKING:
+    from lightning.fabric.utilities.data import AttributeDict
+
+    from geograph.graphs.corpus_graph import CorpusGraph
 
 
 def radial_target(degree: Tensor, max_degree: int, r_min: float = 0.1, r_max: float = 0.9) -> Tensor:
@@ -67,7 +73,7 @@ class PoincareModule(L.LightningModule):
         self.degree = torch.empty(0, dtype=torch.long)
         self.max_degree = 0
 
-    def attach(self, graph) -> None:
+    def attach(self, graph: CorpusGraph) -> None:
         """Take the node embeddings and degrees of ``graph`` (done by :meth:`setup` from the data module)."""
         self.embeddings = graph.embeddings.float().to(self.device)
         self.degree = graph.degree().to(self.device)
@@ -88,12 +94,13 @@ class PoincareModule(L.LightningModule):
         zu, zv, zw = (z[inverse.view(-1, 3)[:, i]] for i in range(3))
         d_pos = self.projection.distance(zu, zv)
         d_neg = self.projection.distance(zu, zw)
-        triplet = torch.relu(d_pos - d_neg + self.hparams.margin).mean()
-        target = radial_target(self.degree[nodes], self.max_degree, self.hparams.r_min, self.hparams.r_max)
-        radius = z.norm(dim=-1) * math.sqrt(self.hparams.c)
+        hp = cast("AttributeDict", self.hparams)  # what save_hyperparameters() stores
+        triplet = torch.relu(d_pos - d_neg + hp.margin).mean()
+        target = radial_target(self.degree[nodes], self.max_degree, hp.r_min, hp.r_max)
+        radius = z.norm(dim=-1) * math.sqrt(hp.c)
         radial = ((radius - target.to(radius.dtype)) ** 2).mean()
         return {
-            "loss": triplet + self.hparams.radial_weight * radial,
+            "loss": triplet + hp.radial_weight * radial,
             "triplet": triplet,
             "radial": radial,
             "accuracy": (d_pos < d_neg).float().mean(),
@@ -110,8 +117,9 @@ class PoincareModule(L.LightningModule):
             {f"val/{k}": val for k, val in out.items()}, prog_bar=True, batch_size=batch.shape[0], sync_dist=True
         )
 
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+    def configure_optimizers(self) -> torch.optim.AdamW:
+        hp = cast("AttributeDict", self.hparams)  # what save_hyperparameters() stores
+        return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
 
 
 class ExportProjection(L.Callback):
@@ -141,7 +149,8 @@ class ExportProjection(L.Callback):
             candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
         return candidate
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: PoincareModule) -> None:
+    # exports a PoincareModule's projection: attached to that module's fit only
+    def on_fit_end(self, trainer: L.Trainer, pl_module: PoincareModule) -> None:  # type: ignore[override]
         log_dir = trainer.log_dir  # a collective under DDP: every process asks
         if not trainer.is_global_zero:
             return

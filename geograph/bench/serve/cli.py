@@ -3,9 +3,11 @@ summary."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from geograph.bench.serve.limit import encoder_limit, serving_limit
 from geograph.bench.serve.load import closed_loop, summarise
@@ -17,7 +19,7 @@ from geograph.console import UsageError, make_parser
 from geograph.data import corpus_path
 
 
-def parser():
+def parser() -> argparse.ArgumentParser:
     from geograph.bench import serve as package
 
     p = make_parser("geograph bench serve", package.__doc__)
@@ -67,7 +69,7 @@ def parser():
     return p
 
 
-def check_args(args) -> None:
+def check_args(args: argparse.Namespace) -> None:
     for name in ("clients", "pool", "repeat", "candidates", "documents"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -198,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row['p99_over_p50']:>9.2f}"
                 )
         if args.soak:
-            s = soak(server, work, args.soak, args.pool, args.clients, args.timeout)
+            s = soak(server, work, args.soak, args.pool, args.clients, args.timeout)  # type: ignore[arg-type]  # no --url
             result["soak"] = s
             print(
                 f"soak: {s['requests']} requests in {s['seconds']:.0f} s ({s['req_per_s']:.1f} req/s), "

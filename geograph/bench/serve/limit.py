@@ -17,7 +17,7 @@ def encoder_limit(encoder: str | None, texts: list[str], repeat: int, backend: s
 
     model = Encoder(encoder, cache=False, progress=False, backend=backend).model
     before = torch.get_num_threads()
-    runs = {}
+    runs: dict[int, dict[str, Any]] = {}
     try:
         for n in sorted({1, len(os.sched_getaffinity(0))}):
             torch.set_num_threads(n)

@@ -7,19 +7,25 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
+
+#: a request: (kind, path, JSON body)
+Call = tuple[str, str, dict[str, Any]]
+#: its answer: (HTTP status, JSON body or None, seconds)
+Answer = tuple[int, Any, float]
 
 
-def closed_loop(url: str, calls, clients: int, timeout: float):
+def closed_loop(url: str, calls: Sequence[Call], clients: int, timeout: float) -> tuple[list[Answer], float]:
     """Send ``calls`` [(kind, path, body)] from ``clients`` threads, each sending its next call
     when its last one was answered; [(status, body or None, seconds)] in the order of ``calls``
     and the wall seconds of the whole run."""
     import requests
 
-    out: list = [None] * len(calls)
+    out: list[Any] = [None] * len(calls)
     lock = threading.Lock()
     nxt = [0]
 
-    def client():
+    def client() -> None:
         s = requests.Session()
         while True:
             with lock:
@@ -56,7 +62,7 @@ def quantile(xs: Sequence[float], q: float) -> float:
     return xs[max(0, min(len(xs) - 1, math.ceil(len(xs) * q) - 1))] if xs else float("nan")
 
 
-def summarise(calls, got, seconds: float) -> dict:
+def summarise(calls: Sequence[Call], got: Sequence[Answer], seconds: float) -> dict[str, Any]:
     """req/s, 5xx, and per kind and overall: count, p50, p99, max (ms), p99/p50.
 
     ``p99_over_p50`` is over all requests; ``worst_kind_p99_over_p50`` the largest ratio of one
@@ -64,7 +70,7 @@ def summarise(calls, got, seconds: float) -> dict:
     a ``/retrieve`` one or none), so the overall distribution has two modes and its median can
     fall in the gap between them; the per-kind ratio is the tail of requests of equal work.
     """
-    rows = {}
+    rows: dict[str, dict[str, float]] = {}
     for kind in sorted({c[0] for c in calls}) + ["all"]:
         lat = [g[2] for c, g in zip(calls, got) if kind in ("all", c[0])]
         rows[kind] = {

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, seconds: float, output: Callable[[], str]) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], seconds: float, output: Callable[[], str]) -> None:
     """Poll ``url/health`` every 0.5 s until it answers ``ok``. RuntimeError (with the end of
     ``output()``) when ``proc`` exits first, or when ``seconds`` pass (the process is left running)."""
     import requests
@@ -59,7 +59,8 @@ class Server:
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self.log: list[bytes] = []
-        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
+        # stdout is the pipe opened above
+        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # type: ignore[arg-type]
         try:
             wait_healthy(self.url, self.proc, wait, self.output)
         except RuntimeError as exc:

@@ -4,6 +4,7 @@ the server's memory before and after."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from geograph.bench.serve.load import closed_loop, summarise
 from geograph.bench.serve.process import Server
@@ -12,7 +13,7 @@ from geograph.bench.serve.workload import Workload
 SCORE_TOL = 1e-6
 
 
-def same_answer(got, want) -> bool:
+def same_answer(got: Any, want: Any) -> bool:
     """Equal ids / order and dropped lists, scores within 1e-6.
 
     Example:
@@ -29,7 +30,7 @@ def same_answer(got, want) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= SCORE_TOL for x, y in zip(a, b))
 
 
-def soak(server: Server, work: Workload, n: int, pool: int, clients: int, timeout: float) -> dict:
+def soak(server: Server, work: Workload, n: int, pool: int, clients: int, timeout: float) -> dict[str, Any]:
     """``n`` mixed requests from a pool of ``pool`` whose answers were fetched alone first."""
     import requests
 

@@ -4,8 +4,14 @@ bodies made from the corpus (seeded)."""
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING, Any
 
 from geograph import registry
+
+if TYPE_CHECKING:
+    import torch
+
+    from geograph.data import Dataset
 
 KINDS = ("retrieve_text", "retrieve_vector", "rerank_texts", "rerank_ids")
 
@@ -13,7 +19,7 @@ KINDS = ("retrieve_text", "retrieve_vector", "rerank_texts", "rerank_ids")
 class Workload:
     """Distinct request texts and bodies made from the corpus (seeded)."""
 
-    def __init__(self, dataset, emb, method: str, seed: int, candidates: int) -> None:
+    def __init__(self, dataset: Dataset, emb: torch.Tensor, method: str, seed: int, candidates: int) -> None:
         self.ids, self.passages, self.emb = list(dataset.doc_ids), dataset.passages(), emb
         self.words = " ".join(self.passages).split()
         self.rng = random.Random(seed)
@@ -34,7 +40,7 @@ class Workload:
         v = self.emb[self.rng.randrange(len(self.ids))] + 0.3 * torch.randn(self.emb.shape[1], generator=self._gen())
         return torch.nn.functional.normalize(v, dim=0).tolist()
 
-    def _gen(self):
+    def _gen(self) -> torch.Generator:
         import torch
 
         return torch.Generator().manual_seed(self.rng.randrange(2**31))
@@ -42,7 +48,7 @@ class Workload:
     def k(self) -> int:
         return {"g3": 5, "iso": 5}.get(self.method, 10)
 
-    def make(self, kind: str) -> tuple[str, dict]:
+    def make(self, kind: str) -> tuple[str, dict[str, Any]]:
         if kind == "retrieve_text":
             return "/retrieve", {"query": self.text(), "k": self.k()}
         if kind == "retrieve_vector":
@@ -72,6 +78,6 @@ class Workload:
     def kinds(self) -> tuple[str, ...]:
         return KINDS if self.reranker else KINDS[:2]
 
-    def mixed(self, n: int) -> list[tuple[str, str, dict]]:
+    def mixed(self, n: int) -> list[tuple[str, str, dict[str, Any]]]:
         kinds = self.kinds()
         return [(kind, *self.make(kind)) for kind in (kinds[i % len(kinds)] for i in range(n))]
