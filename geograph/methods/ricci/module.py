@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from geograph.methods.ricci.functional import check_ricci_options, ricci_filtration
+from geograph.methods.ricci.functional import RicciKeywords, RicciOptions, ricci_filtration
 from geograph.outputs import RerankOutput
 from geograph.transport.curvature import resolve_solver
 
@@ -61,6 +63,9 @@ class RicciFiltration(nn.Module):
             exactly; ``None`` = purely entropic (no host transfer per step).
         scorer: orders the kept candidates; needs the texts in :meth:`forward`.
 
+    The defaults and the check of the hyperparameters are :class:`~geograph.methods.ricci.functional.RicciOptions`'
+    (the Sinkhorn ones :class:`~geograph.functional.SinkhornOptions`'); they are the module's attributes.
+
     Shape:
         - query ``(B, D)``, docs ``(B, N, D)``, mask ``(B, N)`` bool (True = real).
         - output :class:`~geograph.RerankOutput` with ``scores``, ``order``, ``keep``,
@@ -84,23 +89,35 @@ class RicciFiltration(nn.Module):
         (torch.Size([2, 6]), torch.float32)
     """
 
+    # set in __init__ from RicciOptions
+    percentile: float
+    alpha: float
+    exp_power: float
+    iterations: int
+    step: float
+    delta: float
+    eta: float
+    solver: str
+    reg: float
+    cert_tol: float | None
+
     def __init__(
         self,
         *,
-        percentile: float = 50.0,
-        alpha: float = 0.5,
-        exp_power: float = 2,
-        iterations: int = 20,
-        step: float = 1.0,
-        delta: float = 1e-4,
-        eta: float = 1.0,
-        solver: str = "auto",
-        reg: float = 0.01,
-        cert_tol: float | None = 1e-3,
+        percentile: float = RicciOptions.percentile,
+        alpha: float = RicciOptions.alpha,
+        exp_power: float = RicciOptions.exp_power,
+        iterations: int = RicciOptions.iterations,
+        step: float = RicciOptions.step,
+        delta: float = RicciOptions.delta,
+        eta: float = RicciOptions.eta,
+        solver: str = RicciOptions.solver,
+        reg: float = RicciOptions.reg,
+        cert_tol: float | None = RicciOptions.cert_tol,
         scorer: Callable[..., Tensor] | None = None,
     ) -> None:
         super().__init__()
-        opts = check_ricci_options(
+        opts = RicciOptions(
             percentile=percentile,
             alpha=alpha,
             exp_power=exp_power,
@@ -112,16 +129,8 @@ class RicciFiltration(nn.Module):
             reg=reg,
             cert_tol=cert_tol,
         )
-        self.percentile = opts["percentile"]
-        self.eta = opts["eta"]
-        self.alpha = opts["alpha"]
-        self.exp_power = opts["exp_power"]
-        self.iterations = opts["iterations"]
-        self.step = opts["step"]
-        self.delta = opts["delta"]
-        self.solver = opts["solver"]
-        self.reg = opts["reg"]
-        self.cert_tol = opts["cert_tol"]
+        for name, value in asdict(opts).items():  # the hyperparameters, as attributes
+            setattr(self, name, value)
         self.scorer = scorer
 
     def resolved_solver(self, device: torch.device) -> str:
@@ -137,23 +146,15 @@ class RicciFiltration(nn.Module):
         query_texts: Sequence[str] | None = None,
         doc_texts: Sequence[Sequence[str]] | None = None,
     ) -> RerankOutput:
+        options = cast(RicciKeywords, {f.name: getattr(self, f.name) for f in fields(RicciOptions)})
         return ricci_filtration(
             query,
             docs,
             mask,
-            percentile=self.percentile,
-            alpha=self.alpha,
-            exp_power=self.exp_power,
-            iterations=self.iterations,
-            step=self.step,
-            delta=self.delta,
-            eta=self.eta,
-            solver=self.solver,
-            reg=self.reg,
-            cert_tol=self.cert_tol,
             scorer=self.scorer,
             query_texts=query_texts,
             doc_texts=doc_texts,
+            **options,
         )
 
     def extra_repr(self) -> str:
