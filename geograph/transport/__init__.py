@@ -13,14 +13,7 @@ import contract in ``pyproject.toml``).
 
 from geograph.transport.curvature import lazy_measures, ollivier_ricci
 from geograph.transport.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
-from geograph.transport.solvers import (
-    SinkhornOptions,
-    SinkhornOutput,
-    TransportBounds,
-    emd,
-    sinkhorn,
-    transport_bounds,
-)
+from geograph.transport.solvers import SinkhornOptions, SinkhornOutput, TransportBounds, emd, sinkhorn, transport_bounds
 
 __all__ = [
     "sinkhorn",

@@ -126,7 +126,23 @@ def ricci_filtration(
         >>> torch.equal(out.scores, ref.scores), torch.equal(out.query_edge_length, ref.query_edge_length)
         (True, True)
     """
-    opts = RicciOptions(**options)
+    return _filtration(
+        query, docs, mask, RicciOptions(**options), scorer=scorer, query_texts=query_texts, doc_texts=doc_texts
+    )
+
+
+def _filtration(
+    query: Tensor,
+    docs: Tensor,
+    mask: Tensor | None,
+    opts: RicciOptions,
+    *,
+    scorer: Callable[..., Tensor] | None = None,
+    query_texts: Sequence[str] | None = None,
+    doc_texts: Sequence[Sequence[str]] | None = None,
+) -> RerankOutput:
+    """:func:`ricci_filtration` with its hyperparameters as one checked :class:`RicciOptions` (what
+    :class:`~geograph.RicciFiltration` holds)."""
     adj, node_mask, _ = query_graph(query, docs, mask, percentile=opts.percentile)
     cand_mask = node_mask[:, 1:]
     solver = resolve_solver(opts.solver, docs.device)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields
-from typing import cast
+from dataclasses import fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from geograph.methods.ricci.functional import RicciKeywords, RicciOptions, ricci_filtration
+from geograph.methods.ricci.functional import RicciOptions, _filtration
 from geograph.outputs import RerankOutput
 from geograph.transport.curvature import resolve_solver
 
@@ -20,7 +20,8 @@ class RicciFiltration(nn.Module):
     r"""Keep the candidates whose query edge survives the normalized Ricci flow.
 
     A thin holder of the hyperparameters: :meth:`forward` calls
-    :func:`geograph.functional.ricci_filtration` (the method's one home; bitwise the same result).
+    :func:`geograph.functional.ricci_filtration`'s body with :attr:`options` (the method's one home;
+    bitwise the same result).
     Per query, the graph of :func:`~geograph.ops.adjacency.query_graph` (query + candidates, edges between
     dissimilar pairs, every query edge forced, unit lengths) flows ``iterations`` steps of
     :func:`~geograph.functional.ricci_flow`; candidate ``j`` is kept iff its final query-edge
@@ -89,17 +90,9 @@ class RicciFiltration(nn.Module):
         (torch.Size([2, 6]), torch.float32)
     """
 
-    # set in __init__ from RicciOptions
-    percentile: float
-    alpha: float
-    exp_power: float
-    iterations: int
-    step: float
-    delta: float
-    eta: float
-    solver: str
-    reg: float
-    cert_tol: float | None
+    #: the hyperparameters, checked; each is also an attribute (``model.iterations``), and setting one
+    #: checks it and replaces this object
+    options: RicciOptions
 
     def __init__(
         self,
@@ -117,7 +110,7 @@ class RicciFiltration(nn.Module):
         scorer: Callable[..., Tensor] | None = None,
     ) -> None:
         super().__init__()
-        opts = RicciOptions(
+        self.options = RicciOptions(
             percentile=percentile,
             alpha=alpha,
             exp_power=exp_power,
@@ -129,13 +122,23 @@ class RicciFiltration(nn.Module):
             reg=reg,
             cert_tol=cert_tol,
         )
-        for name, value in asdict(opts).items():  # the hyperparameters, as attributes
-            setattr(self, name, value)
         self.scorer = scorer
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if options is not None and name in _OPTION_NAMES:
+            return getattr(options, name)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OPTION_NAMES:
+            object.__setattr__(self, "options", replace(self.options, **{name: value}))
+        else:
+            super().__setattr__(name, value)
 
     def resolved_solver(self, device: torch.device) -> str:
         """The solver ``"auto"`` stands for on ``device``."""
-        return resolve_solver(self.solver, device)
+        return resolve_solver(self.options.solver, device)
 
     def forward(
         self,
@@ -146,19 +149,17 @@ class RicciFiltration(nn.Module):
         query_texts: Sequence[str] | None = None,
         doc_texts: Sequence[Sequence[str]] | None = None,
     ) -> RerankOutput:
-        options = cast(RicciKeywords, {f.name: getattr(self, f.name) for f in fields(RicciOptions)})
-        return ricci_filtration(
-            query,
-            docs,
-            mask,
-            scorer=self.scorer,
-            query_texts=query_texts,
-            doc_texts=doc_texts,
-            **options,
+        return _filtration(
+            query, docs, mask, self.options, scorer=self.scorer, query_texts=query_texts, doc_texts=doc_texts
         )
 
     def extra_repr(self) -> str:
+        o = self.options
         return (
-            f"percentile={self.percentile}, alpha={self.alpha}, exp_power={self.exp_power}, "
-            f"iterations={self.iterations}, eta={self.eta}, solver={self.solver!r}"
+            f"percentile={o.percentile}, alpha={o.alpha}, exp_power={o.exp_power}, "
+            f"iterations={o.iterations}, eta={o.eta}, solver={o.solver!r}"
         )
+
+
+#: the hyperparameters a :class:`RicciFiltration` holds (:class:`RicciOptions`)
+_OPTION_NAMES = frozenset(f.name for f in fields(RicciOptions))
