@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -20,9 +21,23 @@ from typing import Any, Literal, TypedDict
 
 from torch import Tensor, nn
 
-__all__ = ["Kind", "Param", "MethodSpec", "linear_relevance", "Bounds", "UNIT", "POS_INT"]
+__all__ = [
+    "Kind",
+    "Param",
+    "MethodSpec",
+    "RankerReference",
+    "check_values",
+    "listing",
+    "linear_relevance",
+    "Bounds",
+    "UNIT",
+    "POS_INT",
+]
 
 Kind = Literal["reranker", "retriever"]
+#: a method's slow reference for one query, as its benchmark factory (:attr:`MethodSpec.reference`)
+#: returns it: ``(query (D,), candidate indices (M,))`` -> the corpus indices the method returns, best first
+RankerReference = Callable[[Tensor, Any], Any]
 _NO_DEFAULT = inspect.Parameter.empty
 
 
@@ -113,8 +128,13 @@ class Param:
             return False
         return not (self.high is not None and (x >= self.high if self.high_open else x > self.high))
 
-    def check(self, value: Any, where: str = "params") -> Any:
-        """``value`` if accepted, else a one-line ``ValueError`` naming the parameter and its range.
+    def check(self, value: Any, where: str | None = "params") -> Any:
+        """``value`` if accepted (a ``float`` parameter's number as a float), else a one-line
+        ``ValueError`` naming the parameter and its range, after ``where: `` when given.
+
+        The one check of a parameter: the registry's (:meth:`MethodSpec.check_params`, so the
+        server's configuration and :meth:`MethodSpec.create`) and a method's own options
+        (:func:`check_values`) raise in this one wording.
 
         Example:
             >>> try:
@@ -124,8 +144,22 @@ class Param:
             params: k must be an integer >= 1, got 0
         """
         if not self.accepts(value):
-            raise ValueError(f"{where}: {self.name} must be {self.describe()}, got {value!r}")
+            prefix = "" if where is None else f"{where}: "
+            raise ValueError(f"{prefix}{self.name} must be {self.describe()}, got {value!r}")
+        if self.type is float and isinstance(value, int):
+            return float(value)
         return value
+
+
+def check_values(params: Iterable[Param], values: Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
+    """``values`` checked by their :class:`Param` s (:meth:`Param.check`, in the order of ``params``),
+    the floats as ``float``: the check of a method's options, in the registry's wording.
+
+    Example:
+        >>> check_values((Param("k", int, low=1), Param("alpha", float, **UNIT)), {"alpha": 1, "k": 3})
+        {'k': 3, 'alpha': 1.0}
+    """
+    return {p.name: p.check(values[p.name], where) for p in params if p.name in values}
 
 
 def _num(x: float | None) -> str:
@@ -156,8 +190,20 @@ class MethodSpec:
         score_range: ``module -> (lo, hi)``, the range of a reranker's scores.
         k_range: ``(module, corpus size) -> (k_min, k_max or None, why)`` of a retriever's ``k``.
         build: ``(corpus (V, D), params, graph, projection) -> module`` on the corpus's device.
-        reference: ``"module:function"`` of the slow reference the benchmark times (``None``: none).
+        reference: ``"module:function"`` of the slow reference the benchmark times (``None``: none); a
+            module starting with ``.`` is relative to the method's package (the folder of
+            :attr:`module`), e.g. ``".bench:ranker_reference"``. The function is called as
+            ``factory(corpus (V, D), params, cfg, cache, **artefacts)`` with a grid point's parameters,
+            the method's section of the benchmark's configuration (``k``, ...), a dict kept per data
+            set for work done once, and (a trained row) ``projection=``; it returns a
+            :data:`RankerReference`.
         reference_name: the reference's name in the benchmark's table.
+        bench_model: ``"module:function"`` (relative as :attr:`reference`) building the module of one
+            grid point for the benchmark, ``(corpus, params, cfg, cache, projection)`` -> module, where
+            work shared by grid points (a corpus graph) is kept in ``cache``; ``None``: :meth:`create`
+            with the grid point's parameters.
+        max_candidates: a reranker's largest candidate list when the server's ``max_candidates`` is
+            ``auto`` (``None``: the server's default), for a method whose work grows fast with it.
         baseline: a comparison row (dense), not one of the geometric methods.
         about: what the method does and its formula, in a few lines of Markdown (its page under
             ``docs/methods/`` is generated from the entry: ``python -m geograph.commands.method_pages``).
@@ -185,6 +231,8 @@ class MethodSpec:
     k_range: Callable[[nn.Module, int], tuple[int, int | None, str]] | None = None
     reference: str | None = None
     reference_name: str | None = None
+    bench_model: str | None = None
+    max_candidates: int | None = None
     baseline: bool = False
     about: str = ""
     example: str = ""
@@ -242,6 +290,19 @@ class MethodSpec:
                 raise ValueError(f"{where}: {key} is fixed by the saved graph ({graph}); remove it")
             self._by_name[key].check(value, where)
 
+    def check(
+        self,
+        params: Mapping[str, Any],
+        *,
+        graph: object | None = None,
+        projection: object | None = None,
+        where: str = "params",
+    ) -> None:
+        """The one check of a configuration, the server's and :meth:`create`'s: :meth:`check_params`
+        (``graph`` named as fixing the build parameters), then :meth:`check_artefacts`."""
+        self.check_params(params, graph=graph, where=where)
+        self.check_artefacts(graph=graph, projection=projection)
+
     def check_artefacts(self, *, graph: object | None = None, projection: object | None = None) -> None:
         """Raise a one-line ``ValueError`` when a saved ``graph`` or a trained ``projection`` is
         given to a method that takes none (the server's configuration check and :meth:`create`).
@@ -255,9 +316,9 @@ class MethodSpec:
             graph applies to iso and g3, not maniscope
         """
         if graph is not None and self.graph is None:
-            raise ValueError(f"graph applies to {_listing(s.name for s in _registered() if s.graph)}, not {self.name}")
+            raise ValueError(f"graph applies to {listing(s.name for s in _registered() if s.graph)}, not {self.name}")
         if projection is not None and not self.projection:
-            with_projection = _listing(s.name for s in _registered() if s.projection)
+            with_projection = listing(s.name for s in _registered() if s.projection)
             raise ValueError(f"projection applies to {with_projection}, not {self.name}")
 
     def create(
@@ -276,8 +337,7 @@ class MethodSpec:
             Maniscope(k=3, alpha=0.3)
         """
         params = dict(params or {})
-        self.check_params(params, graph=graph)
-        self.check_artefacts(graph=graph, projection=projection)
+        self.check(params, graph=graph, projection=projection)
         # (self.graph is not None here: check_artefacts raised for a method without one)
         if graph is not None and not isinstance(graph, self.graph):  # type: ignore[arg-type]
             raise ValueError(
@@ -286,6 +346,19 @@ class MethodSpec:
         if self.kind == "retriever" and corpus is None and graph is None:
             raise ValueError(f"method {self.name} retrieves from a corpus: give corpus (V, D) embeddings or a graph")
         return self.build(corpus, params, graph, projection)
+
+    def load(self, path: str) -> Any:
+        """The object named by ``"module:attribute"`` (:attr:`reference`, :attr:`bench_model`), a module
+        starting with ``.`` relative to the method's package.
+
+        Example:
+            >>> from geograph.registry import get
+            >>> get("maniscope").load(".bench:ranker_reference").__module__
+            'geograph.methods.maniscope.bench'
+        """
+        module, _, attr = path.partition(":")
+        package = self.module.__module__.rpartition(".")[0]
+        return getattr(importlib.import_module(module, package if module.startswith(".") else None), attr)
 
     def relevance(self, scores: Tensor, module: nn.Module) -> Tensor:
         """A reranker's ``scores`` mapped linearly from :attr:`score_range` onto [0, 1] (clamped
@@ -330,7 +403,7 @@ def _no_peers() -> tuple[MethodSpec, ...]:
 _registered: Callable[[], tuple[MethodSpec, ...]] = _no_peers
 
 
-def _listing(names: Iterable[str]) -> str:
+def listing(names: Iterable[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``: names as the one-line errors list them."""
     items = list(names)
     return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"

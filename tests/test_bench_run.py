@@ -266,7 +266,9 @@ def test_bench_ricci_flow_seam_is_the_one_the_module_calls(monkeypatch):
     import geograph.methods.ricci.functional as ricci_module
     from geograph import RicciFiltration
 
-    assert "import geograph.methods.ricci.functional as ricci_module" in inspect.getsource(bench_ricci.bench_dataset)
+    assert "import geograph.methods.ricci.functional as ricci_functional" in inspect.getsource(
+        bench_ricci.bench_dataset
+    )
     calls = []
     flow = ricci_module.ricci_flow
     monkeypatch.setattr(ricci_module, "ricci_flow", lambda *a, **kw: calls.append(1) or flow(*a, **kw))

@@ -160,7 +160,7 @@ def test_bad_options():
 def test_live_graphriccicurvature_parity():
     """>= 50 graphs: 24 real SciFact query graphs and 30 random weighted ones, all edges."""
     pytest.importorskip("GraphRicciCurvature")
-    from geograph.bench.reference import ricci_reference
+    from geograph.methods.ricci.bench import ricci_reference
 
     rng = np.random.default_rng(7)
     real = real_adjacency()

@@ -189,7 +189,7 @@ def test_nonfinite_hyperparameters_rejected(bad):
 
 
 def test_g3_degree_cut_ties_keep_the_lowest_index():
-    from geograph.bench.reference import g3_dense_reference
+    from geograph.methods.g3.bench import g3_dense_reference
 
     # +-1 / 0 entries with norm 1 or 2: every cosine (0, +-0.5, 1), density and weight is computed
     # exactly, so duplicated passages tie exactly; every passage appears ~9 times

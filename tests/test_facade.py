@@ -10,7 +10,7 @@ import geograph.functional as F
 
 # the facade's public names as released; a name may be added, never dropped
 RELEASED = """
-RicciFlowOutput SimplexStats SinkhornOutput TransportBounds clean_edge_index compatible_edges
+RicciFlowOutput SimplexStats SinkhornOptions SinkhornOutput TransportBounds clean_edge_index compatible_edges
 conformal_volume cosine_similarity csr_row_slots csr_rowptr emd exact_flow_stats g3_diffuse
 g3_retrieve g3_top_up gain_density gain_density_info gain_edges gain_transition
 gain_transition_edges hit_all_at_k hit_answer_at_k iso_fusion iso_local_subgraph

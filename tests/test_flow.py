@@ -123,7 +123,7 @@ def test_single_edge_and_empty_graph_match_the_reference(alpha):
 def test_live_graphriccicurvature_flow_parity():
     """Flowed lengths and curvature vs compute_ricci_flow on real and random graphs."""
     pytest.importorskip("GraphRicciCurvature")
-    from geograph.bench.reference import ricci_reference
+    from geograph.methods.ricci.bench import ricci_reference
 
     rng = np.random.default_rng(11)
     adj = torch.cat([real_adjacency(4), random_adjacency(rng, 4, 21)[:, :21, :21]])
@@ -186,6 +186,7 @@ def test_compiled_flow_equals_the_torch_loop():
     """The one-call numba flow vs the torch loop over steps with per-step compiled curvature."""
     from geograph.transport.curvature import validate_graph
     from geograph.transport.flow import _torch_flow
+    from geograph.transport.solvers import SinkhornOptions
 
     rng = np.random.default_rng(5)
     adj = torch.cat([real_adjacency(3), random_adjacency(rng, 3, 21)])
@@ -201,11 +202,8 @@ def test_compiled_flow_equals_the_torch_loop():
         alpha=0.5,
         exp_power=2.0,
         solver="exact",
-        reg=0.01,
-        max_iter=10,
+        sinkhorn=SinkhornOptions(reg=0.01, max_iter=10, relaxation=1.0, cert_tol=None),
         warm_iter=10,
-        relaxation=1.0,
-        cert_tol=None,
         early_stop=True,
         check_every=1,
     )

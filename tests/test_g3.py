@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from geograph import G3Graph, G3Retriever
-from geograph.bench.reference import g3_dense_reference
-from geograph.bench.reference import g3_retrieve_reference as reference_retrieve
 from geograph.functional import gain_density, gain_transition
+from geograph.methods.g3.bench import g3_dense_reference
+from geograph.methods.g3.bench import g3_retrieve_reference as reference_retrieve
 
 SCIFACT = __import__("pathlib").Path(__file__).parent / "data" / "scifact_candidates.npz"
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from geograph import CorpusGraph, ISORetriever, PoincareProjection
-from geograph.bench.reference import (
+from geograph.methods.iso.bench import (
     expmap0_reference,
     iso_reference,
     iso_reference_kept,

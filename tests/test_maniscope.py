@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from geograph import Maniscope, RerankOutput
-from geograph.bench.reference import maniscope_reference
 from geograph.functional import maniscope_scores
+from geograph.methods.maniscope.bench import maniscope_reference
 
 FIXTURE = Path(__file__).parent / "data" / "scifact_candidates.npz"
 

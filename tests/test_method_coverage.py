@@ -43,8 +43,8 @@ def _context():
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_benched_with_the_registry_reference(name, monkeypatch):
-    from geograph.bench import reference as ref_module
-    from geograph.bench.reference import resolve
+    import importlib
+
     from geograph.bench.run.methods import LABELS
     from geograph.bench.run.methods import METHODS as BENCH
 
@@ -59,11 +59,13 @@ def test_benched_with_the_registry_reference(name, monkeypatch):
     if spec.reference is None:  # a method without a slow reference: timed alone
         assert method.reference(_context(), {}, {"k": 5}) is None
         return
-    factory = resolve(spec.reference)
-    assert callable(factory) and spec.reference.startswith("geograph.bench.reference:")
+    factory = spec.load(spec.reference)
+    # the reference lives in the method's folder
+    assert callable(factory) and factory.__module__.startswith(spec.module.__module__.rpartition(".")[0] + ".")
     # the bench's reference is the registry's factory: replace it and the bench calls the replacement
     seen = []
-    attr = spec.reference.split(":")[1]
+    module, _, attr = spec.reference.partition(":")
+    ref_module = importlib.import_module(module, spec.module.__module__.rpartition(".")[0])
     monkeypatch.setattr(ref_module, attr, lambda *a, **kw: seen.append(a[:3]) or "marker")
     assert method.reference(_context(), {}, {"k": 5}) == "marker" and seen and seen[0][0] is CORPUS
 

@@ -79,6 +79,45 @@ def test_defaults_are_accepted_and_read_from_the_signature():
         spec.check_params(spec.defaults())
 
 
+@pytest.mark.parametrize("name", ["iso", "ricci"])
+def test_one_wording_for_a_bad_parameter(name):
+    """A method whose options are checked by its declared parameters refuses a bad value in one line,
+    the same from the server's configuration check, the module and its function."""
+    from geograph.serve.models import check_params
+
+    spec = METHODS[name]
+    q, docs = CORPUS[:2], CORPUS[2:8].expand(2, 6, 8)
+    function = {
+        "ricci": lambda **kw: spec.functional(q, docs, **kw),
+        "iso": lambda **kw: spec.functional(
+            q,
+            CORPUS,
+            torch.zeros(41, dtype=torch.long),
+            CORPUS[:0, 0].long(),
+            CORPUS[:0, 0].long(),
+            1,
+            max_degree=0,
+            **kw,
+        ),
+    }[name]
+    checked = 0
+    for p in spec.params:
+        for value in probes(p)[0]:
+            with pytest.raises(ValueError) as served:
+                check_params(name, {p.name: value})
+            line = str(served.value)
+            assert line == f"params: {p.name} must be {p.describe()}, got {value!r}"
+            with pytest.raises(ValueError) as built:
+                build(spec, {**COMPANIONS.get((name, p.name), {}), p.name: value})
+            assert f"params: {built.value}" == line
+            if p.name not in ("beta", "p"):  # used offline: the retriever's, not iso_retrieve's
+                with pytest.raises(ValueError) as called:
+                    function(**{p.name: value})
+                assert f"params: {called.value}" == line
+            checked += 1
+    assert checked >= 4 * len(spec.params)
+
+
 @pytest.mark.parametrize("name", list(METHODS))
 def test_declared_bounds_are_the_modules_own(name):
     """Every value the registry rejects, the module's constructor rejects too, and the values the
@@ -249,3 +288,11 @@ def test_plugins_register_after_the_built_in_methods_and_broken_ones_warn_once(m
         (line,) = [line for line in lines if f"distribution {dist}:" in line]
         assert reason in line, line
     assert registry.get("wide").create(params={"k": 3}).k == 3
+
+
+def test_the_servers_method_lists_come_from_the_specs():
+    pytest.importorskip("pydantic")
+    from geograph.serve import config
+
+    assert config.AUTO_MAX_CANDIDATES == {s.name: s.max_candidates for s in METHODS.values() if s.max_candidates}
+    assert config.AUTO_MAX_CANDIDATES == {"ricci": 100}  # Ricci-Filtration's, as released

@@ -193,3 +193,36 @@ def test_transport_bounds_bracket_exact_and_catch_a_bad_plan():
     mid = 0.5 * (bad.upper + bad.lower).numpy()
     assert (np.abs(mid - ref) <= gap / 2 + 1e-12).all()  # the certified error bound holds
     assert (gap > 0.05).mean() >= 0.6  # and flags most corrupted problems for a re-solve
+
+
+def test_sinkhorn_options_are_one_object_with_the_defaults_of_every_caller(monkeypatch):
+    """The curvature and the flow take the Sinkhorn options as keywords and hand one checked
+    SinkhornOptions down; its defaults are theirs and Ricci-Filtration's."""
+    from geograph import registry
+    from geograph.functional import SinkhornOptions, ollivier_ricci, ricci_flow
+    from geograph.rerankers import RicciFiltration
+    from geograph.transport import curvature, flow
+
+    default = SinkhornOptions()
+    model = RicciFiltration()
+    assert (model.reg, model.cert_tol) == (default.reg, default.cert_tol)
+    assert registry.get("ricci").defaults()["reg"] == default.reg
+    seen = []
+    solve = curvature.ollivier_ricci_solve
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["sinkhorn"])
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(curvature, "ollivier_ricci_solve", spy)
+    monkeypatch.setattr(flow, "ollivier_ricci_solve", spy)
+    adj = torch.ones(1, 4, 4, dtype=torch.bool) & ~torch.eye(4, dtype=torch.bool)
+    ollivier_ricci(torch.ones(1, 4, 4), adj, solver="sinkhorn")
+    ollivier_ricci(torch.ones(1, 4, 4), adj, solver="sinkhorn", reg=0.05, max_iter=50)
+    ricci_flow(adj, solver="sinkhorn", iterations=1, relaxation=1.5, cert_tol=None, warm_iter=7)
+    assert seen[0] == default and seen[1] == SinkhornOptions(reg=0.05, max_iter=50)
+    assert seen[2] == SinkhornOptions(relaxation=1.5, cert_tol=None)
+    assert seen[3] == SinkhornOptions(relaxation=1.5, cert_tol=None, max_iter=7, reg_start=default.reg, scaling_iter=0)
+    for bad, message in (({"reg": 0.0}, "reg must be positive"), ({"cert_tol": -1.0}, "cert_tol must be None")):
+        with pytest.raises(ValueError, match=message):
+            ollivier_ricci(torch.ones(1, 4, 4), adj, **bad)

@@ -34,7 +34,7 @@ SUMMARIES = {
 SUMMARY = "benchmarks against the slow references: geograph bench <name> [options]"
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench`` and its benchmarks to the ``geograph`` command's subcommands. Each benchmark
     parses its own options: its subcommand hands it every argument after its name."""
     from geograph.console import Forward
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark ``args.benchmark`` with the arguments ``args.argv``; its exit status."""
     import importlib
 
-    return importlib.import_module(BENCHES[args.benchmark]).main(args.argv)
+    status: int = importlib.import_module(BENCHES[args.benchmark]).main(args.argv)
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,9 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from geograph.pipeline import Candidates
 
 # the folder holding the real sets (scifact/, musique/, BEIR format): $GEOGRAPH_DATA, else ./data
 DEFAULT_DATA = Path(os.environ.get("GEOGRAPH_DATA") or "data")
@@ -23,7 +26,12 @@ def sync(device: torch.device | str | None = None) -> None:
 
 
 def time_calls(
-    fn: Callable[[], Any], *, repeat: int = 5, warmup: int = 1, min_time: float | None = None, device=None
+    fn: Callable[[], Any],
+    *,
+    repeat: int = 5,
+    warmup: int = 1,
+    min_time: float | None = None,
+    device: torch.device | str | None = None,
 ) -> dict[str, float]:
     """Median and spread (min, max) of timed calls of ``fn`` in seconds, after ``warmup`` untimed calls.
 
@@ -45,7 +53,7 @@ def time_calls(
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "repeat": len(times)}
 
 
-def write_json(name: str, payload: dict, out_dir: str | Path = "bench-results") -> Path:
+def write_json(name: str, payload: dict[str, Any], out_dir: str | Path = "bench-results") -> Path:
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{name}.json"
@@ -53,7 +61,7 @@ def write_json(name: str, payload: dict, out_dir: str | Path = "bench-results") 
     return target
 
 
-def dense_candidate_set(data: str | None, split: str, cache: str | None, m: int):
+def dense_candidate_set(data: str | None, split: str, cache: str | None, m: int) -> tuple[Any, Candidates]:
     """Load a BEIR folder (default SciFact), embed it through the cache, take the dense top-``m``.
 
     Returns:
@@ -93,7 +101,7 @@ class Split:
     protocol: str
 
 
-def tuning_split(name: str, root: str | Path, encoder) -> Split:
+def tuning_split(name: str, root: str | Path, encoder: Any) -> Split:
     """The honest protocol: a split that is tuned on and never reported.
 
     A folder with ``qrels/train.tsv`` (SciFact) is tuned on train and reported on test;

@@ -3,7 +3,7 @@
 Scale: for each ``--sizes`` N, synthetic clustered 384-d unit embeddings, ``max_degree=32``:
 build time and peak memory (resident set of a fresh subprocess, above its baseline after
 imports) of :meth:`geograph.G3Graph.build`, next to the authors' dense numpy construction
-(:func:`geograph.bench.reference.g3_dense_reference`) where its ``N x N`` float64 matrices fit
+(:func:`geograph.methods.g3.bench.g3_dense_reference`) where its ``N x N`` float64 matrices fit
 in ``--dense-limit-gb``; the ratio is from the same run, and the dense T is checked against ours.
 
 Quality: MuSiQue and SciFact, dense top-5 vs G3RAG top-5 (10 candidates, 2 cosine seeds),
@@ -18,6 +18,7 @@ import multiprocessing as mp
 import resource
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,16 +46,16 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _child(kind: str, n: int, max_degree: int, queue) -> None:
-    from geograph.bench.reference import g3_dense_reference
+def _child(kind: str, n: int, max_degree: int, queue: Any) -> None:
     from geograph.graphs import G3Graph
+    from geograph.methods.g3.bench import g3_dense_reference
 
     x = synthetic(n)
     base = _rss_mb()
     t = time.perf_counter()
     if kind == "ours":
         g = G3Graph.build(x, max_degree=max_degree)
-        out = {"nnz": int(g.transition.values().numel())}
+        out: dict[str, float] = {"nnz": int(g.transition.values().numel())}
         out.update(seconds=time.perf_counter() - t, peak_mb=_rss_mb() - base)
     else:
         ref, _ = g3_dense_reference(x.numpy(), max_degree=max_degree)
@@ -65,17 +66,17 @@ def _child(kind: str, n: int, max_degree: int, queue) -> None:
     queue.put(out)
 
 
-def measure(kind: str, n: int, max_degree: int) -> dict:
+def measure(kind: str, n: int, max_degree: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(kind, n, max_degree, queue))
     proc.start()
-    out = queue.get()
+    out: dict[str, Any] = queue.get()
     proc.join()
     return out
 
 
-def quality(name: str, root: str, encoder: Encoder) -> dict:
+def quality(name: str, root: str, encoder: Encoder) -> dict[str, Any]:
     from geograph.graphs import G3Graph
     from geograph.retrievers import DenseRetriever, G3Retriever
 
@@ -83,13 +84,15 @@ def quality(name: str, root: str, encoder: Encoder) -> dict:
     corpus, protocol = sp.corpus, sp.protocol
     tune_set, tune_q, report_set, report_q = sp.tune, sp.tune_q, sp.report, sp.report_q
     max_degree = None if corpus.shape[0] <= 2000 else 128
-    best, best_key, graphs = None, None, {}
+    best: tuple[float, tuple[float, float] | None] = (0.0, None)
+    best_key: tuple[float, ...] = ()
+    graphs: dict[tuple[float, tuple[float, float] | None], G3Graph] = {}
     for beta, band in itertools.product(BETAS, BANDS):
         graph = G3Graph.build(corpus, band=band, beta=beta, max_degree=max_degree)
         graphs[(beta, band)] = graph
         got = evaluate(_run(tune_set, G3Retriever(graph)(tune_q, k=5).indices), tune_set.qrels_list(), METRICS)
         key = (got["Recall@5"], got["HitAll@5"])
-        if best_key is None or key > best_key:
+        if not best_key or key > best_key:
             best_key, best = key, (beta, band)
     graph = graphs[best]
     table = {
@@ -125,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
 
-    scale = {}
+    scale: dict[int, dict[str, Any]] = {}
     for n in args.sizes:
         print(f"building the G3 graph for N={n} ...", flush=True)
         row = {"ours": measure("ours", n, args.max_degree)}
@@ -146,9 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"{n:9d}{o['seconds']:10.1f}{o['peak_mb']:10.0f}{'--':>10}{'--':>10}{'--':>10}   {d['skipped']}")
 
-    results = {}
+    results: dict[str, Any] = {}
     encoder = Encoder(cache=args.cache) if args.datasets else None
     for name in args.datasets:
+        assert encoder is not None
         print(f"\n[{name}] tuning beta x band ({len(BETAS) * len(BANDS)} graphs) ...", flush=True)
         results[name] = quality(name, f"{args.data_root}/{name}", encoder)
         r = results[name]

@@ -14,7 +14,8 @@ spread in the JSON).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,32 +33,43 @@ METRICS = ("Recall@5", "Recall@10", "HitAll@5")
 GRID = {"beta": (0.0, 0.2, 0.4, 0.6), "m": (3, 5), "L": (20, 50), "tau": (5.0, 10.0, 20.0)}
 
 
-def _retrieve(model, query, k=10, batch=64):
+def _retrieve(
+    model: Callable[[torch.Tensor, int], Any], query: torch.Tensor, k: int = 10, batch: int = 64
+) -> torch.Tensor:
     return torch.cat([model(query[s : s + batch], k).indices for s in range(0, query.shape[0], batch)])
 
 
-def tune(graph, projection, query, dataset, grid=GRID, metrics=("Recall@5", "Recall@10"), k=10):
+def tune(
+    graph: CorpusGraph,
+    projection: torch.nn.Module | None,
+    query: torch.Tensor,
+    dataset: Any,
+    grid: Mapping[str, Sequence[Any]] = GRID,
+    metrics: Sequence[str] = ("Recall@5", "Recall@10"),
+    k: int = 10,
+) -> tuple[dict[str, Any], dict[str, float]]:
     """Best grid point on the tuning queries by ``metrics`` (the first, then the next to break
     ties); phi computed once per beta. Returns ``(params, {metric: tuning score})``."""
-    best, best_key = None, None
+    best: dict[str, Any] = {}
+    best_key: tuple[float, ...] = ()
     for beta in grid["beta"]:
         base = ISORetriever(graph, projection=projection, beta=beta)
         for m, L, tau in itertools.product(grid["m"], grid["L"], grid["tau"]):
             base.m, base.L, base.tau = m, L, tau
             res = evaluate(_run(dataset, _retrieve(base, query, k)), dataset.qrels_list(), metrics)
             key = tuple(res[name] for name in metrics)
-            if best_key is None or key > best_key:
+            if not best_key or key > best_key:
                 best_key, best = key, {"beta": beta, "m": m, "L": L, "tau": tau}
     return best, dict(zip(metrics, best_key))
 
 
-def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> dict:
+def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> dict[str, Any]:
     """ms/query: ISO forward at B = 1 and B = ``batch``; batched PPR vs networkx on the same subgraphs."""
     import networkx as nx
 
     q = query[:batch]
     n1 = min(single, q.shape[0])
-    rep = dict(repeat=5, min_time=1.0)  # warmed up, then 5 repeats (or >= 3 and >= 1 s of work)
+    rep: dict[str, Any] = dict(repeat=5, min_time=1.0)  # warmed up, then 5 repeats (or >= 3 and >= 1 s of work)
     t_b = time_calls(lambda: model(q, 5), **rep)
     t_1 = time_calls(lambda: [model(q[i : i + 1], 5) for i in range(n1)], **rep)
     sub = model.local(q)
@@ -65,9 +77,9 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
     r = sub.personalization
     pi = personalized_pagerank(w, r, sub.mask, alpha=model.alpha, max_iter=model.max_iter)
     t_p = time_calls(lambda: personalized_pagerank(w, r, sub.mask, alpha=model.alpha, max_iter=model.max_iter), **rep)
-    ref = []
+    ref: list[tuple[Any, dict[int, float], Any]] = []
 
-    def networkx_pass():
+    def networkx_pass() -> None:
         ref.clear()
         for b in range(q.shape[0]):
             n = int(sub.mask[b].sum())
@@ -81,12 +93,12 @@ def speed(model: ISORetriever, query: torch.Tensor, batch: int, single: int) -> 
     t_one, t_batch = t_1["median"] / n1, t_b["median"] / q.shape[0]
     t_ppr, t_nx = t_p["median"] / q.shape[0], t_n["median"] / q.shape[0]
     # parity against a tightly converged networkx (its default tol=1e-6 allows n * 1e-6 in L1)
-    ref = [
+    tight = [
         nx.pagerank(g, alpha=model.alpha, personalization=pers, dangling=pers, tol=1e-12, max_iter=10000)
         for g, pers, _ in ref
     ]
-    ref = [np.array([out[i] for i in range(len(out))]) for out in ref]
-    err = max(float(np.abs(pi[b, : len(x)].numpy() - x).max()) for b, x in enumerate(ref))
+    exact = [np.array([out[i] for i in range(len(out))]) for out in tight]
+    err = max(float(np.abs(pi[b, : len(x)].numpy() - x).max()) for b, x in enumerate(exact))
     return {
         "iso_B1_ms": t_one * 1e3,
         f"iso_B{q.shape[0]}_ms": t_batch * 1e3,
@@ -112,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     encoder = Encoder(cache=args.cache)
-    results = {}
+    results: dict[str, Any] = {}
     for name in args.datasets:
         sp = tuning_split(name, f"{args.data_root}/{name}", encoder)
         test, corpus, protocol = sp.test, sp.corpus, sp.protocol
@@ -122,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             graphs["mentions"] = CorpusGraph.from_mentions(corpus, test.titles, test.texts)
         dense = DenseRetriever(corpus)(report_q, 10).indices
         table = {"dense": evaluate(_run(report_set, dense), report_set.qrels_list(), METRICS)}
-        rows = {}
+        rows: dict[str, Any] = {}
         from geograph.train.fit import train_projection  # the train extra (lightning)
 
         for gname, graph in graphs.items():

@@ -2,7 +2,7 @@
 
 On SciFact test (dense top-M MiniLM candidates per query) it times
 
-* the reference (:func:`geograph.bench.reference.maniscope_reference`: scikit-learn k-NN,
+* the reference (:func:`geograph.methods.maniscope.bench.maniscope_reference`: scikit-learn k-NN,
   CSR graph, scipy Dijkstra), one query at a time;
 * :class:`geograph.Maniscope` at B = 1 and at B = ``--batch`` on the same candidate sets,
 
@@ -18,9 +18,10 @@ import torch
 from tqdm.auto import tqdm
 
 from geograph.bench.common import dense_candidate_set, time_calls, write_json
-from geograph.bench.reference import maniscope_reference
 from geograph.console import format_table, make_parser
 from geograph.evaluation import evaluate
+from geograph.methods.maniscope.bench import maniscope_reference
+from geograph.outputs import RerankOutput
 from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import Maniscope
 
@@ -49,13 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs_b = cands.docs(slice(0, b)).to(dev)
     q_np, docs_np = query[:b].double().numpy(), cands.docs(slice(0, b)).double().numpy()
 
-    def reference():
+    def reference() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         return [maniscope_reference(q_np[i], docs_np[i], k=args.k, alpha=args.alpha) for i in range(b)]
 
-    def batched():
-        return model(q_b, docs_b)
+    def batched() -> RerankOutput:
+        out: RerankOutput = model(q_b, docs_b)
+        return out
 
-    def single():
+    def single() -> None:
         for i in range(b):
             model(q_b[i : i + 1], docs_b[i : i + 1])
 

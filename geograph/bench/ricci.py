@@ -3,7 +3,7 @@
 On SciFact test and MuSiQue query graphs (query + dense top-20 MiniLM candidates, 21 nodes):
 
 * (a) GraphRicciCurvature 0.6.1 per query, on a graph built independently in numpy
-  (:func:`~geograph.bench.reference.ricci_graph_reference`: ``numpy.percentile`` threshold,
+  (:func:`~geograph.methods.ricci.bench.ricci_graph_reference`: ``numpy.percentile`` threshold,
   forced query edges): ``OllivierRicci(G, alpha=0.5, exp_power=2, method="OTD", proc=1)``,
   curvature + ``compute_ricci_flow(iterations=20)``. Its kept set and flowed lengths come from
   every query; its time from ``--ref-queries`` of them (warmed up, ``--repeat`` repeats);
@@ -25,16 +25,18 @@ Needs GraphRicciCurvature for (a): the ``ref`` extra, or `make`, which installs 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from geograph.bench.common import dense_candidate_set, resolve_data, time_calls, write_json
-from geograph.bench.reference import ricci_graph_reference, ricci_reference
 from geograph.console import format_table, make_parser
 from geograph.evaluation import evaluate
+from geograph.methods.ricci.bench import ricci_graph_reference, ricci_reference
 from geograph.pipeline import rerank_all, run_ids
 from geograph.rerankers import RicciFiltration
 
@@ -46,12 +48,12 @@ def _reference(q: np.ndarray, docs: np.ndarray) -> np.ndarray:
     return np.array([lengths[(0, j)] for j in range(1, n)])
 
 
-def _run(model, q, docs, batch, device):
+def _run(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor, batch: int, device: torch.device) -> list[Any]:
     outs = [model(q[s : s + batch].to(device), docs[s : s + batch].to(device)) for s in range(0, q.shape[0], batch)]
     return outs
 
 
-def _timing(stats: dict, queries: int) -> dict:
+def _timing(stats: dict[str, float], queries: int) -> dict[str, Any]:
     """Per-query milliseconds from :func:`time_calls` seconds over ``queries`` queries."""
     return {k: stats[k] / queries * 1e3 for k in ("median", "min", "max")} | {
         "repeat": stats["repeat"],
@@ -59,10 +61,10 @@ def _timing(stats: dict, queries: int) -> dict:
     }
 
 
-def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor) -> dict:
+def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Tensor) -> dict[str, Any]:
     """The exact flow's simplex work on these graphs, warm-started (as shipped) and cold."""
-    from geograph.functional import exact_flow_stats
     from geograph.ops.adjacency import query_graph
+    from geograph.transport.flow import exact_flow_stats
 
     adj, node_mask, _ = query_graph(q, docs, percentile=model.percentile)
     counts = {}
@@ -87,7 +89,7 @@ def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Te
     return counts
 
 
-def bench_dataset(name: str, args, dev: torch.device) -> dict:
+def bench_dataset(name: str, args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
     data = args.data if (name == "scifact" and args.data) else str(resolve_data(None, name))
     dataset, cands = dense_candidate_set(data, args.split if name == "scifact" else "test", args.cache, args.candidates)
     nq = min(args.queries, cands.query.shape[0])
@@ -100,16 +102,25 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
     ref_keep = torch.from_numpy(ref_len <= 1.0)
     n_ref = min(args.ref_queries, nq)
     t_ref = _timing(time_calls(lambda: [_reference(q_np[i], d_np[i]) for i in range(n_ref)], repeat=args.repeat), n_ref)
-    rows: dict[str, dict] = {"(a) GraphRicciCurvature 0.6.1": t_ref}
+    rows: dict[str, dict[str, Any]] = {"(a) GraphRicciCurvature 0.6.1": t_ref}
 
-    def record(label, model, q, docs, batch, count, timed=None, outs=None):
+    def record(
+        label: str,
+        model: RicciFiltration,
+        q: torch.Tensor,
+        docs: torch.Tensor,
+        batch: int,
+        count: int,
+        timed: int | None = None,
+        outs: list[Any] | None = None,
+    ) -> dict[str, Any]:
         if outs is None:
             outs = _run(model, q[:count], docs[:count], batch, dev)
         keep = torch.cat([o.keep.cpu() for o in outs])
         length = torch.cat([o.query_edge_length.double().cpu() for o in outs])
-        timed = count if timed is None else min(timed, count)
-        t = time_calls(lambda: _run(model, q[:timed], docs[:timed], batch, dev), repeat=args.repeat, device=dev)
-        row = _timing(t, timed)
+        n_timed = count if timed is None else min(timed, count)
+        t = time_calls(lambda: _run(model, q[:n_timed], docs[:n_timed], batch, dev), repeat=args.repeat, device=dev)
+        row = _timing(t, n_timed)
         row["kept_queries"] = count
         row.update(
             kept_agreement=(keep == ref_keep[:count]).double().mean().item(),
@@ -126,12 +137,14 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
     ns = nq if args.sinkhorn_queries is None else min(args.sinkhorn_queries, nq)
     if ns:
         # the certificate statistics of the module's own flows, recorded during its kept-set pass
-        import geograph.methods.ricci.functional as ricci_module  # where ricci_filtration looks ricci_flow up
+        import geograph.methods.ricci.functional as ricci_functional  # where ricci_filtration looks ricci_flow up
 
-        resolved, work = [], []
+        ricci_module: Any = ricci_functional
+        resolved: list[torch.Tensor] = []
+        work: list[torch.Tensor] = []
         flow_fn = ricci_module.ricci_flow
 
-        def recording_flow(*a, **kw):
+        def recording_flow(*a: Any, **kw: Any) -> Any:
             fl = flow_fn(*a, **kw)
             resolved.append(fl.resolved.double().cpu())
             work.append(fl.work.double().cpu())
@@ -153,7 +166,7 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
             sinkhorn_work_per_step=float(torch.cat(work).mean()),
         )
 
-    out = {
+    out: dict[str, Any] = {
         "dataset": dataset.name,
         "queries": nq,
         "nodes": docs64.shape[1] + 1,
@@ -174,7 +187,7 @@ def bench_dataset(name: str, args, dev: torch.device) -> dict:
     return out
 
 
-def _print(name: str, res: dict, threads: dict) -> None:
+def _print(name: str, res: dict[str, Any], threads: dict[str, Any]) -> None:
     rows = res["paths"]
     ref = rows["(a) GraphRicciCurvature 0.6.1"]["median"]
     print(

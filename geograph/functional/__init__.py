@@ -37,7 +37,7 @@ from geograph.transport._numba.runtime import compile_stats as numba_compile_sta
 from geograph.transport._numba.runtime import warmup
 from geograph.transport.curvature import lazy_measures, ollivier_ricci
 from geograph.transport.flow import RicciFlowOutput, SimplexStats, exact_flow_stats, ricci_flow
-from geograph.transport.solvers import SinkhornOutput, TransportBounds, emd, sinkhorn, transport_bounds
+from geograph.transport.solvers import SinkhornOptions, SinkhornOutput, TransportBounds, emd, sinkhorn, transport_bounds
 
 # the names every release has exported; the methods' names are added from the registry (``__getattr__``)
 _STATIC = [
@@ -52,6 +52,7 @@ _STATIC = [
     "single_source_shortest_paths",
     "sinkhorn",
     "SinkhornOutput",
+    "SinkhornOptions",
     "lazy_measures",
     "ollivier_ricci",
     "ricci_flow",

@@ -38,7 +38,6 @@ import contextvars
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import Callable, Coroutine
 from queue import Empty
 from typing import Any
 

@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from geograph import registry
 from geograph.console import command_parser
 from geograph.data import SHIPPED_CORPORA, corpus_path
 from geograph.serve.models import METHODS, check_params
@@ -43,10 +44,13 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 API_KEY_ENV = ENV_PREFIX + "API_KEY"
 
 
-#: ``max_candidates: auto`` per method (else :data:`DEFAULT_MAX_CANDIDATES`): Ricci-Filtration's work grows
-#: with about the fourth power of the candidates (docs/guide/serving-limits.md), 100 took seconds
-AUTO_MAX_CANDIDATES = {"ricci": 100}
+#: ``max_candidates: auto`` per method (else :data:`DEFAULT_MAX_CANDIDATES`): the registry entries'
+#: ``max_candidates``, set by a method whose work grows fast with the candidates
+AUTO_MAX_CANDIDATES = {s.name: s.max_candidates for s in registry.METHODS.values() if s.max_candidates is not None}
 DEFAULT_MAX_CANDIDATES = 1000
+#: the saved artefacts a configuration may name, per method that takes them (the field descriptions)
+_GRAPHS = " or ".join(f"{s.graph.__name__} ({s.name})" for s in registry.METHODS.values() if s.graph is not None)
+_PROJECTIONS = ", ".join(s.name for s in registry.METHODS.values() if s.projection)
 
 
 class ConfigError(ValueError):
@@ -65,8 +69,8 @@ class ServeConfig(BaseModel):
         description="BEIR-format folder (corpus.jsonl), or a shipped corpus by name: " + ", ".join(SHIPPED_CORPORA)
     )
     params: dict[str, Any] = Field(default_factory=dict, description="the method's constructor arguments")
-    graph: str | None = Field(None, description="saved CorpusGraph (iso) or G3Graph (g3) directory")
-    projection: str | None = Field(None, description="saved PoincareProjection directory (iso)")
+    graph: str | None = Field(None, description=f"saved {_GRAPHS} directory")
+    projection: str | None = Field(None, description=f"saved PoincareProjection directory ({_PROJECTIONS})")
     encoder: str | None = Field(
         None,
         description="local sentence-transformers directory, or a hub id (ORG/NAME) fetched when online or read from "
@@ -101,7 +105,7 @@ class ServeConfig(BaseModel):
         "(a request over it alone runs alone)",
     )
     batch_timeout: float = Field(0.01, ge=0, description="seconds a batch waits to fill")
-    candidates: int = Field(20, ge=1, description="default dense pool of /retrieve (maniscope, ricci)")
+    candidates: int = Field(20, ge=1, description=f"default dense pool of /retrieve ({', '.join(registry.RERANKERS)})")
     max_candidates: int | Literal["auto"] = Field(
         "auto",
         description="largest candidate list of /rerank (and /v1, /v2) and dense pool of /retrieve "

@@ -58,7 +58,8 @@ def __getattr__(name: str) -> dict[str, tuple[str, ...]]:
 def check_params(
     method: str, params: dict[str, Any], *, graph: str | None = None, projection: str | None = None
 ) -> None:
-    """Raise ``ValueError`` on a parameter or artefact the method does not take (one line).
+    """Raise ``ValueError`` on a parameter or artefact the method does not take (one line):
+    :meth:`~geograph.spec.MethodSpec.check`, the check (and wording) of :meth:`~geograph.spec.MethodSpec.create`.
 
     Example:
         >>> check_params("maniscope", {"k": 3})
@@ -68,9 +69,7 @@ def check_params(
         ...     print(e)
         params: unknown key 'beta' for method maniscope (allowed: k, alpha, early_stop)
     """
-    spec = registry.get(method)
-    spec.check_params(params, graph=None if graph is None else f"graph: {graph}")
-    spec.check_artefacts(graph=graph, projection=projection)
+    registry.get(method).check(params, graph=None if graph is None else f"graph: {graph}", projection=projection)
 
 
 def build_model(

@@ -30,6 +30,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from geograph import registry
+from geograph.spec import listing
 
 #: Limits set by :func:`set_limits` (``dim``, ``ids``, ``num_docs``, ``max_candidates``,
 #: ``max_batch_candidates``, ``max_k``, ``method``, ``default_candidates``, ``k_min``, ``k_max``,
@@ -100,7 +101,7 @@ class RetrieveRequest(_Request):
     rerankers ``"candidates"`` (the size of the request's dense pool)."""
 
     k: int = Field(10, ge=1, description="number of passages returned (Ricci-Filtration: at most k)")
-    candidates: int | None = Field(None, ge=1, description="dense pool reranked (maniscope, ricci)")
+    candidates: int | None = Field(None, ge=1, description=f"dense pool reranked ({', '.join(RERANKERS)})")
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -122,7 +123,7 @@ class RetrieveRequest(_Request):
                 raise ValueError(f"k ({self.k}) must be <= candidates ({pool}), the request's pool")
         else:
             if self.candidates is not None:
-                raise ValueError(f"candidates applies to maniscope and ricci, not {method}")
+                raise ValueError(f"candidates applies to {listing(RERANKERS)}, not {method}")
             lo, hi = LIMITS.get("k_min", 1), LIMITS.get("k_max")
             if self.k < lo:
                 raise ValueError(f"k ({self.k}) must be >= {lo} ({method}: the seeds come first)")

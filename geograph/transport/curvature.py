@@ -6,18 +6,24 @@ so that its outputs are the reference (see ``tests/test_curvature.py``).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Unpack
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from geograph._checks import check_cert_tol, check_mask, check_tensor, check_unit_interval
+from geograph._checks import check_mask, check_tensor, check_unit_interval
 from geograph.ops.paths import floyd_warshall_unchecked, shortest_paths
 from geograph.outputs import true_first
 from geograph.transport._numba.grc import DIST_EPS, WEIGHT_SUM_EPS
-from geograph.transport.solvers import emd_numpy, sinkhorn_unchecked, transport_bounds
+from geograph.transport.solvers import (
+    SinkhornKeywords,
+    SinkhornOptions,
+    emd_numpy,
+    sinkhorn_unchecked,
+    transport_bounds,
+)
 
 __all__ = ["lazy_measures", "ollivier_ricci", "CurvatureState"]
 
@@ -129,13 +135,7 @@ def ollivier_ricci(
     alpha: float = 0.5,
     exp_power: float = 2,
     solver: str = "auto",
-    reg: float = 1e-2,
-    max_iter: int = 1000,
-    reg_start: float | None = None,
-    scaling_iter: int | None = None,
-    tol: float | None = None,
-    relaxation: float = 1.7,
-    cert_tol: float | None = 1e-3,
+    **sinkhorn: Unpack[SinkhornKeywords],
 ) -> Tensor:
     r"""Ollivier-Ricci curvature of every edge, with the W1 of all edges in one batched solve.
 
@@ -176,15 +176,12 @@ def ollivier_ricci(
         alpha: lazy mass of :func:`lazy_measures`.
         exp_power: exponent ``p`` of :func:`lazy_measures`.
         solver: ``"auto"``, ``"exact"`` or ``"sinkhorn"``.
-        reg: final relative entropic regularisation (Sinkhorn).
-        max_iter: Sinkhorn iterations.
-        reg_start: first epsilon of the annealing (Sinkhorn); default 1.
-        scaling_iter: iterations spent annealing; default ``max_iter // 2``.
-        tol: optional marginal tolerance for an early Sinkhorn stop.
-        relaxation: Sinkhorn over-relaxation (see :func:`~geograph.functional.sinkhorn`);
-            the graph costs have many ties, where plain Sinkhorn (1.0) needs ~5x the iterations.
-        cert_tol: Sinkhorn: largest certified curvature error left without an exact re-solve;
-            ``None`` = none re-solved.
+        **sinkhorn: the Sinkhorn solver's options, :class:`~geograph.functional.SinkhornOptions`
+            (defaults there): ``reg`` (final relative entropic regularisation), ``max_iter``,
+            ``reg_start`` (first epsilon of the annealing; default 1), ``scaling_iter``
+            (iterations spent annealing; default ``max_iter // 2``), ``tol`` (marginal tolerance
+            for an early stop), ``relaxation`` (over-relaxation) and ``cert_tol`` (largest
+            certified curvature error left without an exact re-solve; ``None`` = none re-solved).
 
     Returns:
         ``(B, n, n)`` symmetric curvature, 0 off the edges (and on padding).
@@ -202,33 +199,18 @@ def ollivier_ricci(
         >>> round(float(k[0, 0, 1]), 4)
         0.75
     """
+    alpha = check_solver_options(alpha, solver)
     kappa, _, _ = ollivier_ricci_solve(
-        lengths,
-        adj,
-        mask,
-        alpha=alpha,
-        exp_power=exp_power,
-        solver=solver,
-        reg=reg,
-        max_iter=max_iter,
-        reg_start=reg_start,
-        scaling_iter=scaling_iter,
-        tol=tol,
-        relaxation=relaxation,
-        state=None,
-        cert_tol=check_cert_tol(cert_tol),
+        lengths, adj, mask, alpha=alpha, exp_power=exp_power, solver=solver, sinkhorn=SinkhornOptions(**sinkhorn)
     )
     return kappa
 
 
-def check_solver_options(alpha: float, solver: str, reg: float, max_iter: int) -> float:
-    """Validate the curvature solver's options; returns ``alpha`` as a float."""
+def check_solver_options(alpha: float, solver: str) -> float:
+    """Validate the curvature's ``alpha`` and ``solver`` (the Sinkhorn options check themselves,
+    :class:`~geograph.transport.solvers.SinkhornOptions`); returns ``alpha`` as a float."""
     alpha = check_unit_interval(alpha, "alpha")
     check_solver(solver)
-    if not (isinstance(reg, (int, float)) and math.isfinite(reg) and reg > 0):
-        raise ValueError(f"reg must be positive and finite, got {reg!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     return alpha
 
 
@@ -263,28 +245,22 @@ def ollivier_ricci_solve(
     alpha: float,
     exp_power: float,
     solver: str,
-    reg: float,
-    max_iter: int,
-    reg_start: float | None,
-    scaling_iter: int | None,
-    tol: float | None,
-    relaxation: float,
-    state: CurvatureState | None,
-    cert_tol: float | None = None,
+    sinkhorn: SinkhornOptions,
+    state: CurvatureState | None = None,
     validated: bool = False,
     edges: Tensor | None = None,
 ) -> tuple[Tensor, CurvatureState | None, SolveInfo]:
     """Ollivier-Ricci curvature of every edge, with the solver's state and diagnostics.
 
-    The engine behind :func:`ollivier_ricci` and :func:`~geograph.functional.ricci_flow`:
-    the flow passes ``validated=True`` (inputs from :func:`validate_graph`), the Sinkhorn
-    ``state`` of the previous step (warm start) and a fixed ``edges`` list.
+    The engine behind :func:`ollivier_ricci` and :func:`~geograph.functional.ricci_flow`, on a
+    checked ``alpha`` and ``solver`` (:func:`check_solver_options`): the flow passes
+    ``validated=True`` (inputs from :func:`validate_graph`), the Sinkhorn ``state`` of the
+    previous step (warm start) and a fixed ``edges`` list.
 
     Returns:
         ``(kappa, state, info)``: ``(B, n, n)`` curvature (0 off the edges), the Sinkhorn
         state (``None`` for the exact solver) and a :class:`SolveInfo`.
     """
-    alpha = check_solver_options(alpha, solver, reg, max_iter)
     if validated:
         w, node_mask = lengths, mask
         assert node_mask is not None
@@ -305,20 +281,7 @@ def ollivier_ricci_solve(
         new_state = None
     else:
         k_e, new_state, info = _sinkhorn_kappa(
-            w,
-            adj,
-            node_mask,
-            edges,
-            alpha=alpha,
-            exp_power=float(exp_power),
-            reg=reg,
-            max_iter=max_iter,
-            reg_start=reg_start,
-            scaling_iter=scaling_iter,
-            tol=tol,
-            relaxation=relaxation,
-            state=state,
-            cert_tol=cert_tol,
+            w, adj, node_mask, edges, alpha=alpha, exp_power=float(exp_power), sinkhorn=sinkhorn, state=state
         )
     gb, gx, gy = edges.unbind(1)
     kappa = torch.zeros_like(w).index_put((gb, gx, gy), k_e).index_put((gb, gy, gx), k_e)
@@ -444,14 +407,8 @@ def _sinkhorn_kappa(
     *,
     alpha: float,
     exp_power: float,
-    reg: float,
-    max_iter: int,
-    reg_start: float | None,
-    scaling_iter: int | None,
-    tol: float | None,
-    relaxation: float,
+    sinkhorn: SinkhornOptions,
     state: CurvatureState | None,
-    cert_tol: float | None,
 ) -> tuple[Tensor, CurvatureState, SolveInfo]:
     """Curvature per edge from one batched Sinkhorn call over the KR-compacted supports.
 
@@ -478,20 +435,8 @@ def _sinkhorn_kappa(
     if state is not None:
         f_init = torch.where(flip, state.neg, state.pos).gather(1, r_idx)
         g_init = torch.where(flip, state.pos, state.neg).gather(1, c_idx)
-    out = sinkhorn_unchecked(
-        prob.cost,
-        prob.a,
-        prob.b,
-        reg=reg,
-        max_iter=max_iter,
-        reg_start=1.0 if reg_start is None else reg_start,
-        scaling_iter=scaling_iter,
-        tol=tol,
-        check_every=10,
-        f_init=f_init,
-        g_init=g_init,
-        relaxation=relaxation,
-    )
+    opts = sinkhorn if sinkhorn.reg_start is not None else replace(sinkhorn, reg_start=1.0)
+    out = sinkhorn_unchecked(prob.cost, prob.a, prob.b, opts, check_every=10, f_init=f_init, g_init=g_init)
     c64 = prob.cost.double()
     bd = transport_bounds(c64, prob.a.double(), prob.b.double(), out.f.double(), out.plan.double())
     t64 = prob.t.double()
@@ -499,6 +444,7 @@ def _sinkhorn_kappa(
     ratio = t64 * 0.5 * (bd.lower + bd.upper)
     bound = torch.where(live, t64 * 0.5 * (bd.upper - bd.lower).clamp_min(0), torch.zeros_like(t64))
     solved = torch.zeros_like(live)
+    cert_tol = sinkhorn.cert_tol
     if cert_tol is not None:
         solved = live & (bound > cert_tol)
         idx = solved.nonzero().squeeze(1)  # the one host sync of this solve: which edges to re-solve
@@ -520,6 +466,6 @@ def _sinkhorn_kappa(
     info = SolveInfo(
         resolved=solved.to(dtype).mean() if e_count else zero,
         bound=bound.amax().to(dtype) if e_count else zero,
-        work=torch.tensor(e_count * max_iter, dtype=torch.long, device=device),
+        work=torch.tensor(e_count * sinkhorn.max_iter, dtype=torch.long, device=device),
     )
     return k_e, new_state, info

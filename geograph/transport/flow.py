@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Unpack
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from geograph._checks import check_cert_tol, check_positive_int, tracing
+from geograph._checks import check_positive_int, tracing
 from geograph.transport._numba.simplex_stats import SimplexStats
 from geograph.transport.curvature import check_solver_options, ollivier_ricci_solve, resolve_solver, validate_graph
+from geograph.transport.solvers import SinkhornKeywords, SinkhornOptions
 
 if TYPE_CHECKING:
     from geograph.transport._numba.ricci import FlowResult
@@ -70,13 +71,10 @@ def ricci_flow(
     alpha: float = 0.5,
     exp_power: float = 2,
     solver: str = "auto",
-    reg: float = 0.01,
-    max_iter: int = 1000,
     warm_iter: int = 300,
-    relaxation: float = 1.7,
-    cert_tol: float | None = 1e-3,
     early_stop: bool = True,
     check_every: int = 1,
+    **sinkhorn: Unpack[SinkhornKeywords],
 ) -> RicciFlowOutput:
     r"""Normalized discrete Ricci flow, one batched curvature solve per step.
 
@@ -105,7 +103,8 @@ def ricci_flow(
     1e-6 (tested, all 20 steps).
 
     ``solver="sinkhorn"`` (the CUDA default of ``"auto"``): a torch loop over the steps. The
-    first solve runs ``max_iter`` iterations with epsilon-scaling from 1 to ``reg``; every later
+    first solve runs ``max_iter`` iterations with epsilon-scaling from ``reg_start`` (default 1)
+    to ``reg``; every later
     step starts from the previous step's potentials and runs ``warm_iter`` iterations at
     ``reg``. Each edge's curvature carries a certified error bound (c-transform dual and
     rounded plan, see :func:`~geograph.functional.transport_bounds`); edges whose bound exceeds
@@ -125,15 +124,16 @@ def ricci_flow(
         alpha: lazy mass of the measures.
         exp_power: exponent of the measures.
         solver: ``"auto"``, ``"exact"`` or ``"sinkhorn"``.
-        reg: relative entropic regularisation of the Sinkhorn solves.
-        max_iter: Sinkhorn iterations of the first (cold) solve.
         warm_iter: Sinkhorn iterations of each warm-started solve.
-        relaxation: Sinkhorn over-relaxation.
-        cert_tol: Sinkhorn only: largest certified curvature error left unre-solved per edge;
-            ``None`` = no exact re-solve (a purely entropic, sync-free loop).
         early_stop: stop the loop once every graph has stopped (Sinkhorn path: one host read
             per check); ``False`` runs all ``iterations`` steps (frozen graphs stay frozen).
         check_every: flow steps between early-exit checks (Sinkhorn path).
+        **sinkhorn: the Sinkhorn solves' options, :class:`~geograph.functional.SinkhornOptions`
+            (defaults there): ``reg`` (relative entropic regularisation), ``max_iter``
+            (iterations of the first, cold solve; with ``reg_start``, ``scaling_iter`` and
+            ``tol``), ``relaxation`` (over-relaxation) and ``cert_tol`` (largest certified
+            curvature error left unre-solved per edge; ``None`` = no exact re-solve, a purely
+            entropic, sync-free loop).
 
     Returns:
         :class:`RicciFlowOutput`, in the dtype of ``lengths``.
@@ -151,12 +151,12 @@ def ricci_flow(
         1.0
     """
     iterations = check_positive_int(iterations, "iterations")
-    check_solver_options(alpha, "exact" if solver == "auto" else solver, reg, max_iter)
+    alpha = check_solver_options(alpha, solver)
+    options = SinkhornOptions(**sinkhorn)
     check_positive_int(warm_iter, "warm_iter")
     check_positive_int(check_every, "check_every")
     step = check_step(step)
-    cert_tol = check_cert_tol(cert_tol)
-    _check_finite(delta=delta, exp_power=exp_power, relaxation=relaxation)
+    _check_finite(delta=delta, exp_power=exp_power)
     w, adj, node_mask = _validated_flow_graph(adj, lengths, mask)
     solver = resolve_solver(solver, w.device)
     if solver == "exact":
@@ -167,7 +167,7 @@ def ricci_flow(
             iterations=iterations,
             step=step,
             delta=float(delta),
-            alpha=float(alpha),
+            alpha=alpha,
             exp_power=float(exp_power),
         )
         if out is not None:
@@ -182,11 +182,8 @@ def ricci_flow(
         alpha=alpha,
         exp_power=exp_power,
         solver=solver,
-        reg=reg,
-        max_iter=max_iter,
+        sinkhorn=options,
         warm_iter=warm_iter,
-        relaxation=relaxation,
-        cert_tol=cert_tol,
         early_stop=early_stop,
         check_every=check_every,
     )
@@ -239,7 +236,7 @@ def exact_flow_stats(
         SimplexStats(problems=30, warm_started=4, pivots=0, dual_steps=0)
     """
     iterations = check_positive_int(iterations, "iterations")
-    check_solver_options(alpha, "exact", 1.0, 1)
+    check_solver_options(alpha, "exact")
     step = check_step(step)
     _check_finite(delta=delta, exp_power=exp_power)
     w, adj, node_mask = _validated_flow_graph(adj, lengths, mask)
@@ -304,19 +301,6 @@ def _compiled_flow(
     )
 
 
-class _SolveOptions(TypedDict):
-    """The keyword arguments of :func:`ollivier_ricci_solve` that stay fixed along the flow."""
-
-    alpha: float
-    exp_power: float
-    solver: str
-    reg: float
-    tol: float | None
-    relaxation: float
-    validated: bool
-    cert_tol: float | None
-
-
 def _torch_flow(
     w: Tensor,
     adj: Tensor,
@@ -328,30 +312,27 @@ def _torch_flow(
     alpha: float,
     exp_power: float,
     solver: str,
-    reg: float,
-    max_iter: int,
+    sinkhorn: SinkhornOptions,
     warm_iter: int,
-    relaxation: float,
-    cert_tol: float | None,
     early_stop: bool,
     check_every: int,
 ) -> RicciFlowOutput:
-    """The flow as a torch loop over the steps, one batched curvature solve per step."""
+    """The flow as a torch loop over the steps, one batched curvature solve per step: the first
+    with ``sinkhorn``, every later one warm-started, ``warm_iter`` iterations at ``reg``."""
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
-    opts: _SolveOptions = dict(
+    edges = torch.triu(adj, 1).nonzero()  # once per call
+    kappa, state, info = ollivier_ricci_solve(
+        w,
+        adj,
+        node_mask,
         alpha=alpha,
         exp_power=exp_power,
         solver=solver,
-        reg=reg,
-        tol=None,
-        relaxation=relaxation,
+        sinkhorn=sinkhorn,
         validated=True,
-        cert_tol=cert_tol,
+        edges=edges,
     )
-    edges = torch.triu(adj, 1).nonzero()  # once per call
-    kappa, state, info = ollivier_ricci_solve(
-        w, adj, node_mask, max_iter=max_iter, reg_start=None, scaling_iter=None, state=None, edges=edges, **opts
-    )
+    warm = replace(sinkhorn, max_iter=warm_iter, reg_start=sinkhorn.reg, scaling_iter=0)
     infos = [info]
     n_edges = torch.triu(adj, 1).sum((1, 2)).to(w.dtype)  # (B,)
     active = n_edges > 0
@@ -361,7 +342,16 @@ def _torch_flow(
     for it in range(iterations):
         w_new = _flow_step(w, kappa, adj, n_edges, step, zero)
         k_new, state, info = ollivier_ricci_solve(
-            w_new, adj, node_mask, max_iter=warm_iter, reg_start=reg, scaling_iter=0, state=state, edges=edges, **opts
+            w_new,
+            adj,
+            node_mask,
+            alpha=alpha,
+            exp_power=exp_power,
+            solver=solver,
+            sinkhorn=warm,
+            state=state,
+            validated=True,
+            edges=edges,
         )
         infos.append(info)
         live = active.view(-1, 1, 1)

@@ -4,23 +4,87 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import Tensor
 
-from geograph._checks import check_tensor, tracing
+from geograph._checks import check_cert_tol, check_tensor, tracing
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["sinkhorn", "SinkhornOutput", "emd", "transport_bounds", "TransportBounds"]
+__all__ = [
+    "sinkhorn",
+    "SinkhornOutput",
+    "SinkhornOptions",
+    "SinkhornKeywords",
+    "emd",
+    "transport_bounds",
+    "TransportBounds",
+]
 
 # Dantzig pivots per exact problem before the simplex switches to Bland's rule (which cannot
 # cycle); a problem still open after a further 50 * cells + 1000 pivots (_numba/simplex.py's
 # _BLAND_PIVOTS_PER_CELL, _BLAND_PIVOTS_BASE) counts as stuck and POT re-solves it (never seen on
 # real or random problems; tested by forcing tiny caps)
 _MAX_PIVOTS = 1000
+
+
+@dataclass(frozen=True)
+class SinkhornOptions:
+    """The options of the certified Sinkhorn solves of the curvature and the flow, and their defaults.
+
+    :func:`~geograph.functional.ollivier_ricci` and :func:`~geograph.functional.ricci_flow` take
+    them as keywords (``reg=0.05``) and hand this one object down to their solves; the defaults
+    written here are the defaults of both, and of :class:`~geograph.RicciFiltration`'s ``reg``
+    and ``cert_tol``. Checked on construction (one line naming the bad value).
+
+    Attributes:
+        reg: final relative entropic regularisation (a fraction of ``d(x, y)``).
+        max_iter: Sinkhorn iterations of a cold solve.
+        reg_start: first epsilon of the annealing of a cold solve; ``None`` = 1.
+        scaling_iter: iterations of a cold solve spent annealing; ``None`` = ``max_iter // 2``.
+        tol: optional marginal tolerance for an early stop of a cold solve (one host read per check).
+        relaxation: over-relaxation (see :func:`sinkhorn`); the graph costs have many ties, where
+            plain Sinkhorn (1.0) needs about 5x the iterations.
+        cert_tol: largest certified curvature error left without an exact re-solve; ``None`` = no
+            re-solve (no host read).
+
+    Example:
+        >>> SinkhornOptions(reg=0.05).max_iter
+        1000
+    """
+
+    reg: float = 0.01
+    max_iter: int = 1000
+    reg_start: float | None = None
+    scaling_iter: int | None = None
+    tol: float | None = None
+    relaxation: float = 1.7
+    cert_tol: float | None = 1e-3
+
+    def __post_init__(self) -> None:
+        reg, max_iter, relaxation = self.reg, self.max_iter, self.relaxation
+        if not (isinstance(reg, (int, float)) and math.isfinite(reg) and reg > 0):
+            raise ValueError(f"reg must be positive and finite, got {reg!r}")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+            raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+        if isinstance(relaxation, bool) or not isinstance(relaxation, (int, float)) or not math.isfinite(relaxation):
+            raise ValueError(f"relaxation must be a finite number, got {relaxation!r}")
+        object.__setattr__(self, "cert_tol", check_cert_tol(self.cert_tol))
+
+
+class SinkhornKeywords(TypedDict, total=False):
+    """:class:`SinkhornOptions` as keyword arguments (``**sinkhorn: Unpack[SinkhornKeywords]``)."""
+
+    reg: float
+    max_iter: int
+    reg_start: float | None
+    scaling_iter: int | None
+    tol: float | None
+    relaxation: float
+    cert_tol: float | None
 
 
 @dataclass(frozen=True)
@@ -61,7 +125,7 @@ def sinkhorn(
     b: Tensor,
     *,
     reg: float,
-    max_iter: int = 1000,
+    max_iter: int = SinkhornOptions.max_iter,
     reg_start: float | None = None,
     scaling_iter: int | None = None,
     tol: float | None = None,
@@ -135,38 +199,32 @@ def sinkhorn(
         raise ValueError(f"max_iter and check_every must be >= 1, got {max_iter} and {check_every}")
     if reg_start is None:
         reg_start = max(float(cost.detach().abs().max()) if cost.numel() else reg, reg)
-    return sinkhorn_unchecked(
-        cost,
-        a,
-        b,
+    options = SinkhornOptions(
         reg=reg,
         max_iter=max_iter,
         reg_start=float(reg_start),
         scaling_iter=scaling_iter,
         tol=tol,
-        check_every=check_every,
-        f_init=f_init,
-        g_init=g_init,
         relaxation=relaxation,
+        cert_tol=None,
     )
+    return sinkhorn_unchecked(cost, a, b, options, check_every=check_every, f_init=f_init, g_init=g_init)
 
 
 def sinkhorn_unchecked(
     cost: Tensor,
     a: Tensor,
     b: Tensor,
+    options: SinkhornOptions,
     *,
-    reg: float,
-    max_iter: int,
-    reg_start: float,
-    scaling_iter: int | None,
-    tol: float | None,
     check_every: int,
-    f_init: Tensor | None,
-    g_init: Tensor | None,
-    relaxation: float,
+    f_init: Tensor | None = None,
+    g_init: Tensor | None = None,
 ) -> SinkhornOutput:
-    """:func:`sinkhorn` without validation: no host read at all unless ``tol`` is given."""
+    """:func:`sinkhorn` on checked ``options`` (``reg_start`` ``None``: no annealing; ``cert_tol`` is
+    not read), without validation of the problems: no host read at all unless ``tol`` is given."""
+    reg, max_iter, tol, relaxation = options.reg, options.max_iter, options.tol, options.relaxation
+    scaling_iter = options.scaling_iter
     dtype, device = cost.dtype, cost.device
     bsz, n, m = cost.shape
     a = a.to(dtype)
@@ -189,7 +247,7 @@ def sinkhorn_unchecked(
     col_pen = torch.where(has_b, zero, neg_inf).unsqueeze(1)
     row_pen = torch.where(has_a, zero, neg_inf).unsqueeze(2)
 
-    reg_start = max(float(reg_start), float(reg))
+    reg_start = max(float(reg if options.reg_start is None else options.reg_start), float(reg))
     if scaling_iter is None:
         scaling_iter = max_iter // 2 if reg_start > reg else 0
     scaling_iter = min(int(scaling_iter), max_iter)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 from geograph import configs
 from geograph.bench.common import DEFAULT_DATA
@@ -20,7 +21,7 @@ SPEED_DEFAULTS = {
 }
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path) -> dict[str, Any]:
     """Read a bench YAML config (a file or a shipped config's name, see :func:`geograph.configs.resolve`)
     and check it (clear errors for unknown keys and methods).
 
@@ -74,7 +75,7 @@ def load_config(path: str | Path) -> dict:
     return cfg
 
 
-def dataset_root(entry: dict) -> tuple[str, Path]:
+def dataset_root(entry: dict[str, Any]) -> tuple[str, Path]:
     """``(name, folder)`` of a config entry: ``name: demo`` is the shipped corpus, other names
     live in the data folder (``$GEOGRAPH_DATA``, else ``./data``), ``path`` is any BEIR folder
     (or a shipped corpus's name: :func:`~geograph.data.corpus_path`)."""
@@ -91,7 +92,7 @@ def dataset_root(entry: dict) -> tuple[str, Path]:
     return name, root
 
 
-def grid_points(grid: dict) -> list[dict]:
+def grid_points(grid: dict[str, Any]) -> list[dict[str, Any]]:
     """All combinations of a ``{name: [values]}`` grid (lists in YAML become tuples)."""
     if not grid:
         return [{}]

@@ -14,20 +14,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from geograph import registry
 from geograph.bench.common import Split
-from geograph.bench.reference import resolve
-from geograph.registry import MethodSpec
+from geograph.spec import MethodSpec, RankerReference
 
-#: the table's name of every row: the registered methods' labels, and the rows of the bench's own
-LABELS = {
-    **{spec.name: spec.label for spec in registry.METHODS.values()},
-    "bm25": "BM25",
-    "iso_trained": "ISO-RAG + f_theta",
-}
-Ranker = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+Ranker = Callable[..., tuple[Tensor, Tensor]]
+#: a row's reference for one query: ``(query (D,), candidate indices (M,))`` -> corpus indices, best first
+Reference = RankerReference
+#: the suffix of the row of a method with a trained f_theta (a method that takes a projection)
+TRAINED = "_trained"
+#: f_theta's training epochs when the trained row's section names none
+EPOCHS = 5
 
 
 @dataclass
@@ -39,7 +38,7 @@ class Context:
     candidates: int
     tune_cands: Tensor
     report_cands: Tensor
-    cache: dict = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def corpus(self) -> Tensor:
@@ -50,7 +49,7 @@ class Method:
     """A row of the table: a grid, a ranker per grid point and, where one exists, a reference.
 
     A registered method's row (:class:`RegistryMethod`) takes its reference from the registry
-    entry (``spec.reference``, a factory of :mod:`geograph.bench.reference`).
+    entry (``spec.reference``, a factory in the method's folder).
     """
 
     kind = "rerank"
@@ -60,47 +59,82 @@ class Method:
     def reference_name(self) -> str | None:
         return None if self.spec is None else self.spec.reference_name
 
-    def ranker(self, ctx: Context, params: dict, cfg: dict) -> Ranker:
+    def ranker(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any]) -> Ranker:
         raise NotImplementedError
 
-    def reference(self, ctx: Context, params: dict, cfg: dict) -> Callable[[Tensor, Tensor], Any] | None:
+    def reference(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any]) -> Reference | None:
         """The slow reference for one query: ``(query (D,), candidate indices (M,))`` to the
         corpus indices it returns, best first (a 1-D int64 array)."""
-        if self.spec is None or self.spec.reference is None:
-            return None
-        return resolve(self.spec.reference)(ctx.corpus, params, cfg, ctx.cache)
+        return None
 
 
 class RegistryMethod(Method):
-    """A registered method, its module made by the registry (``spec.create``) for each grid point:
-    a reranker over the dense candidates, or a retriever over the corpus."""
+    """A registered method, its module made for each grid point by the registry entry (its
+    ``bench_model``, else ``spec.create``): a reranker over the dense candidates, or a retriever
+    over the corpus. ``trained``: the row of a method that takes a projection, with f_theta
+    trained on the method's corpus graph (``epochs`` of the section, default :data:`EPOCHS`)."""
 
-    def __init__(self, spec: MethodSpec) -> None:
+    spec: MethodSpec
+
+    def __init__(self, spec: MethodSpec, *, trained: bool = False) -> None:
         self.spec = spec
+        self.trained = trained
         self.kind = "rerank" if spec.is_reranker else "retrieve"
 
-    def ranker(self, ctx, params, cfg):
+    def model(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any], *, trained: bool = True) -> nn.Module:
+        """The module of one grid point (with this row's projection unless ``trained=False``)."""
         spec = self.spec
-        if spec.is_reranker:
-            return reranker(spec.create(params=params), ctx.corpus)
-        model = spec.create(ctx.corpus, params)
+        projection = self._projection(ctx, cfg) if trained else None
+        if spec.bench_model is not None:
+            built: nn.Module = spec.load(spec.bench_model)(ctx.corpus, params, cfg, ctx.cache, projection)
+            return built
+        corpus = None if spec.is_reranker else ctx.corpus
+        return spec.create(corpus, params, projection=projection)
 
-        def run(q, c):
+    def _projection(self, ctx: Context, cfg: dict[str, Any]) -> nn.Module | None:
+        if not self.trained:
+            return None
+        epochs = cfg.get("epochs", EPOCHS)
+        key = ("f_theta", self.spec.name, tuple(cfg.get(p.name) for p in self.spec.build_params), epochs)
+        if key not in ctx.cache:
+            from geograph.graphs.corpus_graph import CorpusGraph
+            from geograph.train.fit import train_projection
+
+            graph = self.model(ctx, {}, cfg, trained=False).graph
+            assert isinstance(graph, CorpusGraph)
+            ctx.cache[key] = train_projection(graph, epochs=epochs)
+        projection: nn.Module = ctx.cache[key]
+        return projection
+
+    def ranker(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any]) -> Ranker:
+        model = self.model(ctx, params, cfg)
+        if self.spec.is_reranker:
+            return reranker(model, ctx.corpus)
+
+        def run(q: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
             out = model(q, cfg["k"])
             return out.indices, out.scores
 
         return run
 
+    def reference(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any]) -> Reference | None:
+        spec = self.spec
+        if spec.reference is None:
+            return None
+        artefacts = {"projection": self._projection(ctx, cfg)} if self.trained else {}
+        factory: Callable[..., Reference] = spec.load(spec.reference)
+        return factory(ctx.corpus, params, cfg, ctx.cache, **artefacts)
+
 
 class Dense(Method):
     kind = "retrieve"
 
-    def ranker(self, ctx, params, cfg):
+    def ranker(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any]) -> Ranker:
         from geograph.retrievers import DenseRetriever
 
         model = DenseRetriever(ctx.corpus)
 
-        def run(q, c):
+        def run(q: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
             out = model(q, c.shape[1])
             return out.indices, out.scores
 
@@ -116,17 +150,18 @@ class BM25Method(Method):
 
     kind = "retrieve"
 
-    def _texts(self, ctx):
+    def _texts(self, ctx: Context) -> dict[bytes, str]:
         if "bm25-texts" not in ctx.cache:
             sp = ctx.split
             table = {}
-            for q, texts in ((sp.tune_q, sp.tune.queries), (sp.report_q, sp.report.queries)):
-                for row, text in zip(q.contiguous().cpu().numpy(), texts):
+            for q, queries in ((sp.tune_q, sp.tune.queries), (sp.report_q, sp.report.queries)):
+                for row, text in zip(q.contiguous().cpu().numpy(), queries):
                     table[row.tobytes()] = text
             ctx.cache["bm25-texts"] = table
-        return ctx.cache["bm25-texts"]
+        found: dict[bytes, str] = ctx.cache["bm25-texts"]
+        return found
 
-    def ranker(self, ctx, params, cfg):
+    def ranker(self, ctx: Context, params: dict[str, Any], cfg: dict[str, Any]) -> Ranker:
         from geograph.retrievers.bm25 import BM25Retriever
 
         key = ("bm25", params.get("k1", 1.5), params.get("b", 0.75))
@@ -134,121 +169,48 @@ class BM25Method(Method):
             ctx.cache[key] = BM25Retriever(ctx.split.test.passages(), k1=key[1], b=key[2])
         model, texts = ctx.cache[key], self._texts(ctx)
 
-        def run(q, c):
+        def run(q: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
             out = model.retrieve([texts[row.tobytes()] for row in q.contiguous().cpu().numpy()], cfg["k"])
             return out.indices, out.scores
 
         return run
 
 
-def reranker(model, corpus: Tensor) -> Ranker:
+def reranker(model: nn.Module, corpus: Tensor) -> Ranker:
     """A reranking module as a ranker over candidate indices (with an optional mask, for chains)."""
 
-    def run(q, c, mask=None):
+    def run(q: Tensor, c: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         out = model(q, corpus[c], mask)
         return c.gather(1, out.order), out.scores.gather(1, out.order)
 
     return run
 
 
-class ISOMethod(RegistryMethod):
-    """ISO-RAG with the k-NN graph, phi and an optional trained projection made once per data set."""
-
-    trained = False
-
-    def _graph(self, ctx, cfg):
-        from geograph.graphs.corpus_graph import CorpusGraph
-
-        key = ("knn", cfg.get("knn", 10))
-        if key not in ctx.cache:
-            ctx.cache[key] = CorpusGraph.from_knn(ctx.corpus, cfg.get("knn", 10))
-        return ctx.cache[key]
-
-    def _projection(self, ctx, cfg):
-        if not self.trained:
-            return None
-        key = ("f_theta", cfg.get("knn", 10), cfg.get("epochs", 5))
-        if key not in ctx.cache:
-            from geograph.train.fit import train_projection
-
-            ctx.cache[key] = train_projection(self._graph(ctx, cfg), epochs=cfg.get("epochs", 5))
-        return ctx.cache[key]
-
-    def model(self, ctx, params, cfg):
-        from geograph.retrievers import ISORetriever
-
-        params = dict(params)
-        beta = params.pop("beta", 0.4)
-        key = ("iso", self.trained, cfg.get("knn", 10), beta)
-        if key not in ctx.cache:  # phi and the kept edges are computed once per beta
-            ctx.cache[key] = ISORetriever(self._graph(ctx, cfg), projection=self._projection(ctx, cfg), beta=beta)
-        model = ctx.cache[key]
-        for name, value in params.items():
-            setattr(model, name, value)
-        return model
-
-    def ranker(self, ctx, params, cfg):
-        k = cfg["k"]
-
-        def run(q, c):
-            out = self.model(ctx, params, cfg)(q, k)
-            return out.indices, out.scores
-
-        return run
-
-    def reference(self, ctx, params, cfg):
-        factory = resolve(self.spec.reference)
-        return factory(ctx.corpus, params, cfg, ctx.cache, projection=self._projection(ctx, cfg))
+def _rows() -> dict[str, Method]:
+    """Every row but dense: BM25, every registered (non-baseline) method and, for a method that takes
+    a projection, its row with a trained f_theta (``<name>_trained``)."""
+    rows: dict[str, Method] = {"bm25": BM25Method()}
+    for name in registry.names(baseline=False):
+        spec = registry.get(name)
+        rows[name] = RegistryMethod(spec)
+        if spec.projection:
+            rows[name + TRAINED] = RegistryMethod(spec, trained=True)
+    return rows
 
 
-class ISOTrainedMethod(ISOMethod):
-    trained = True
-
-
-class G3Method(RegistryMethod):
-    """G3RAG with its gain graph built once per data set and grid point of the graph's parameters."""
-
-    def _graph(self, ctx, params, cfg):
-        from geograph.graphs import G3Graph
-
-        band = params.get("band", (0.1, 0.7))
-        band = tuple(band) if band is not None else None
-        max_degree = cfg.get("max_degree", None if ctx.corpus.shape[0] <= 2000 else 128)
-        key = ("g3", params.get("beta", 0.4), band, max_degree)
-        if key not in ctx.cache:
-            ctx.cache[key] = G3Graph.build(ctx.corpus, band=band, beta=params.get("beta", 0.4), max_degree=max_degree)
-        return ctx.cache[key]
-
-    def ranker(self, ctx, params, cfg):
-        from geograph.retrievers import G3Retriever
-
-        model = G3Retriever(
-            self._graph(ctx, params, cfg),
-            candidates=cfg.get("candidates", 10),
-            seeds=params.get("seeds", cfg.get("seeds", 2)),
-        )
-
-        def run(q, c):
-            out = model(q, cfg["k"])
-            return out.indices, out.scores
-
-        return run
-
-
-#: registered methods with a row of their own making (per-data-set caches); the others are RegistryMethod
-_OWN: dict[str, type[RegistryMethod]] = {"iso": ISOMethod, "g3": G3Method}
-#: every row but dense: BM25, every registered (non-baseline) method, and ISO-RAG with a trained f_theta
-METHODS: dict[str, Method] = {"bm25": BM25Method()}
-for _name in registry.names(baseline=False):
-    METHODS[_name] = _OWN.get(_name, RegistryMethod)(registry.get(_name))
-    if _name == "iso":
-        METHODS["iso_trained"] = ISOTrainedMethod(registry.get("iso"))
+METHODS = _rows()
+#: the table's name of every row: the registered methods' labels, and the rows of the bench's own
+LABELS = {
+    **{spec.name: spec.label for spec in registry.METHODS.values()},
+    "bm25": "BM25",
+    **{name + TRAINED: f"{registry.get(name).label} + f_theta" for name in METHODS if name + TRAINED in METHODS},
+}
 
 
 def chain_ranker(rankers: Sequence[Ranker]) -> Ranker:
     """Rerankers in sequence on the surviving candidates of the previous stage."""
 
-    def run(q, c):
+    def run(q: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
         idx, scores = rankers[0](q, c)
         for nxt in rankers[1:]:
             mask = torch.isfinite(scores)
@@ -258,10 +220,10 @@ def chain_ranker(rankers: Sequence[Ranker]) -> Ranker:
     return run
 
 
-def chain_reference(refs: Sequence[Callable]) -> Callable:
+def chain_reference(refs: Sequence[Reference]) -> Reference:
     """The references in sequence: each stage's returned ids are the next stage's candidates."""
 
-    def run(q, c):
+    def run(q: Tensor, c: Any) -> Any:
         out = np.asarray(c)
         for ref in refs:
             out = ref(q, out)

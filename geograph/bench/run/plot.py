@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 
-def figure(results: dict, path: Path) -> Path:
+def figure(results: dict[str, Any], path: Path) -> Path:
     """Quality gain (primary metric, with its 95% interval) against ms/query at B = batch, log x."""
     import matplotlib
 

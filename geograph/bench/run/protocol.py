@@ -7,13 +7,24 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from geograph.bench.common import time_calls, tuning_split
 from geograph.bench.run.config import dataset_root, grid_points
-from geograph.bench.run.methods import LABELS, METHODS, Context, Dense, Method, Ranker, chain_ranker, chain_reference
+from geograph.bench.run.methods import (
+    LABELS,
+    METHODS,
+    Context,
+    Dense,
+    Method,
+    Ranker,
+    Reference,
+    chain_ranker,
+    chain_reference,
+)
 from geograph.evaluation import ANSWER_METRICS, paired_bootstrap, per_query
 from geograph.pipeline import dense_candidates, run_ids
 
@@ -21,11 +32,14 @@ from geograph.pipeline import dense_candidates, run_ids
 def _batched(ranker: Ranker, query: Tensor, cands: Tensor, batch: int = 64) -> tuple[Tensor, Tensor]:
     outs = [ranker(query[s : s + batch], cands[s : s + batch]) for s in range(0, query.shape[0], batch)]
     width = max(o[0].shape[1] for o in outs)
-    pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)  # noqa: E731
+
+    def pad(t: Tensor, v: float) -> Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
+
     return torch.cat([pad(o[0], 0) for o in outs]), torch.cat([pad(o[1].double(), float("-inf")) for o in outs])
 
 
-def answers_of(dataset) -> list[list[str]] | None:
+def answers_of(dataset: Any) -> list[list[str]] | None:
     """Each query's answer strings (``answer`` and ``answer_aliases`` of queries.jsonl), or None
     when the data set carries no answers."""
     fields = getattr(dataset, "query_fields", None) or {}
@@ -39,24 +53,26 @@ def answers_of(dataset) -> list[list[str]] | None:
     return out
 
 
-def applicable(metrics: list[str], dataset) -> list[str]:
+def applicable(metrics: list[str], dataset: Any) -> list[str]:
     """The metrics a data set supports: answer metrics (HitAns@k) only where queries carry answers."""
     has_answers = answers_of(dataset) is not None
     return [m for m in metrics if has_answers or m.partition("@")[0] not in ANSWER_METRICS]
 
 
-def evaluate_run(dataset, indices: Tensor, scores: Tensor, metrics) -> dict[str, Tensor]:
+def evaluate_run(dataset: Any, indices: Tensor, scores: Tensor, metrics: list[str]) -> dict[str, Tensor]:
     """Per-query metrics of a run (``-inf`` scores = not returned); HitAns@k reads the passage
     texts (title and text) and the queries' answers."""
     run = run_ids(dataset, indices, scores)
     metrics = list(metrics)
-    extra = {}
+    extra: dict[str, Any] = {}
     if any(m.partition("@")[0] in ANSWER_METRICS for m in metrics):
         extra = {"passages": dict(zip(dataset.doc_ids, dataset.passages())), "answers": answers_of(dataset)}
     return per_query(run, dataset.qrels_list(), metrics, **extra)
 
 
-def tune(ctx: Context, method: Method, cfg: dict, metrics: list[str], primary: str) -> tuple[dict, dict]:
+def tune(
+    ctx: Context, method: Method, cfg: dict[str, Any], metrics: list[str], primary: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Grid search on the tuning split by ``primary`` (then the other metrics, in order)."""
     order = [primary] + [m for m in metrics if m != primary]
     limit = cfg.get("tune_queries")
@@ -65,17 +81,20 @@ def tune(ctx: Context, method: Method, cfg: dict, metrics: list[str], primary: s
     dataset = sp.tune
     if limit is not None and limit < q.shape[0]:
         q, c, dataset = q[:limit], c[:limit], sp.tune.query_range(0, limit)
-    best, best_key, scores = None, None, {}
+    best: dict[str, Any] | None = None
+    best_key: tuple[float, ...] | None = None
+    scores: dict[str, float] = {}
     for params in grid_points(cfg.get("grid", {})):
         idx, sc = _batched(method.ranker(ctx, params, cfg), q, c)
         res = {m: float(v.mean()) for m, v in evaluate_run(dataset, idx, sc, order).items()}
         key = tuple(res[m] for m in order)
         if best_key is None or key > best_key:
             best, best_key, scores = params, key, res
+    assert best is not None  # a grid has at least one point (grid_points)
     return best, {"queries": int(q.shape[0]), **scores}
 
 
-def _ms(t: dict, per: int) -> dict:
+def _ms(t: dict[str, float], per: int) -> dict[str, float]:
     """Seconds per call (``time_calls``) to ms per query: median, min, max, repeats."""
     return {
         "median": t["median"] / per * 1e3,
@@ -85,7 +104,15 @@ def _ms(t: dict, per: int) -> dict:
     }
 
 
-def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, ref_queries: int, k: int) -> dict:
+def speed(
+    ranker: Ranker,
+    reference: Reference | None,
+    query: Tensor,
+    cands: Tensor,
+    cfg: dict[str, Any],
+    ref_queries: int,
+    k: int,
+) -> dict[str, Any]:
     """ms/query at B = 1 and B = batch, and of the reference, with ratios and their spread.
 
     Every timing is warmed up (one call, or the reference's first query, outside the timing)
@@ -101,7 +128,7 @@ def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, re
     rep = dict(repeat=cfg["repeat"], min_time=cfg["min_time"], warmup=1)
     t_b = _ms(time_calls(lambda: ranker(qb, cb), **rep), b)
     t_1 = _ms(time_calls(lambda: [ranker(query[i : i + 1], cands[i : i + 1]) for i in range(single)], **rep), single)
-    out = {
+    out: dict[str, Any] = {
         "batch": b,
         "single": single,
         "B1_ms": t_1["median"],
@@ -116,9 +143,9 @@ def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, re
     if reference is not None and ref_queries > 0:
         n = min(ref_queries, query.shape[0])
         reference(query[0], cands[0])  # imports and first-call set-up stay out of the timing
-        got: list = []
+        got: list[Any] = []
 
-        def one_pass():
+        def one_pass() -> None:
             got.clear()
             got.extend(reference(query[i], cands[i]) for i in range(n))
 
@@ -141,7 +168,7 @@ def speed(ranker: Ranker, reference, query: Tensor, cands: Tensor, cfg: dict, re
     return out
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     """Where the run happened: date, commit, versions, CPU and thread counts."""
     try:
         commit = (
@@ -170,7 +197,9 @@ def environment() -> dict:
     }
 
 
-def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: dict | None = None) -> dict:
+def run(
+    cfg: dict[str, Any], *, progress: bool = True, cache: str | None = None, encoder: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Run the benchmark of ``cfg`` (see :func:`~geograph.bench.run.config.load_config`); returns the results dict.
 
     ``encoder``: :class:`~geograph.data.Encoder` keyword arguments (``model``, ``query_prefix``,
@@ -181,16 +210,22 @@ def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: 
     from geograph.data import Encoder
 
     k = max(int(m.partition("@")[2]) for m in cfg["metrics"])
-    encoder = Encoder(cache=cache or cfg.get("cache"), progress=False, **(encoder or {}))
-    rows = [("dense", None)] + [(m, None) for m in cfg["methods"]] + [("+".join(c), c) for c in cfg["chains"]]
-    results = {"config": cfg, "environment": environment(), "encoder": encoder.identity.as_dict(), "datasets": {}}
+    enc = Encoder(cache=cache or cfg.get("cache"), progress=False, **(encoder or {}))
+    rows: list[tuple[str, list[str] | None]] = [("dense", None)] + [(m, None) for m in cfg["methods"]]
+    rows += [("+".join(c), c) for c in cfg["chains"]]
+    results: dict[str, Any] = {
+        "config": cfg,
+        "environment": environment(),
+        "encoder": enc.identity.as_dict(),
+        "datasets": {},
+    }
     columns = (TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task("bench", total=len(cfg["datasets"]) * len(rows))
         for entry in cfg["datasets"]:
             name, root = dataset_root(entry)
             bar.update(task, description=f"[{name}] embedding (cached)")
-            sp = tuning_split(name, root, encoder)
+            sp = tuning_split(name, root, enc)
             metrics = applicable(list(cfg["metrics"]), sp.test)
             m = min(cfg["candidates"], sp.corpus.shape[0])
             ctx = Context(
@@ -201,7 +236,7 @@ def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: 
                 dense_candidates(sp.corpus, sp.report_q, m).indices,
             )
             primary = entry["primary"]
-            out = {
+            out: dict[str, Any] = {
                 "root": str(root),
                 "protocol": sp.protocol,
                 "primary": primary,
@@ -212,7 +247,9 @@ def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: 
                 "corpus": int(sp.corpus.shape[0]),
                 "methods": {},
             }
-            per_q, tuned = {}, {}
+            per_q: dict[str, dict[str, Tensor]] = {}
+            tuned: dict[str, dict[str, Any]] = {}
+            reference: Reference | None
             for key, chain in rows:
                 label = " -> ".join(LABELS[s] for s in chain) if chain else LABELS[key]
                 mcfg = {"k": k, **(cfg["methods"].get(key) or {})} if not chain else {}
@@ -220,10 +257,10 @@ def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: 
                     stages = [METHODS[s].ranker(ctx, tuned[s], {"k": k, **cfg["methods"][s]}) for s in chain]
                     ranker = chain_ranker(stages)
                     refs = [METHODS[s].reference(ctx, tuned[s], {"k": k, **cfg["methods"][s]}) for s in chain]
-                    reference = chain_reference(refs)
+                    reference = chain_reference([r for r in refs if r is not None]) if None not in refs else None
                     params, tuning = {s: tuned[s] for s in chain}, {"note": "each stage's tuned values"}
                     ref_n = min(cfg["methods"][s].get("reference_queries", 16) for s in chain)
-                    ref_name = " + ".join(METHODS[s].reference_name for s in chain)
+                    ref_name = " + ".join(str(METHODS[s].reference_name) for s in chain)
                     kind = "rerank"
                 elif key == "dense":
                     ranker, reference, params, tuning, ref_n, ref_name, kind = (
@@ -246,7 +283,7 @@ def run(cfg: dict, *, progress: bool = True, cache: str | None = None, encoder: 
                 bar.update(task, description=f"[{name}] {label}: report")
                 idx, sc = _batched(ranker, sp.report_q, ctx.report_cands)
                 per_q[label] = evaluate_run(sp.report, idx, sc, metrics)
-                row = {
+                row: dict[str, Any] = {
                     "method": key,
                     "kind": kind,
                     "params": params,

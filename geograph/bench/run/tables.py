@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
-def _fmt_params(params: dict) -> str:
+def _fmt_params(params: dict[str, Any]) -> str:
     if params and all(isinstance(v, dict) for v in params.values()):
         return "; ".join(f"{k}: {_fmt_params(v)}" for k, v in params.items())
     return ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in params.items()) or "-"
 
 
-def _spread(sp: dict, key: str, fmt: str) -> str:
+def _spread(sp: dict[str, Any], key: str, fmt: str) -> str:
     """``median [min-max]`` of a timing or ratio (the median alone when no spread was recorded)."""
     if f"{key}_min" not in sp:
         return format(sp[key], fmt)
     return f"{format(sp[key], fmt)} [{format(sp[key + '_min'], fmt)}-{format(sp[key + '_max'], fmt)}]"
 
 
-def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the results table (one row per data set and method); a metric a data
     set does not support (HitAns@k without answers) is ``-``."""
     metrics = results["config"]["metrics"]
@@ -62,7 +63,7 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     return header, out
 
 
-def markdown(results: dict) -> str:
+def markdown(results: dict[str, Any]) -> str:
     header, rows = table_rows(results)
     env = results["environment"]
     sp = results["config"]["speed"]
@@ -92,7 +93,7 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict, out: str | Path) -> dict[str, Path]:
+def write(results: dict[str, Any], out: str | Path) -> dict[str, Path]:
     """``results.json``, ``results.md`` and ``results.png`` under ``out``."""
     from geograph.bench.run.plot import figure
 
@@ -107,7 +108,7 @@ def write(results: dict, out: str | Path) -> dict[str, Path]:
     return paths
 
 
-def print_table(results: dict) -> None:
+def print_table(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 

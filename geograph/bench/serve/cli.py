@@ -7,7 +7,6 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from geograph.bench.serve.limit import encoder_limit, serving_limit
 from geograph.bench.serve.load import closed_loop, summarise

@@ -55,7 +55,8 @@ SPEC = MethodSpec(
     graph=G3Graph,
     build=_build_g3,
     k_range=_g3_k,
-    reference="geograph.bench.reference:g3_ranker_reference",
+    reference=".bench:ranker_reference",
+    bench_model=".bench:bench_model",
     reference_name="dense numpy T",
     about="""Builds a zero-token geometric gain graph over the corpus and diffuses one step from seed
 passages. For `x = S_ij` inside `band`: `W_ij = x sqrt(1 - x^2) exp(-beta rho_j)` (`rho` the

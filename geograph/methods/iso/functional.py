@@ -2,117 +2,90 @@
 
 from __future__ import annotations
 
-from typing import TypedDict, overload
+from dataclasses import asdict, dataclass
+from typing import TypedDict, Unpack
 
 import torch
 from torch import Tensor
 
-from geograph._checks import (
-    check_finite_float,
-    check_finite_where,
-    check_positive_int,
-    check_same_device,
-    check_tensor,
-    check_unit_interval,
-)
+from geograph._checks import check_finite_where, check_positive_int, check_same_device, check_tensor
 from geograph.knn.allpairs import tiled_topk
 from geograph.methods.iso.pagerank import personalized_pagerank
 from geograph.ops.adjacency import csr_row_slots
 from geograph.ops.similarity import minmax_normalize, normalize
 from geograph.outputs import LocalSubgraph, RetrievalOutput, topk_by_key, topk_stable
+from geograph.spec import POS_INT, UNIT, Param, check_values
 
-__all__ = ["iso_retrieve", "iso_local_subgraph", "iso_personalization", "iso_fusion", "iso_max_k", "check_iso_options"]
+__all__ = [
+    "iso_retrieve",
+    "iso_local_subgraph",
+    "iso_personalization",
+    "iso_fusion",
+    "iso_max_k",
+    "IsoOptions",
+    "ISO_PARAMS",
+]
+
+#: ISO-RAG's hyperparameters and their bounds: the registry's (``spec.SPEC.params``) and
+#: :class:`IsoOptions`' one check
+ISO_PARAMS = (
+    Param("m", int, **POS_INT, doc="seeds per query"),
+    Param("L", int, **POS_INT, doc="dense candidates in the local set"),
+    Param("hops", int, low=0, doc="graph hops from the seeds into the local set"),
+    Param("max_nodes", int, **POS_INT, doc="cap on the local set (at least m)"),
+    Param("beta", float, **UNIT, doc="an edge is kept iff min(phi) / max(phi) >= beta"),
+    Param("p", float, doc="the volume's power of the conformal factor"),
+    Param("tau", float, doc="temperature of the personalisation softmax"),
+    Param("alpha", float, low=0.0, high=1.0, high_open=True, doc="PageRank's continuation probability"),
+    Param("lambda_g", float, doc="weight of the graph score"),
+    Param("lambda_d", float, doc="weight of the dense score"),
+    Param("max_iter", int, **POS_INT, doc="PageRank power iterations"),
+)
 
 
-class IsoQueryOptions(TypedDict, total=False):
-    """ISO-RAG's query-time hyperparameters as :func:`check_iso_options` returns them."""
+@dataclass(frozen=True)
+class IsoOptions:
+    """ISO-RAG's hyperparameters: their defaults (those of :class:`~geograph.ISORetriever`,
+    :func:`iso_retrieve` and :func:`iso_local_subgraph`) and their check (:data:`ISO_PARAMS`, in the
+    registry's wording, and ``max_nodes >= m``), normalised on construction (floats as ``float``).
+    ``beta`` and ``p`` are used offline (the kept edges), the others per query."""
+
+    m: int = 5
+    L: int = 50
+    hops: int = 1
+    max_nodes: int = 100
+    beta: float = 0.4
+    p: float = 2.0
+    tau: float = 10.0
+    alpha: float = 0.85
+    lambda_g: float = 0.5
+    lambda_d: float = 0.5
+    max_iter: int = 100
+
+    def __post_init__(self) -> None:
+        for name, value in check_values(ISO_PARAMS, asdict(self)).items():
+            object.__setattr__(self, name, value)
+        if self.max_nodes < self.m:
+            raise ValueError(f"max_nodes ({self.max_nodes}) must be at least m ({self.m})")
+
+
+class IsoLocalKeywords(TypedDict, total=False):
+    """The :class:`IsoOptions` of the local set (:func:`iso_local_subgraph`), as keyword arguments."""
 
     m: int
     L: int
     hops: int
     max_nodes: int
     tau: float
+
+
+class IsoQueryKeywords(IsoLocalKeywords, total=False):
+    """The query-time :class:`IsoOptions` (:func:`iso_retrieve`), as keyword arguments."""
+
     alpha: float
     lambda_g: float
     lambda_d: float
     max_iter: int
-
-
-class IsoOptions(IsoQueryOptions, total=False):
-    """:class:`IsoQueryOptions` with the offline ``beta`` and ``p``, when given."""
-
-    beta: float
-    p: float
-
-
-@overload
-def check_iso_options(
-    *,
-    m: int,
-    L: int,
-    hops: int,
-    max_nodes: int,
-    tau: float,
-    alpha: float,
-    lambda_g: float,
-    lambda_d: float,
-    max_iter: int,
-    beta: None = None,
-    p: None = None,
-) -> IsoQueryOptions: ...
-@overload
-def check_iso_options(
-    *,
-    m: int,
-    L: int,
-    hops: int,
-    max_nodes: int,
-    tau: float,
-    alpha: float,
-    lambda_g: float,
-    lambda_d: float,
-    max_iter: int,
-    beta: float | None = None,
-    p: float | None = None,
-) -> IsoOptions: ...
-def check_iso_options(
-    *,
-    m: int,
-    L: int,
-    hops: int,
-    max_nodes: int,
-    tau: float,
-    alpha: float,
-    lambda_g: float,
-    lambda_d: float,
-    max_iter: int,
-    beta: float | None = None,
-    p: float | None = None,
-) -> IsoOptions:
-    """Validate ISO-RAG's hyperparameters; returns them normalised, or raises ``ValueError``.
-
-    The one check of :func:`iso_retrieve` and :class:`~geograph.ISORetriever` (``beta`` and
-    ``p``, used offline, are checked when given).
-    """
-    out: IsoOptions = dict(m=check_positive_int(m, "m"), L=check_positive_int(L, "L"))
-    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
-        raise ValueError(f"hops must be a non-negative integer, got {hops!r}")
-    out["hops"] = hops
-    out["max_nodes"] = check_positive_int(max_nodes, "max_nodes")
-    if out["max_nodes"] < out["m"]:
-        raise ValueError(f"max_nodes ({max_nodes}) must be at least m ({m})")
-    if beta is not None:
-        out["beta"] = check_unit_interval(beta, "beta")
-    if p is not None:
-        out["p"] = check_finite_float(p, "p")
-    out["tau"] = check_finite_float(tau, "tau")
-    out["alpha"] = check_finite_float(alpha, "alpha")
-    if not 0.0 <= out["alpha"] < 1.0:
-        raise ValueError(f"alpha must lie in [0, 1), got {alpha!r}")
-    out["lambda_g"] = check_finite_float(lambda_g, "lambda_g")
-    out["lambda_d"] = check_finite_float(lambda_d, "lambda_d")
-    out["max_iter"] = check_positive_int(max_iter, "max_iter")
-    return out
 
 
 def iso_max_k(m: int, L: int, max_nodes: int, num_nodes: int) -> int:
@@ -174,12 +147,8 @@ def iso_local_subgraph(
     kept_keys: Tensor,
     *,
     max_degree: int,
-    m: int = 5,
-    L: int = 50,
-    hops: int = 1,
-    max_nodes: int = 100,
-    tau: float = 10.0,
     chunk_size: int = 4096,
+    **options: Unpack[IsoLocalKeywords],
 ) -> LocalSubgraph:
     r"""ISO-RAG's padded query-local subgraphs (what :meth:`geograph.ISORetriever.local` returns).
 
@@ -196,16 +165,14 @@ def iso_local_subgraph(
         kept_keys: ``(K,)`` sorted ``u * V + v`` of the kept (compatible) directed edges.
         max_degree: the graph's largest degree (the padded width of a hop; a bound known a
             priori, so no host read).
-        m, L, hops, max_nodes, tau: see :class:`~geograph.ISORetriever`.
         chunk_size: passages scored per matrix product.
+        **options: ``m``, ``L``, ``hops``, ``max_nodes``, ``tau`` (see :class:`~geograph.ISORetriever`;
+            the defaults are :class:`IsoOptions`').
 
     Returns:
         :class:`~geograph.outputs.LocalSubgraph` with ``n = min(max_nodes, width)`` columns.
     """
     check_iso_query(query, embeddings)
-    opts = check_iso_options(
-        m=m, L=L, hops=hops, max_nodes=max_nodes, tau=tau, alpha=0.0, lambda_g=0.0, lambda_d=0.0, max_iter=1
-    )
     return _local_subgraph(
         query,
         embeddings,
@@ -213,11 +180,7 @@ def iso_local_subgraph(
         col,
         kept_keys,
         max_degree=max_degree,
-        m=opts["m"],
-        L=opts["L"],
-        hops=opts["hops"],
-        max_nodes=opts["max_nodes"],
-        tau=opts["tau"],
+        options=IsoOptions(**options),
         chunk_size=check_positive_int(chunk_size, "chunk_size"),
     )
 
@@ -230,14 +193,11 @@ def _local_subgraph(
     kept_keys: Tensor,
     *,
     max_degree: int,
-    m: int,
-    L: int,
-    hops: int,
-    max_nodes: int,
-    tau: float,
+    options: IsoOptions,
     chunk_size: int,
 ) -> LocalSubgraph:
     """:func:`iso_local_subgraph` on a validated query and options."""
+    m, L, hops, max_nodes, tau = options.m, options.L, options.hops, options.max_nodes, options.tau
     v = embeddings.shape[0]
     qn = normalize(query.to(embeddings.dtype))
     _, top = tiled_topk(qn, embeddings, min(max(L, m), v), block=chunk_size)
@@ -283,16 +243,8 @@ def iso_retrieve(
     k: int,
     *,
     max_degree: int,
-    m: int = 5,
-    L: int = 50,
-    hops: int = 1,
-    max_nodes: int = 100,
-    tau: float = 10.0,
-    alpha: float = 0.85,
-    lambda_g: float = 0.5,
-    lambda_d: float = 0.5,
-    max_iter: int = 100,
     chunk_size: int = 4096,
+    **options: Unpack[IsoQueryKeywords],
 ) -> RetrievalOutput:
     r"""ISO-RAG retrieval: the function :class:`~geograph.ISORetriever` calls (bitwise the same result).
 
@@ -300,6 +252,9 @@ def iso_retrieve(
     kept edges (unit weights) with ``alpha`` and ``max_iter``, :func:`iso_fusion`, and the
     top-``k`` of the local set (ties: lowest corpus id). The offline part (``phi``, the kept
     edges, ``max_degree``) is the caller's: :meth:`geograph.ISORetriever.refresh` computes it.
+    ``**options``: the query-time hyperparameters of :class:`~geograph.ISORetriever` (``m``,
+    ``L``, ``hops``, ``max_nodes``, ``tau``, ``alpha``, ``lambda_g``, ``lambda_d``,
+    ``max_iter``; the defaults are :class:`IsoOptions`').
 
     Shape:
         query ``(B, D)`` -> :class:`~geograph.RetrievalOutput` ``indices (B, k)``, ``scores (B, k)``
@@ -319,17 +274,6 @@ def iso_retrieve(
         >>> torch.equal(out.indices, ref.indices), torch.equal(out.scores, ref.scores)
         (True, True)
     """
-    opts = check_iso_options(
-        m=m,
-        L=L,
-        hops=hops,
-        max_nodes=max_nodes,
-        tau=tau,
-        alpha=alpha,
-        lambda_g=lambda_g,
-        lambda_d=lambda_d,
-        max_iter=max_iter,
-    )
     return _retrieve(
         query,
         embeddings,
@@ -338,8 +282,8 @@ def iso_retrieve(
         kept_keys,
         k,
         max_degree=max_degree,
+        options=IsoOptions(**options),
         chunk_size=check_positive_int(chunk_size, "chunk_size"),
-        **opts,
     )
 
 
@@ -352,41 +296,22 @@ def _retrieve(
     k: int,
     *,
     max_degree: int,
-    m: int,
-    L: int,
-    hops: int,
-    max_nodes: int,
-    tau: float,
-    alpha: float,
-    lambda_g: float,
-    lambda_d: float,
-    max_iter: int,
+    options: IsoOptions,
     chunk_size: int,
     owner: str = "the corpus",
 ) -> RetrievalOutput:
     """:func:`iso_retrieve` with validated options (``k`` and the query are checked here, in that order)."""
     k = check_positive_int(k, "k")
     v = embeddings.shape[0]
-    limit = iso_max_k(m, L, max_nodes, v)
+    limit = iso_max_k(options.m, options.L, options.max_nodes, v)
     if k > limit:
         raise ValueError(f"k={k} exceeds the guaranteed local set size min(max(L, m), max_nodes, V) = {limit}")
     check_iso_query(query, embeddings, owner)
     sub = _local_subgraph(
-        query,
-        embeddings,
-        rowptr,
-        col,
-        kept_keys,
-        max_degree=max_degree,
-        m=m,
-        L=L,
-        hops=hops,
-        max_nodes=max_nodes,
-        tau=tau,
-        chunk_size=chunk_size,
+        query, embeddings, rowptr, col, kept_keys, max_degree=max_degree, options=options, chunk_size=chunk_size
     )
     w = sub.adj.to(sub.dense.dtype)
-    pi = personalized_pagerank(w, sub.personalization, sub.mask, alpha=alpha, max_iter=max_iter)
-    score = iso_fusion(pi, sub.dense, sub.mask, lambda_g, lambda_d)
+    pi = personalized_pagerank(w, sub.personalization, sub.mask, alpha=options.alpha, max_iter=options.max_iter)
+    score = iso_fusion(pi, sub.dense, sub.mask, options.lambda_g, options.lambda_d)
     top, pos = topk_by_key(score, torch.where(sub.mask, sub.nodes, v), k)
     return RetrievalOutput(indices=sub.nodes.gather(1, pos), scores=top.to(query.dtype))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, fields, replace
 from typing import Any, TypedDict, cast
 
 import torch
@@ -12,7 +13,7 @@ from geograph.geometry.isoperimetric import compatible_edges, conformal_volume, 
 from geograph.graphs.corpus_graph import CorpusGraph
 from geograph.graphs.updates import PassageId, UpdateReport
 from geograph.methods.dense.module import DenseRetriever
-from geograph.methods.iso.functional import _local_subgraph, _retrieve, check_iso_options, check_iso_query, iso_max_k
+from geograph.methods.iso.functional import IsoOptions, _local_subgraph, _retrieve, check_iso_query, iso_max_k
 from geograph.methods.iso.updates import iso_add, iso_remove
 from geograph.outputs import LocalSubgraph, RetrievalOutput
 from geograph.projection import IdentityPoincare
@@ -20,16 +21,8 @@ from geograph.projection import IdentityPoincare
 __all__ = ["ISORetriever", "LocalSubgraph"]
 
 
-class _LocalOptions(TypedDict):
-    """The options of :func:`~geograph.methods.iso.functional._local_subgraph` an :class:`ISORetriever` holds."""
-
-    max_degree: int
-    m: int
-    L: int
-    hops: int
-    max_nodes: int
-    tau: float
-    chunk_size: int
+#: the hyperparameters an :class:`ISORetriever` holds as attributes (:class:`IsoOptions`)
+_OPTION_NAMES = frozenset(f.name for f in fields(IsoOptions))
 
 
 class _DenseKeywords(TypedDict, total=False):
@@ -116,7 +109,7 @@ class ISORetriever(nn.Module):
         torch.Size([2, 3])
     """
 
-    # set in __init__ from check_iso_options
+    # set in __init__ from IsoOptions (the defaults and the check of the hyperparameters)
     m: int
     L: int
     hops: int
@@ -137,17 +130,17 @@ class ISORetriever(nn.Module):
         graph: CorpusGraph,
         *,
         projection: nn.Module | None = None,
-        m: int = 5,
-        L: int = 50,
-        hops: int = 1,
-        max_nodes: int = 100,
-        beta: float = 0.4,
-        p: float = 2.0,
-        tau: float = 10.0,
-        alpha: float = 0.85,
-        lambda_g: float = 0.5,
-        lambda_d: float = 0.5,
-        max_iter: int = 100,
+        m: int = IsoOptions.m,
+        L: int = IsoOptions.L,
+        hops: int = IsoOptions.hops,
+        max_nodes: int = IsoOptions.max_nodes,
+        beta: float = IsoOptions.beta,
+        p: float = IsoOptions.p,
+        tau: float = IsoOptions.tau,
+        alpha: float = IsoOptions.alpha,
+        lambda_g: float = IsoOptions.lambda_g,
+        lambda_d: float = IsoOptions.lambda_d,
+        max_iter: int = IsoOptions.max_iter,
     ) -> None:
         super().__init__()
         if not isinstance(graph, CorpusGraph):
@@ -161,7 +154,7 @@ class ISORetriever(nn.Module):
                     )
         self.graph = graph
         self.projection = projection if projection is not None else IdentityPoincare()
-        opts = check_iso_options(
+        opts = IsoOptions(
             m=m,
             L=L,
             hops=hops,
@@ -174,7 +167,8 @@ class ISORetriever(nn.Module):
             lambda_d=lambda_d,
             max_iter=max_iter,
         )
-        for name, value in opts.items():
+        self._options = opts
+        for name, value in asdict(opts).items():
             setattr(self, name, value)
         self.register_buffer("phi", torch.empty(0), persistent=False)
         self.register_buffer("kept_keys", torch.empty(0, dtype=torch.long), persistent=False)
@@ -242,19 +236,25 @@ class ISORetriever(nn.Module):
         inspection and the benchmark)."""
         check_iso_query(query, self.dense.embeddings, "the ISORetriever")
         return _local_subgraph(
-            query, self.dense.embeddings, self.graph.rowptr, self.graph.col, self.kept_keys, **self._local_options()
-        )
-
-    def _local_options(self) -> _LocalOptions:
-        return dict(
+            query,
+            self.dense.embeddings,
+            self.graph.rowptr,
+            self.graph.col,
+            self.kept_keys,
             max_degree=self._max_degree,
-            m=self.m,
-            L=self.L,
-            hops=self.hops,
-            max_nodes=self.max_nodes,
-            tau=self.tau,
+            options=self.options,
             chunk_size=self.dense.chunk_size,
         )
+
+    @property
+    def options(self) -> IsoOptions:
+        """The hyperparameters as they are now, checked (:class:`IsoOptions`): what :meth:`forward` reads."""
+        return self._options
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OPTION_NAMES:  # a hyperparameter: checked, and kept in the options the forward reads
+            object.__setattr__(self, "_options", replace(self._options, **{name: value}))
+        super().__setattr__(name, value)
 
     @property
     def max_k(self) -> int:
@@ -269,12 +269,10 @@ class ISORetriever(nn.Module):
             self.graph.col,
             self.kept_keys,
             k,
-            alpha=self.alpha,
-            lambda_g=self.lambda_g,
-            lambda_d=self.lambda_d,
-            max_iter=self.max_iter,
+            max_degree=self._max_degree,
+            options=self.options,
+            chunk_size=self.dense.chunk_size,
             owner="the ISORetriever",
-            **self._local_options(),
         )
 
     def extra_repr(self) -> str:

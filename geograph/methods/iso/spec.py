@@ -9,10 +9,16 @@ from typing import Any, cast
 from torch import Tensor, nn
 
 from geograph.graphs import CorpusGraph
-from geograph.methods.iso.functional import iso_fusion, iso_local_subgraph, iso_personalization, iso_retrieve
+from geograph.methods.iso.functional import (
+    ISO_PARAMS,
+    iso_fusion,
+    iso_local_subgraph,
+    iso_personalization,
+    iso_retrieve,
+)
 from geograph.methods.iso.module import ISORetriever
 from geograph.methods.iso.pagerank import personalized_pagerank
-from geograph.spec import POS_INT, UNIT, MethodSpec, Param
+from geograph.spec import POS_INT, MethodSpec, Param
 
 
 def _build_iso(
@@ -42,26 +48,15 @@ SPEC = MethodSpec(
     module=ISORetriever,
     functional=iso_retrieve,
     paper="ISO-RAG: Isoperimetric Noise Control for Retrieval-Augmented Generation",
-    params=(
-        Param("m", int, **POS_INT, doc="seeds per query"),
-        Param("L", int, **POS_INT, doc="dense candidates in the local set"),
-        Param("hops", int, low=0, doc="graph hops from the seeds into the local set"),
-        Param("max_nodes", int, **POS_INT, doc="cap on the local set (at least m)"),
-        Param("beta", float, **UNIT, doc="an edge is kept iff min(phi) / max(phi) >= beta"),
-        Param("p", float, doc="the volume's power of the conformal factor"),
-        Param("tau", float, doc="temperature of the personalisation softmax"),
-        Param("alpha", float, low=0.0, high=1.0, high_open=True, doc="PageRank's continuation probability"),
-        Param("lambda_g", float, doc="weight of the graph score"),
-        Param("lambda_d", float, doc="weight of the dense score"),
-        Param("max_iter", int, **POS_INT, doc="PageRank power iterations"),
-    ),
+    params=ISO_PARAMS,
     build_params=(Param("knn", int, **POS_INT, default=10, doc="k of the k-NN corpus graph built at start"),),
     not_params=("projection",),
     graph=CorpusGraph,
     projection=True,
     build=_build_iso,
     k_range=_iso_k,
-    reference="geograph.bench.reference:iso_ranker_reference",
+    reference=".bench:ranker_reference",
+    bench_model=".bench:bench_model",
     reference_name="numpy + networkx PageRank",
     about="""Prunes corpus-graph edges by a hyperbolic Cheeger ratio, then runs personalised PageRank on a
 query-local subgraph. `phi_u = V(dS_u) / V(S_u)` with volumes `lambda(z)^p` of the (optionally

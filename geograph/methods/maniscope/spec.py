@@ -38,7 +38,7 @@ SPEC = MethodSpec(
     ),
     build=_build_maniscope,
     score_range=_maniscope_range,
-    reference="geograph.bench.reference:maniscope_ranker_reference",
+    reference=".bench:ranker_reference",
     reference_name="sklearn + scipy Dijkstra",
     about="""Reranks the top-M dense candidates of a query by geodesic distance on their k-NN graph, mixed
 with cosine. Each candidate links to its `k` nearest other candidates (undirected, length `1 - cos`);

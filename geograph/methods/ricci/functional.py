@@ -3,29 +3,62 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypedDict
+from dataclasses import asdict, dataclass
+from typing import TypedDict, Unpack
 
 import torch
 from torch import Tensor
 
-from geograph._checks import (
-    check_cert_tol,
-    check_finite_float,
-    check_percentile,
-    check_positive_int,
-    check_unit_interval,
-)
 from geograph.ops.adjacency import query_graph
 from geograph.ops.similarity import cosine_similarity
 from geograph.outputs import RerankOutput, order_by_score
-from geograph.transport.curvature import check_solver, resolve_solver
-from geograph.transport.flow import check_step, ricci_flow
+from geograph.spec import POS_INT, UNIT, Param, check_values
+from geograph.transport.curvature import resolve_solver
+from geograph.transport.flow import ricci_flow
+from geograph.transport.solvers import SinkhornOptions
 
-__all__ = ["ricci_filtration", "ricci_surgery", "check_ricci_options"]
+__all__ = ["ricci_filtration", "ricci_surgery", "RicciOptions", "RICCI_PARAMS"]
+
+#: Ricci-Filtration's hyperparameters and their bounds: the registry's (``spec.SPEC.params``) and
+#: :class:`RicciOptions`' one check
+RICCI_PARAMS = (
+    Param("percentile", float, low=0.0, high=100.0, doc="percentile of 1 - cos above which pairs are edges"),
+    Param("alpha", float, **UNIT, doc="the lazy measures' mass kept at the node"),
+    Param("exp_power", float, doc="p in exp(-w^p) of the neighbours' mass"),
+    Param("iterations", int, **POS_INT, doc="steps of the normalised Ricci flow"),
+    Param("step", float, low=0.0, high=1.0, low_open=True, doc="step size of the flow"),
+    Param("delta", float, low=0.0, doc="a graph stops once max kappa - min kappa < delta"),
+    Param("eta", float, low=0.0, doc="the surgery keeps a candidate iff its query edge <= eta"),
+    Param("solver", str, choices=("auto", "exact", "sinkhorn"), doc="W1 solver"),
+    Param("reg", float, low=0.0, low_open=True, doc="Sinkhorn's entropic regularisation"),
+    Param("cert_tol", float, low=0.0, optional=True, doc="Sinkhorn edges above this bound are re-solved"),
+)
 
 
-class RicciOptions(TypedDict):
-    """Ricci-Filtration's hyperparameters as :func:`check_ricci_options` returns them."""
+@dataclass(frozen=True)
+class RicciOptions:
+    """Ricci-Filtration's hyperparameters: their defaults (those of :func:`ricci_filtration` and
+    :class:`~geograph.RicciFiltration`) and their check (:data:`RICCI_PARAMS`, in the registry's
+    wording), normalised on construction (floats as ``float``)."""
+
+    percentile: float = 50.0
+    alpha: float = 0.5
+    exp_power: float = 2
+    iterations: int = 20
+    step: float = 1.0
+    delta: float = 1e-4
+    eta: float = 1.0
+    solver: str = "auto"
+    reg: float = SinkhornOptions.reg
+    cert_tol: float | None = SinkhornOptions.cert_tol
+
+    def __post_init__(self) -> None:
+        for name, value in check_values(RICCI_PARAMS, asdict(self)).items():
+            object.__setattr__(self, name, value)
+
+
+class RicciKeywords(TypedDict, total=False):
+    """:class:`RicciOptions` as keyword arguments (``**options: Unpack[RicciKeywords]``)."""
 
     percentile: float
     alpha: float
@@ -37,52 +70,6 @@ class RicciOptions(TypedDict):
     solver: str
     reg: float
     cert_tol: float | None
-
-
-def check_ricci_options(
-    *,
-    percentile: float,
-    alpha: float,
-    exp_power: float,
-    iterations: int,
-    step: float,
-    delta: float,
-    eta: float,
-    solver: str,
-    reg: float,
-    cert_tol: float | None,
-) -> RicciOptions:
-    """Validate Ricci-Filtration's hyperparameters; returns them normalised (floats), or raises ``ValueError``.
-
-    The one check of :func:`ricci_filtration` and :class:`~geograph.RicciFiltration`.
-    """
-    percentile = check_percentile(percentile)
-    check_solver(solver)
-    eta_f = check_finite_float(eta, "eta")
-    if not eta_f >= 0:
-        raise ValueError(f"eta must be non-negative, got {eta!r}")
-    alpha = check_unit_interval(alpha, "alpha")
-    exp_power = check_finite_float(exp_power, "exp_power")
-    iterations = check_positive_int(iterations, "iterations")
-    step = check_step(step)
-    delta_f = check_finite_float(delta, "delta")
-    if not delta_f >= 0:
-        raise ValueError(f"delta must be non-negative, got {delta!r}")
-    reg_f = check_finite_float(reg, "reg")
-    if not reg_f > 0:
-        raise ValueError(f"reg must be positive, got {reg!r}")
-    return dict(
-        percentile=percentile,
-        alpha=alpha,
-        exp_power=exp_power,
-        iterations=iterations,
-        step=step,
-        delta=delta_f,
-        eta=eta_f,
-        solver=solver,
-        reg=reg_f,
-        cert_tol=check_cert_tol(cert_tol),
-    )
 
 
 def ricci_surgery(query_edge_length: Tensor, mask: Tensor, eta: float) -> Tensor:
@@ -109,19 +96,10 @@ def ricci_filtration(
     docs: Tensor,
     mask: Tensor | None = None,
     *,
-    percentile: float = 50.0,
-    alpha: float = 0.5,
-    exp_power: float = 2,
-    iterations: int = 20,
-    step: float = 1.0,
-    delta: float = 1e-4,
-    eta: float = 1.0,
-    solver: str = "auto",
-    reg: float = 0.01,
-    cert_tol: float | None = 1e-3,
     scorer: Callable[..., Tensor] | None = None,
     query_texts: Sequence[str] | None = None,
     doc_texts: Sequence[Sequence[str]] | None = None,
+    **options: Unpack[RicciKeywords],
 ) -> RerankOutput:
     r"""Ricci-Filtration of a padded batch of candidates: the function :class:`~geograph.RicciFiltration` calls.
 
@@ -131,7 +109,8 @@ def ricci_filtration(
     is kept by :func:`ricci_surgery` (``w_0j <= eta``, at the flow's precision). The kept
     candidates are scored by ``scorer(query_texts, padded_doc_texts, keep)`` when given (the
     texts are then required), else by cosine to the query; the others score ``-inf``. See
-    :class:`~geograph.RicciFiltration` for the arguments, the solvers and precision.
+    :class:`~geograph.RicciFiltration` for the arguments (``**options``: :class:`RicciOptions`,
+    the defaults there), the solvers and precision.
 
     Shape:
         - query ``(B, D)``, docs ``(B, N, D)``, mask ``(B, N)`` bool (True = real).
@@ -147,38 +126,43 @@ def ricci_filtration(
         >>> torch.equal(out.scores, ref.scores), torch.equal(out.query_edge_length, ref.query_edge_length)
         (True, True)
     """
-    opts = check_ricci_options(
-        percentile=percentile,
-        alpha=alpha,
-        exp_power=exp_power,
-        iterations=iterations,
-        step=step,
-        delta=delta,
-        eta=eta,
-        solver=solver,
-        reg=reg,
-        cert_tol=cert_tol,
+    return _filtration(
+        query, docs, mask, RicciOptions(**options), scorer=scorer, query_texts=query_texts, doc_texts=doc_texts
     )
-    adj, node_mask, _ = query_graph(query, docs, mask, percentile=opts["percentile"])
+
+
+def _filtration(
+    query: Tensor,
+    docs: Tensor,
+    mask: Tensor | None,
+    opts: RicciOptions,
+    *,
+    scorer: Callable[..., Tensor] | None = None,
+    query_texts: Sequence[str] | None = None,
+    doc_texts: Sequence[Sequence[str]] | None = None,
+) -> RerankOutput:
+    """:func:`ricci_filtration` with its hyperparameters as one checked :class:`RicciOptions` (what
+    :class:`~geograph.RicciFiltration` holds)."""
+    adj, node_mask, _ = query_graph(query, docs, mask, percentile=opts.percentile)
     cand_mask = node_mask[:, 1:]
-    solver = resolve_solver(opts["solver"], docs.device)
+    solver = resolve_solver(opts.solver, docs.device)
     dtype = torch.float64 if solver == "exact" else docs.dtype
     flow = ricci_flow(
         adj,
         torch.ones(adj.shape, dtype=dtype, device=docs.device),
         node_mask,
-        iterations=opts["iterations"],
-        step=opts["step"],
-        delta=opts["delta"],
-        alpha=opts["alpha"],
-        exp_power=opts["exp_power"],
+        iterations=opts.iterations,
+        step=opts.step,
+        delta=opts.delta,
+        alpha=opts.alpha,
+        exp_power=opts.exp_power,
         solver=solver,
-        reg=opts["reg"],
-        cert_tol=opts["cert_tol"],
+        reg=opts.reg,
+        cert_tol=opts.cert_tol,
     )
     full_length = flow.lengths[:, 0, 1:]
     length = full_length.to(docs.dtype)
-    keep = ricci_surgery(full_length, cand_mask, opts["eta"])  # decided at the flow's precision
+    keep = ricci_surgery(full_length, cand_mask, opts.eta)  # decided at the flow's precision
     if scorer is not None:
         if query_texts is None or doc_texts is None:
             raise ValueError("a scorer is set: pass query_texts and doc_texts to forward")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from geograph.methods.ricci.functional import check_ricci_options, ricci_filtration
+from geograph.methods.ricci.functional import RicciOptions, _filtration
 from geograph.outputs import RerankOutput
 from geograph.transport.curvature import resolve_solver
 
@@ -18,7 +20,8 @@ class RicciFiltration(nn.Module):
     r"""Keep the candidates whose query edge survives the normalized Ricci flow.
 
     A thin holder of the hyperparameters: :meth:`forward` calls
-    :func:`geograph.functional.ricci_filtration` (the method's one home; bitwise the same result).
+    :func:`geograph.functional.ricci_filtration`'s body with :attr:`options` (the method's one home;
+    bitwise the same result).
     Per query, the graph of :func:`~geograph.ops.adjacency.query_graph` (query + candidates, edges between
     dissimilar pairs, every query edge forced, unit lengths) flows ``iterations`` steps of
     :func:`~geograph.functional.ricci_flow`; candidate ``j`` is kept iff its final query-edge
@@ -61,6 +64,9 @@ class RicciFiltration(nn.Module):
             exactly; ``None`` = purely entropic (no host transfer per step).
         scorer: orders the kept candidates; needs the texts in :meth:`forward`.
 
+    The defaults and the check of the hyperparameters are :class:`~geograph.methods.ricci.functional.RicciOptions`'
+    (the Sinkhorn ones :class:`~geograph.functional.SinkhornOptions`'); they are the module's attributes.
+
     Shape:
         - query ``(B, D)``, docs ``(B, N, D)``, mask ``(B, N)`` bool (True = real).
         - output :class:`~geograph.RerankOutput` with ``scores``, ``order``, ``keep``,
@@ -84,23 +90,27 @@ class RicciFiltration(nn.Module):
         (torch.Size([2, 6]), torch.float32)
     """
 
+    #: the hyperparameters, checked; each is also an attribute (``model.iterations``), and setting one
+    #: checks it and replaces this object
+    options: RicciOptions
+
     def __init__(
         self,
         *,
-        percentile: float = 50.0,
-        alpha: float = 0.5,
-        exp_power: float = 2,
-        iterations: int = 20,
-        step: float = 1.0,
-        delta: float = 1e-4,
-        eta: float = 1.0,
-        solver: str = "auto",
-        reg: float = 0.01,
-        cert_tol: float | None = 1e-3,
+        percentile: float = RicciOptions.percentile,
+        alpha: float = RicciOptions.alpha,
+        exp_power: float = RicciOptions.exp_power,
+        iterations: int = RicciOptions.iterations,
+        step: float = RicciOptions.step,
+        delta: float = RicciOptions.delta,
+        eta: float = RicciOptions.eta,
+        solver: str = RicciOptions.solver,
+        reg: float = RicciOptions.reg,
+        cert_tol: float | None = RicciOptions.cert_tol,
         scorer: Callable[..., Tensor] | None = None,
     ) -> None:
         super().__init__()
-        opts = check_ricci_options(
+        self.options = RicciOptions(
             percentile=percentile,
             alpha=alpha,
             exp_power=exp_power,
@@ -112,21 +122,23 @@ class RicciFiltration(nn.Module):
             reg=reg,
             cert_tol=cert_tol,
         )
-        self.percentile = opts["percentile"]
-        self.eta = opts["eta"]
-        self.alpha = opts["alpha"]
-        self.exp_power = opts["exp_power"]
-        self.iterations = opts["iterations"]
-        self.step = opts["step"]
-        self.delta = opts["delta"]
-        self.solver = opts["solver"]
-        self.reg = opts["reg"]
-        self.cert_tol = opts["cert_tol"]
         self.scorer = scorer
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if options is not None and name in _OPTION_NAMES:
+            return getattr(options, name)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OPTION_NAMES:
+            object.__setattr__(self, "options", replace(self.options, **{name: value}))
+        else:
+            super().__setattr__(name, value)
 
     def resolved_solver(self, device: torch.device) -> str:
         """The solver ``"auto"`` stands for on ``device``."""
-        return resolve_solver(self.solver, device)
+        return resolve_solver(self.options.solver, device)
 
     def forward(
         self,
@@ -137,27 +149,17 @@ class RicciFiltration(nn.Module):
         query_texts: Sequence[str] | None = None,
         doc_texts: Sequence[Sequence[str]] | None = None,
     ) -> RerankOutput:
-        return ricci_filtration(
-            query,
-            docs,
-            mask,
-            percentile=self.percentile,
-            alpha=self.alpha,
-            exp_power=self.exp_power,
-            iterations=self.iterations,
-            step=self.step,
-            delta=self.delta,
-            eta=self.eta,
-            solver=self.solver,
-            reg=self.reg,
-            cert_tol=self.cert_tol,
-            scorer=self.scorer,
-            query_texts=query_texts,
-            doc_texts=doc_texts,
+        return _filtration(
+            query, docs, mask, self.options, scorer=self.scorer, query_texts=query_texts, doc_texts=doc_texts
         )
 
     def extra_repr(self) -> str:
+        o = self.options
         return (
-            f"percentile={self.percentile}, alpha={self.alpha}, exp_power={self.exp_power}, "
-            f"iterations={self.iterations}, eta={self.eta}, solver={self.solver!r}"
+            f"percentile={o.percentile}, alpha={o.alpha}, exp_power={o.exp_power}, "
+            f"iterations={o.iterations}, eta={o.eta}, solver={o.solver!r}"
         )
+
+
+#: the hyperparameters a :class:`RicciFiltration` holds (:class:`RicciOptions`)
+_OPTION_NAMES = frozenset(f.name for f in fields(RicciOptions))

@@ -8,9 +8,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from geograph.methods.ricci.functional import ricci_filtration, ricci_surgery
+from geograph.methods.ricci.functional import RICCI_PARAMS, ricci_filtration, ricci_surgery
 from geograph.methods.ricci.module import RicciFiltration
-from geograph.spec import POS_INT, UNIT, MethodSpec, Param
+from geograph.spec import MethodSpec
 
 
 def _build_ricci(
@@ -31,24 +31,15 @@ SPEC = MethodSpec(
     functional=ricci_filtration,
     paper="Ricci-Filtration: Boosting Retrieval-Augmented Generation Reranker to Query-Answer Tasks by "
     "Discrete Ricci Flow, arXiv:2606.15482",
-    params=(
-        Param("percentile", float, low=0.0, high=100.0, doc="percentile of 1 - cos above which pairs are edges"),
-        Param("alpha", float, **UNIT, doc="the lazy measures' mass kept at the node"),
-        Param("exp_power", float, doc="p in exp(-w^p) of the neighbours' mass"),
-        Param("iterations", int, **POS_INT, doc="steps of the normalised Ricci flow"),
-        Param("step", float, low=0.0, high=1.0, low_open=True, doc="step size of the flow"),
-        Param("delta", float, low=0.0, doc="a graph stops once max kappa - min kappa < delta"),
-        Param("eta", float, low=0.0, doc="the surgery keeps a candidate iff its query edge <= eta"),
-        Param("solver", str, choices=("auto", "exact", "sinkhorn"), doc="W1 solver"),
-        Param("reg", float, low=0.0, low_open=True, doc="Sinkhorn's entropic regularisation"),
-        Param("cert_tol", float, low=0.0, optional=True, doc="Sinkhorn edges above this bound are re-solved"),
-    ),
+    params=RICCI_PARAMS,
     not_params=("scorer",),
     build=_build_ricci,
     warmup=("numba",),
     score_range=_cosine_range,
-    reference="geograph.bench.reference:ricci_ranker_reference",
+    reference=".bench:ranker_reference",
     reference_name="GraphRicciCurvature 0.6.1",
+    # the work grows with about the fourth power of the candidates (docs/guide/serving-limits.md): 100 took seconds
+    max_candidates=100,
     about="""Drops candidates whose query edge is stretched by the normalised discrete Ricci flow. Graph per
 query: the query and its candidates, `r_ij = 1 - cos`, an edge where `r_ij` is at or above the
 `percentile`-th percentile (query edges forced). Ollivier-Ricci curvature with lazy measures
