@@ -155,13 +155,14 @@ def test_partial_lists_merge_into_the_running_ones(backend):
 
 
 def test_the_kernel_keeps_torch_threads():
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         v, i = new_lists(4, 2, torch.zeros(1))
         offer_rows(v, i, torch.arange(4), torch.rand(4, 9), torch.arange(9))
         assert torch.get_num_threads() == 1 and select.kernel_threads() == 1
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(before)
 
 
 def clustered(n: int, d: int, seed: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import require
 from geograph.bench.scale.peers import default_peer_nlist, drop_self, run_peer
@@ -155,16 +156,11 @@ def test_helpers():
     assert drop_self(ids, 2).tolist() == [[3, 1], [0, 2], [1, 0]]
     assert frontier([{"name": "a", "seconds": 2, "recall": 0.9}, {"name": "b", "seconds": 1, "recall": 0.95}]) == ["b"]
     assert default_peer_nlist(1_000_000) == 4096 and default_peer_nlist(100) == 2
-    tasks = peer_tasks(args_for(list(CONFIGS), geograph_targets=[0.9, 0.98], geograph_threads=[1, 7]))
+    now = torch.get_num_threads()  # a count equal to this process's is the default build, not another
+    tasks = peer_tasks(args_for(list(CONFIGS), geograph_targets=[0.9, 0.98], geograph_threads=[now, now + 1, now + 6]))
     assert [t[0] for t in tasks][:2] == ["geograph", "geograph"]  # a build per recall target, each its own process
-    assert [t[1].get("threads") for t in tasks if t[0] == "geograph"] == [
-        None,
-        None,
-        1,
-        1,
-        7,
-        7,
-    ]  # and per thread count
+    threads = [t[1].get("threads") for t in tasks if t[0] == "geograph"]
+    assert threads == [None, None, now + 1, now + 1, now + 6, now + 6]  # and per thread count
     assert [len(t[2]) for t in tasks if t[0] == "faiss-hnsw"] == [4]  # efSearch values share one build
 
 

@@ -396,17 +396,18 @@ class Encoder:
         theirs = other.model.encode(list(PROBE_TEXTS), batch_size=len(PROBE_TEXTS), normalize_embeddings=True)
         return float(np.min(np.sum(np.asarray(mine) * np.asarray(theirs), axis=1)))
 
-    def _torch_model(self):
+    def _torch_model(self) -> SentenceTransformer:
         """The sentence-transformers model (torch), loaded from :attr:`model_path`."""
         if self.backend == "torch":
             return self.model
         return load_sentence_transformer(self.model_path, self.device or "cpu", self.progress)
 
-    def _load(self, backend: str, torch_model):
+    def _load(self, backend: str, torch_model: SentenceTransformer) -> SentenceTransformer:
         from geograph.data.backends import load_backend
 
         key = self.identity.weights
-        return load_backend(torch_model, backend, key, self._root)
+        # an OnnxSentenceModel answers the part of SentenceTransformer's interface geograph calls
+        return cast("SentenceTransformer", load_backend(torch_model, backend, key, self._root))
 
     def encode_passages(self, passages: Sequence[str]) -> torch.Tensor:
         """:meth:`encode` of ``passage_prefix + passage`` for each passage."""

@@ -38,6 +38,7 @@ import contextvars
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from queue import Empty
 from typing import Any
 
@@ -91,7 +92,12 @@ def manager_pid(server: Any) -> int | None:
     return pid
 
 
-def collected(loop, payloads: list, timed_out: list, arrivals: dict[int, float]) -> tuple[list, list]:
+def collected(
+    loop: Any,
+    payloads: list[tuple[Any, Any, Any]],
+    timed_out: list[tuple[Any, Any]],
+    arrivals: dict[int, float],
+) -> tuple[list[tuple[Any, Any, Any]], list[tuple[Any, Any]]]:
     """``(payloads, timed_out)``, a batch the loop collected, after noting on the loop
     (``loop.waits``) the seconds each of its requests waited, from its arrival to now (the batch's
     start), by the id of its payload: the API's ``predict`` reports them as the ``queue`` stage."""
@@ -100,7 +106,9 @@ def collected(loop, payloads: list, timed_out: list, arrivals: dict[int, float])
     return payloads, timed_out
 
 
-def _endpoint(handler, request_type, response_type):
+def _endpoint(
+    handler: Any, request_type: type[Any], response_type: type[Any] | None
+) -> Callable[[Any], Coroutine[Any, Any, Any]]:
     """The FastAPI endpoint function of one route: the request, validated as ``request_type``, to ``handler``."""
 
     async def endpoint_handler(request: Any) -> Any:
@@ -246,7 +254,9 @@ if ls is not None:
         ) -> tuple[list[tuple[Any, Any, Any]], list[tuple[Any, Any]]]:
             # upstream: polls the queue with get(timeout=0.001) until the batch is full or
             # batch_timeout has passed; here blocking waits, and a bound on the batch's texts
-            payloads, timed_out, texts, widest, tokens = [], [], 0, 0, 0
+            payloads: list[tuple[Any, Any, Any]] = []
+            timed_out: list[tuple[Any, Any]] = []
+            texts, widest, tokens = 0, 0, 0
             cap = getattr(lit_api, "max_batch_texts", None)
             cells = getattr(lit_api, "max_batch_candidates", None)
             budget = getattr(lit_api, "max_batch_tokens", None)

@@ -27,7 +27,7 @@ carries the ``version`` that computed it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -69,7 +69,7 @@ def numba_threads(threads: int) -> int:
     import torch
 
     before = torch.get_num_threads()  # numba's OpenMP layer, started here, sets the thread's OpenMP count
-    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]  # set by numba's config at import
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
     return int(numba.get_num_threads())
@@ -249,7 +249,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):  # type: ignore[misc]  # 
             flush=True,
         )
 
-    def request_tokens(self, body) -> int:
+    def request_tokens(self, body: Any) -> int:
         """Padded tokens (:meth:`~geograph.serve.corpus.TextEncoder.padded_tokens`) the texts of a
         queued request (a validated request) bring to its batch's encoding; the tokens are kept
         for the encoding. Never raises (it runs in the batch loop): anything unreadable counts 0."""
@@ -323,7 +323,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):  # type: ignore[misc]  # 
         return out
 
     # ---------------------------------------------------------------------------------------
-    def _stage(self, name: str | None):
+    def _stage(self, name: str | None) -> Callable[[str | None], Any]:
         """End the stage being timed (if any) and start timing ``name`` (``None``: none) in
         :attr:`stages`; returns this method, to mark the next stage (the last one runs until
         :meth:`predict` has every answer of the part)."""
@@ -337,7 +337,7 @@ class GeoAPI(ls.LitAPI if ls is not None else object):  # type: ignore[misc]  # 
         self._running = None if name is None else (name, now)
         return self._stage
 
-    def _queries(self, served, reqs):
+    def _queries(self, served: Served, reqs: Sequence[RetrieveRequest | RerankRequest]) -> torch.Tensor:
         import torch
 
         texts = [r.query for r in reqs if r.query is not None]

@@ -120,25 +120,35 @@ class TextEncoder:
         from geograph.data.cache import Encoder, MemoryCache
 
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
-        prefixes = dict(query_prefix=query_prefix, passage_prefix=passage_prefix)  # recorded in the identity
-        options = dict(progress=False, device=device, backend=backend)
-        self.corpus_encoder = Encoder(model, cache=cache, **options, **prefixes)
-        self.request_encoder = Encoder(model, cache=MemoryCache(memory), batch_size=1, **options)
+        # the prefixes are recorded in the corpus encoder's identity
+        self.corpus_encoder = Encoder(
+            model,
+            cache=cache,
+            progress=False,
+            device=device,
+            backend=backend,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+        )
+        self.request_encoder = Encoder(
+            model, cache=MemoryCache(memory), batch_size=1, progress=False, device=device, backend=backend
+        )
         self.group = group
         self.max_chars = max_chars
         self.timings = {"tokenise": 0.0, "encode": 0.0}
-        self._tokens: OrderedDict[str, dict] = OrderedDict()
+        self._tokens: OrderedDict[str, dict[str, list[int]]] = OrderedDict()
 
     def agreement(self, backend: str) -> float:
         """:meth:`geograph.data.Encoder.agreement` of the corpus encoder (an artefact built with
         another backend is accepted when the two agree, :func:`geograph.artefacts.check_encoder`)."""
         return self.corpus_encoder.agreement(backend)
 
-    def tokens(self, texts: Sequence[str]) -> dict[str, dict]:
+    def tokens(self, texts: Sequence[str]) -> dict[str, dict[str, list[int]]]:
         """The tokenizer's output (lists, cut to ``max_seq_length``) of each distinct text of
         ``texts``, kept for :data:`TOKEN_CACHE_SIZE` texts: a text counted by
         :meth:`padded_tokens` in the batch loop is not tokenized again to be encoded."""
-        out, todo = {}, []
+        out: dict[str, dict[str, list[int]]] = {}
+        todo: list[str] = []
         for t in dict.fromkeys(texts):
             row = self._tokens.get(t)
             if row is None:
@@ -164,6 +174,7 @@ class TextEncoder:
         if not texts:
             return 0
         limit = self._shared().model.max_seq_length
+        assert limit is not None  # a loaded model has its max_seq_length (typed as optional upstream)
         return sum(bucket_length(len(row["input_ids"]), limit) for row in self.tokens(texts).values())
 
     def request_texts(self, query: str | None, candidates: Sequence[str] | None, max_tokens: int | None) -> list[str]:
@@ -261,24 +272,28 @@ class TextEncoder:
             out = enc.encode(texts)
             self.timings["encode"] += time.perf_counter() - start
             return out
-        found, missing = enc.cache.get(texts)
+        cache = enc.cache
+        assert cache is not None  # the request encoder has its MemoryCache
+        found, missing = cache.get(texts)
         todo = list(dict.fromkeys(texts[i] for i in missing))  # a text repeated in a batch is encoded once
         if todo:
             model = enc.model
+            limit = model.max_seq_length
+            assert limit is not None  # a loaded model has its max_seq_length
             # tokenized once (or already, by the batch loop's count): the lengths pick the buckets,
             # the same tokens are then padded
             tokens = self.tokens(todo)
             start = time.perf_counter()
             buckets: dict[int, list[str]] = {}
             for t in todo:
-                buckets.setdefault(bucket_length(len(tokens[t]["input_ids"]), model.max_seq_length), []).append(t)
-            vectors = {}
+                buckets.setdefault(bucket_length(len(tokens[t]["input_ids"]), limit), []).append(t)
+            vectors: dict[str, np.ndarray] = {}
             with one_thread():
                 for length, group in buckets.items():
                     part = {name: [tokens[t][name] for t in group] for name in tokens[group[0]]}
                     vectors.update(zip(group, encode_padded(model, group, length, tokens=part)))
             self.timings["encode"] += time.perf_counter() - start
-            enc.cache.put(todo, np.stack([vectors[t] for t in todo]))
+            cache.put(todo, np.stack([vectors[t] for t in todo]))
             for i in missing:
                 found[i] = vectors[texts[i]]
         return torch.from_numpy(np.stack(cast("list[np.ndarray]", found)))  # every position is filled now

@@ -7,6 +7,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from geograph.bench.serve.limit import encoder_limit, serving_limit
 from geograph.bench.serve.load import closed_loop, summarise
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.encoder_backend != "torch" and not any(a.startswith("--encoder-backend") for a in server_args):
         server_args.append(f"--encoder-backend={args.encoder_backend}")
     server = None if args.url else Server(args.method, corpus, server_args)
-    url = args.url.rstrip("/") if args.url else server.url
+    url = args.url.rstrip("/") if args.url else server.url  # type: ignore[union-attr]  # started without --url
     served = _server_shape(url, args.clients)
     print(
         f"serving limit: {served['workers']} workers of one thread, batches of {served['batch']} "
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend=args.encoder_backend,
     )
     print(f"  {at_server['texts_per_s']:.0f} texts/s ({args.encoder_backend})", flush=True)
-    result: dict = {
+    result: dict[str, Any] = {
         "method": args.method,
         "corpus": corpus,
         "clients": args.clients,
@@ -160,8 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for phase, fresh in (("rerank_cache_miss", True), ("rerank_cache_hit", False)):
                 calls = [("v2_rerank", *work.v2_rerank(args.documents, fresh)) for _ in range(args.rerank_requests)]
                 if not fresh:  # the passages once, so that the phase reads them from the text cache
-                    warm = ("v2_rerank", *work.v2_rerank(args.documents, False, every=True))
-                    closed_loop(url, [warm] * 4 * served["workers"], 2 * served["workers"], args.timeout)
+                    every = ("v2_rerank", *work.v2_rerank(args.documents, False, every=True))
+                    closed_loop(url, [every] * 4 * served["workers"], 2 * served["workers"], args.timeout)
                 before = read_stages(url)
                 got, seconds = closed_loop(url, calls, args.clients, args.timeout)
                 part = summarise(calls, got, seconds)

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 
-def encoder_limit(encoder: str | None, texts: list[str], repeat: int, backend: str = "torch") -> dict:
+def encoder_limit(encoder: str | None, texts: list[str], repeat: int, backend: str = "torch") -> dict[str, Any]:
     """Batched texts/s of the encoder in this process (batches of 64, distinct texts, warmed up,
     median of ``repeat`` passes), with one torch thread and with all usable CPUs: the better one."""
     import torch

@@ -60,7 +60,7 @@ class Workload:
             return "/rerank", {"query": self.text(), "candidates": docs}
         return "/rerank", {"query": self.text(), "candidate_ids": [self.ids[j] for j in picks]}
 
-    def v2_rerank(self, documents: int, fresh: bool, every: bool = False) -> tuple[str, dict]:
+    def v2_rerank(self, documents: int, fresh: bool, every: bool = False) -> tuple[str, dict[str, Any]]:
         """A ``/v2/rerank`` body of a distinct query and ``documents`` documents: passages cut at a
         random word and numbered (``fresh``: texts the server has not seen), else whole corpus
         passages (the same texts recur; ``every``: all of them, to fill the server's text cache)."""
