@@ -21,13 +21,18 @@ from geograph.data import corpus_path
 if TYPE_CHECKING:
     from geograph.data import Encoder
     from geograph.graphs import CorpusGraph, G3Graph
+    from geograph.methods.dense.module import DenseRetriever
+
+    Updatable = CorpusGraph | G3Graph | DenseRetriever
 
 PROG = "geograph update"
-SUMMARY = "apply a changed corpus (added, removed, edited passages) to a saved graph, in place"
+SUMMARY = "apply a changed corpus (added, removed, edited passages) to a saved graph or dense index, in place"
 
 DESCRIPTION = """\
 Apply the passages of a changed BEIR-format folder (only corpus.jsonl is read) to a graph saved
-by geograph build-graph (a k-NN CorpusGraph or a G3Graph), in place of a rebuild.
+by geograph build-graph (a k-NN CorpusGraph or a G3Graph), in place of a rebuild. --graph may also
+be a DenseRetriever saved with its passages (save_pretrained(dir, ids=..., text_keys=...)): its
+corpus is updated (an IVF index keeps its trained cells and takes the new vectors).
 
 The saved graph lists each passage's id and the hash of the text it embedded (passages.jsonl).
 A passage whose id is new is added; one whose id is gone is removed; one whose text
@@ -36,9 +41,9 @@ added with its new text. Only the added and edited passages are embedded, with -
 --passage-prefix (which must be the graph's: another encoder is refused) through the embedding
 cache (--cache), as build-graph embeds. The updated graph is put in the passages' order in
 corpus.jsonl, so it is the graph build-graph gives on the changed folder (k-NN: the same
-edges; G3: the same edges, values within float rounding), and geograph serve --corpus DIR
---graph OUT accepts it. Its manifest's corpus version is one more for each removal and addition
-applied (an edit counts both).
+edges; G3: the same edges, values within float rounding; an exact DenseRetriever: the same
+corpus), and geograph serve --corpus DIR --graph OUT accepts it. A graph's manifest's corpus
+version is one more for each removal and addition applied (an edit counts both).
 
 The result is written to a new folder beside --out (default: --graph itself), which is then
 swapped into place (one atomic step on Linux): an update interrupted at any point leaves the
@@ -64,7 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the changed corpus: a folder with corpus.jsonl (BEIR layout), a JSONL file of passages, "
         "or a shipped corpus by name (demo)",
     )
-    p.add_argument("--graph", required=True, metavar="DIR", help="the graph saved by geograph build-graph")
+    p.add_argument(
+        "--graph",
+        required=True,
+        metavar="DIR",
+        help="the graph saved by geograph build-graph, or a DenseRetriever saved with its passages",
+    )
     p.add_argument("--out", metavar="DIR", help="folder to write the updated graph to (default: --graph)")
     p.add_argument(
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
@@ -157,18 +167,20 @@ def run(args: argparse.Namespace) -> int:
             what = "is a file, not a graph's folder" if Path(args.graph).exists() else "no such folder"
             raise UsageError(f"--graph: {args.graph}: {what}")
         kind = saved_kind(args.graph)
-        if kind not in ("CorpusGraph", "G3Graph"):
+        if kind not in ("CorpusGraph", "G3Graph", "DenseRetriever"):
             what = "holds no readable manifest.json" if kind is None else f"is a saved {kind}"
-            raise UsageError(f"--graph: {args.graph} {what}, not a graph saved by geograph build-graph")
+            raise UsageError(
+                f"--graph: {args.graph} {what}, not a graph saved by geograph build-graph or a saved DenseRetriever"
+            )
+        hint = DENSE_HINT if kind == "DenseRetriever" else rebuild_command(args.graph, args.data)
         try:
             old_ids, saved_keys = read_passages(args.graph)
         except ValueError as e:
-            raise UsageError(f"--graph: {e}; {rebuild_command(args.graph, args.data)}") from None
+            raise UsageError(f"--graph: {str(e).split(';')[0]}; {hint}") from None
         old_keys = [k for k in saved_keys if k is not None]
         if len(old_keys) != len(saved_keys):
             raise UsageError(
-                f"--graph: {args.graph} was saved without its passages' text keys, so edits cannot be told; "
-                f"{rebuild_command(args.graph, args.data)}"
+                f"--graph: {args.graph} was saved without its passages' text keys, so edits cannot be told; {hint}"
             )
         if out.is_file():
             raise UsageError(f"--out: {out} is a file; give a folder to write the graph into")
@@ -179,10 +191,15 @@ def run(args: argparse.Namespace) -> int:
         return e.exit(PROG)
 
     from geograph.graphs import CorpusGraph, G3Graph
+    from geograph.methods.dense.module import DenseRetriever
 
     encoder = Encoder(cache=args.cache, **options)
     try:
-        graph = (CorpusGraph if kind == "CorpusGraph" else G3Graph).from_pretrained(args.graph, encoder=encoder)
+        graph: Updatable
+        if kind == "DenseRetriever":
+            graph = DenseRetriever.from_pretrained(args.graph, encoder=encoder)
+        else:
+            graph = (CorpusGraph if kind == "CorpusGraph" else G3Graph).from_pretrained(args.graph, encoder=encoder)
     except ArtefactMismatch as e:  # another encoder, prefixes or format
         return UsageError(f"--encoder: {e}").exit(PROG)
     except ValueError as e:
@@ -191,10 +208,9 @@ def run(args: argparse.Namespace) -> int:
     keys = passage_keys(encoder, dataset)
     change = diff(old_ids, old_keys, dataset.doc_ids, keys)
     if not change:
-        version = graph.corpus_version
-        print(f"no change: {args.graph} already holds the passages of {args.data} (corpus version {version})")
+        print(f"no change: {args.graph} already holds the passages of {args.data}{_version(graph)}")
         return 0
-    if (change.added or change.edited) and not (isinstance(graph, G3Graph) or graph.name.startswith("knn")):
+    if (change.added or change.edited) and isinstance(graph, CorpusGraph) and not graph.name.startswith("knn"):
         return UsageError(
             f"--graph: {args.graph} is a {graph.name!r} graph, which cannot take new or edited passages; "
             "build it again with geograph build-graph"
@@ -213,26 +229,40 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: {out} is unchanged", file=sys.stderr)
         return 130
-    print(
-        f"{change.describe()} in {seconds:.1f} s: {graph} -> {out} (corpus version {graph.corpus_version})",
-    )
+    print(f"{change.describe()} in {seconds:.1f} s: {graph} -> {out}{_version(graph)}")
     return 0
 
 
+#: how to make a saved DenseRetriever that ``geograph update`` can take (one line)
+DENSE_HINT = (
+    "save it again with DenseRetriever.save_pretrained(dir, encoder=..., ids=..., text_keys=...) "
+    "(text_keys: geograph.data.cache.text_key of each passage's embedded text, its prefix included)"
+)
+
+
+def _version(model: Updatable) -> str:
+    """`` (corpus version N)`` for a graph, nothing for a retriever (which does not count its updates)."""
+    version = getattr(model, "corpus_version", None)
+    return "" if version is None else f" (corpus version {version})"
+
+
 def apply(
-    graph: CorpusGraph | G3Graph,
+    graph: Updatable,
     old_ids: Sequence[str],
     new_ids: Sequence[str],
     texts: Sequence[str],
     change: Change,
     encoder: Encoder,
-) -> CorpusGraph | G3Graph:
-    """``graph`` (over ``old_ids``) updated to ``new_ids`` in their order: the removed and edited
-    passages removed, the added and edited ones embedded (``texts``: every new passage's embedded
-    text) and added, then the rows put in the order of ``new_ids``."""
+) -> Updatable:
+    """``graph`` (a graph or a :class:`~geograph.DenseRetriever`, over ``old_ids``) updated to
+    ``new_ids`` in their order: the removed and edited passages removed, the added and edited ones
+    embedded (``texts``: every new passage's embedded text) and added, then the rows put in the
+    order of ``new_ids``."""
     import torch
 
     from geograph.graphs.updates import reorder
+    from geograph.methods.dense.module import DenseRetriever
+    from geograph.methods.dense.updates import dense_reorder
 
     graph.set_ids(list(old_ids))
     gone = change.removed + change.edited
@@ -246,11 +276,15 @@ def apply(
     known = graph.passage_ids
     assert known is not None  # (set by set_ids above)
     row = {i: r for r, i in enumerate(known.ids)}
-    reorder(graph, torch.tensor([row[i] for i in new_ids], dtype=torch.long))
+    order = torch.tensor([row[i] for i in new_ids], dtype=torch.long)
+    if isinstance(graph, DenseRetriever):
+        dense_reorder(graph, order)
+    else:
+        reorder(graph, order)
     return graph
 
 
-def write(graph: CorpusGraph | G3Graph, out: Path, **save: Any) -> None:
+def write(graph: Updatable, out: Path, **save: Any) -> None:
     """Save ``graph`` into a new folder beside ``out``, then put it in ``out``'s place
     (:func:`geograph._io.replace_directory`); the new folder is removed on any failure."""
     from geograph._io import replace_directory
