@@ -262,3 +262,68 @@ def test_a_saved_dense_retriever_without_its_passages_is_refused_in_one_line(tmp
     assert main(["update", "--data", corpora["new"], "--graph", str(tmp_path / "bare")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds no passages.jsonl" in err and "DenseRetriever.save_pretrained" in err, err
+
+
+def test_update_with_a_projection_projects_the_new_passages_and_equals_a_rebuild(
+    tmp_path, corpora, monkeypatch, capsys
+):
+    from geograph.commands import update
+    from geograph.methods.iso.module import ISORetriever
+    from geograph.projection import PoincareProjection
+
+    cache = ["--cache", corpora["cache"]]
+    graph, ref, proj = tmp_path / "graph", tmp_path / "ref", tmp_path / "f_theta"
+    torch.manual_seed(0)
+    PoincareProjection(384, 8, hidden=32).save_pretrained(proj, encoder=Encoder(cache=corpora["cache"]))
+    assert main(["build-graph", "--data", corpora["old"], "--knn", "5", "--out", str(graph), *cache]) == 0
+    assert main(["build-graph", "--data", corpora["new"], "--knn", "5", "--out", str(ref), *cache]) == 0
+    projected, made = [], []
+    volumes, applied = ISORetriever._volumes, update.apply_projected
+
+    def spy_volumes(self, emb, *args):
+        projected.append(emb.shape[0])
+        return volumes(self, emb, *args)
+
+    def spy_apply(*args):
+        made.append(applied(*args))
+        return made[-1]
+
+    monkeypatch.setattr(ISORetriever, "_volumes", spy_volumes)
+    monkeypatch.setattr(update, "apply_projected", spy_apply)
+    capsys.readouterr()
+    assert main(["update", "--data", corpora["new"], "--graph", str(graph), "--projection", str(proj), *cache]) == 0
+    out = capsys.readouterr().out
+    assert "3 added, 2 removed, 2 edited" in out and f"ISO-RAG with f_theta {proj} prunes" in out, out
+    assert projected == [50, 5]  # the saved passages once, then only the added and edited ones
+    f_theta = PoincareProjection.from_pretrained(proj)
+    got, want = made[0], ISORetriever(CorpusGraph.from_pretrained(ref), projection=f_theta)
+    assert torch.equal(got.graph.edge_index, want.graph.edge_index)
+    torch.testing.assert_close(got._volume, want._volume, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.phi, want.phi, rtol=1e-6, atol=1e-9)
+    assert torch.equal(got.kept_keys, want.kept_keys) and got.pruned_share == want.pruned_share
+    q = want.graph.embeddings[:5]
+    assert torch.equal(got(q, k=5).indices, want(q, k=5).indices)
+    saved = CorpusGraph.from_pretrained(graph)  # what was written: the rebuild's graph
+    assert torch.equal(saved.edge_index, want.graph.edge_index)
+
+
+def test_update_with_a_projection_refuses_what_it_cannot_take_in_one_line(tmp_path, corpora, capsys):
+    from geograph.projection import PoincareProjection
+
+    cache = ["--cache", corpora["cache"]]
+    g3, knn, other = tmp_path / "g3", tmp_path / "knn", tmp_path / "other"
+    PoincareProjection(384, 8, hidden=32).save_pretrained(tmp_path / "f", encoder=Encoder(cache=corpora["cache"]))
+    e5 = Encoder(cache=corpora["cache"], passage_prefix="passage: ")
+    PoincareProjection(384, 8, hidden=32).save_pretrained(other, encoder=e5)  # another encoder's f_theta
+    assert main(["build-graph", "--data", corpora["old"], "--g3", "--max-degree", "4", "--out", str(g3), *cache]) == 0
+    assert main(["build-graph", "--data", corpora["old"], "--knn", "3", "--out", str(knn), *cache]) == 0
+    capsys.readouterr()
+    cases = [
+        ([str(g3), str(tmp_path / "f")], "not a saved G3Graph"),
+        ([str(knn), str(tmp_path / "nowhere")], "no such folder"),
+        ([str(knn), str(other)], "prefix"),
+    ]
+    for (where, proj), text in cases:
+        assert main(["update", "--data", corpora["new"], "--graph", where, "--projection", proj, *cache]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error: --projection" in err and text in err, err

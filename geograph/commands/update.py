@@ -12,16 +12,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from geograph.commands import checked_encoder_options
 from geograph.console import UsageError, add_command, add_encoder_options, command_parser
 from geograph.data import corpus_path
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from geograph.data import Encoder
     from geograph.graphs import CorpusGraph, G3Graph
     from geograph.methods.dense.module import DenseRetriever
+    from geograph.methods.iso.module import ISORetriever
 
     Updatable = CorpusGraph | G3Graph | DenseRetriever
 
@@ -44,6 +47,13 @@ corpus.jsonl, so it is the graph build-graph gives on the changed folder (k-NN: 
 edges; G3: the same edges, values within float rounding; an exact DenseRetriever: the same
 corpus), and geograph serve --corpus DIR --graph OUT accepts it. A graph's manifest's corpus
 version is one more for each removal and addition applied (an edit counts both).
+
+--projection DIR (a PoincareProjection saved by python -m geograph.train fit: ISO-RAG's f_theta, same
+encoder) updates a k-NN graph served with it: the update runs through ISO-RAG, so the new passages
+are projected with f_theta before they enter the graph (a projection that fails on them is refused
+and nothing is written), and the line printed gives the share of edges ISO-RAG prunes on the
+updated graph (at its default beta). The projection itself does not depend on the passages: it is
+not changed, and geograph serve --graph OUT --projection DIR serves the result.
 
 The result is written to a new folder beside --out (default: --graph itself), which is then
 swapped into place (one atomic step on Linux): an update interrupted at any point leaves the
@@ -76,6 +86,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the graph saved by geograph build-graph, or a DenseRetriever saved with its passages",
     )
     p.add_argument("--out", metavar="DIR", help="folder to write the updated graph to (default: --graph)")
+    p.add_argument(
+        "--projection",
+        metavar="DIR",
+        help="ISO-RAG's f_theta (a saved PoincareProjection) served with the k-NN graph: new passages are "
+        "projected with it before they enter the graph",
+    )
     p.add_argument(
         "--cache", metavar="DIR", help="embedding cache folder (default: $GEOGRAPH_CACHE or ~/.cache/geograph)"
     )
@@ -186,6 +202,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--out: {out} is a file; give a folder to write the graph into")
         if out.is_dir() and saved_kind(out) is None and any(out.iterdir()):  # replaced whole: only a graph
             raise UsageError(f"--out: {out} is a folder that holds no saved graph; give a new folder or a graph")
+        if args.projection is not None:
+            if not Path(args.projection).is_dir():
+                raise UsageError(f"--projection: {args.projection}: no such folder")
+            if kind != "CorpusGraph":
+                raise UsageError(f"--projection: applies to a k-NN graph (ISO-RAG's), not a saved {kind}")
         options = checked_encoder_options(args)
     except UsageError as e:
         return e.exit(PROG)
@@ -204,21 +225,44 @@ def run(args: argparse.Namespace) -> int:
         return UsageError(f"--encoder: {e}").exit(PROG)
     except ValueError as e:
         return UsageError(f"--graph: {e}").exit(PROG)
+    projection = None
+    if args.projection is not None:
+        from geograph.projection import PoincareProjection
+
+        try:
+            projection = PoincareProjection.from_pretrained(
+                args.projection, encoder=encoder, in_dim=int(graph.embeddings.shape[1])
+            )
+        except (ArtefactMismatch, ValueError) as e:
+            return UsageError(f"--projection: {e}").exit(PROG)
     texts = [encoder.passage_prefix + p for p in dataset.passages()]  # as build-graph embeds them
     keys = passage_keys(encoder, dataset)
     change = diff(old_ids, old_keys, dataset.doc_ids, keys)
     if not change:
         print(f"no change: {args.graph} already holds the passages of {args.data}{_version(graph)}")
         return 0
+    if projection is not None and not (isinstance(graph, CorpusGraph) and graph.name.startswith("knn")):
+        return UsageError(f"--projection: {args.graph} is a {graph.name!r} graph, not a k-NN graph").exit(PROG)
     if (change.added or change.edited) and isinstance(graph, CorpusGraph) and not graph.name.startswith("knn"):
         return UsageError(
             f"--graph: {args.graph} is a {graph.name!r} graph, which cannot take new or edited passages; "
             "build it again with geograph build-graph"
         ).exit(PROG)
     t0 = time.perf_counter()
+    iso = ""
     try:
-        graph = apply(graph, old_ids, dataset.doc_ids, texts, change, encoder)
+        if projection is not None:
+            retriever = apply_projected(
+                cast("CorpusGraph", graph), projection, old_ids, dataset.doc_ids, texts, change, encoder
+            )
+            graph = retriever.graph
+            pruned = f"{retriever.pruned_share:.1%} of its edges (beta={retriever.beta})"
+            iso = f"; ISO-RAG with f_theta {args.projection} prunes {pruned}"
+        else:
+            graph = apply(graph, old_ids, dataset.doc_ids, texts, change, encoder)
     except ValueError as e:  # a graph that cannot take the change (a mentions graph, too few passages left)
+        if projection is not None and "projection" in str(e):  # f_theta failed on the new passages
+            return UsageError(f"--projection: {args.projection}: {e}").exit(PROG)
         return UsageError(f"--graph: {args.graph}: {e}").exit(PROG)
     except KeyboardInterrupt:
         print(f"interrupted: nothing was written; {out} is unchanged", file=sys.stderr)
@@ -229,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: {out} is unchanged", file=sys.stderr)
         return 130
-    print(f"{change.describe()} in {seconds:.1f} s: {graph} -> {out}{_version(graph)}")
+    print(f"{change.describe()} in {seconds:.1f} s: {graph} -> {out}{_version(graph)}{iso}")
     return 0
 
 
@@ -282,6 +326,39 @@ def apply(
     else:
         reorder(graph, order)
     return graph
+
+
+def apply_projected(
+    graph: CorpusGraph,
+    projection: nn.Module,
+    old_ids: Sequence[str],
+    new_ids: Sequence[str],
+    texts: Sequence[str],
+    change: Change,
+    encoder: Encoder,
+) -> ISORetriever:
+    """:func:`apply` on a k-NN ``graph`` through an :class:`~geograph.ISORetriever` with
+    ``projection`` (f_theta): the new passages are projected before they enter the graph, ``phi``
+    is recomputed where it can change, and the retriever (its graph updated, in the order of
+    ``new_ids``) is what one built on the final graph with the same projection is."""
+    from geograph.methods.iso.module import ISORetriever
+    from geograph.methods.iso.updates import iso_reorder
+
+    graph.set_ids(list(old_ids))
+    model = ISORetriever(graph, projection=projection)
+    gone = change.removed + change.edited
+    if gone:
+        model.remove(gone)
+    fresh = set(change.added) | set(change.edited)
+    todo = [(i, t) for i, t in zip(new_ids, texts) if i in fresh]  # in file order
+    if todo:
+        emb = encoder.encode([t for _, t in todo]).to(graph.embeddings.device, graph.embeddings.dtype)
+        model.add(emb, [i for i, _ in todo])
+    known = graph.passage_ids
+    assert known is not None  # (set by set_ids above)
+    row = {i: r for r, i in enumerate(known.ids)}
+    iso_reorder(model, [row[i] for i in new_ids])
+    return model
 
 
 def write(graph: Updatable, out: Path, **save: Any) -> None:
