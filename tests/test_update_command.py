@@ -182,3 +182,148 @@ def test_update_errors_are_one_line_naming_the_argument(tmp_path, corpora, capsy
     assert main(["update", "--data", corpora["new"], "--graph", str(bare), *cache]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"geograph build-graph --data {corpora['new']} --knn 3 --out {bare}" in err, err
+
+
+def saved_dense(folder, corpus, cache, **options):
+    """A DenseRetriever over ``corpus``'s passages saved with its ids and text keys, as update reads it."""
+    from geograph.methods.dense.module import DenseRetriever
+
+    encoder = Encoder(cache=cache, progress=False)
+    lines = [json.loads(x) for x in open(os.path.join(corpus, "corpus.jsonl"))]
+    texts = [f"{r['title']} {r['text']}".strip() for r in lines]
+    model = DenseRetriever(encoder.encode(texts), **options)
+    ids = [r["_id"] for r in lines]
+    model.save_pretrained(folder, encoder=encoder, ids=ids, text_keys=[text_key(t) for t in texts])
+    return model
+
+
+def test_update_of_a_saved_exact_dense_retriever_equals_one_built_on_the_changed_folder(
+    tmp_path, corpora, encoded, capsys
+):
+    from geograph.methods.dense.module import DenseRetriever
+
+    cache = corpora["cache"]
+    saved_dense(tmp_path / "dense", corpora["old"], cache)
+    ref = saved_dense(tmp_path / "ref", corpora["new"], cache)
+    encoded.clear()
+    assert main(["update", "--data", corpora["new"], "--graph", str(tmp_path / "dense"), "--cache", cache]) == 0
+    assert "3 added, 2 removed, 2 edited" in capsys.readouterr().out
+    assert len(encoded) == 1 and len(encoded[0]) == 5  # only the added and edited passages
+    got = DenseRetriever.from_pretrained(tmp_path / "dense")
+    assert read_passages(tmp_path / "dense") == read_passages(tmp_path / "ref")
+    assert torch.equal(got.embeddings, ref.embeddings)
+    assert manifest(tmp_path / "dense")["corpus"] == manifest(tmp_path / "ref")["corpus"]
+    q = ref.embeddings[:7] + 0.01
+    a, b = got(q, k=10), ref(q, k=10)
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.scores, b.scores)
+    # applied again: nothing to do
+    assert main(["update", "--data", corpora["new"], "--graph", str(tmp_path / "dense"), "--cache", cache]) == 0
+    assert "no change" in capsys.readouterr().out
+
+
+def test_update_of_a_saved_ivf_dense_retriever_keeps_its_cells_and_recall(tmp_path, corpora, capsys):
+    import numpy as np
+
+    from geograph.methods.dense.module import DenseRetriever
+
+    cache = corpora["cache"]
+    before = saved_dense(tmp_path / "dense", corpora["old"], cache, index="ivf", nlist=4, nprobe=2)
+    index_bytes = (tmp_path / "dense" / "ivf.faiss").read_bytes()
+    ref = saved_dense(tmp_path / "ref", corpora["new"], cache)  # exact, for the corpus and the truth
+    assert main(["update", "--data", corpora["new"], "--graph", str(tmp_path / "dense"), "--cache", cache]) == 0
+    capsys.readouterr()
+    got = DenseRetriever.from_pretrained(tmp_path / "dense")
+    assert got.index == "ivf" and got.nprobe == 2 and got._ivf.ntotal == ref.num_passages
+    assert (tmp_path / "dense" / "ivf.faiss").read_bytes() != index_bytes  # the index took the change
+    assert read_passages(tmp_path / "dense") == read_passages(tmp_path / "ref")
+    assert torch.equal(got.embeddings, ref.embeddings)
+    # the cells were not trained again: the quantizer's centroids are the saved ones
+    import faiss
+
+    centroids = [faiss.extract_index_ivf(m._ivf).quantizer.reconstruct_n(0, 4) for m in (before, got)]
+    np.testing.assert_array_equal(*centroids)
+    # its answers against numpy's exact top-k on the final corpus, and against a fresh IVF build
+    emb = ref.embeddings.numpy()
+    q = emb + 0.05 * np.random.default_rng(0).standard_normal(emb.shape).astype(np.float32)
+    truth = np.argsort(-(q / np.linalg.norm(q, axis=1, keepdims=True)) @ emb.T, axis=1, kind="stable")[:, :5]
+    fresh = DenseRetriever(ref.embeddings, index="ivf", nlist=4, nprobe=2)
+
+    def recall(model):
+        found = model(torch.from_numpy(q), k=5).indices.numpy()
+        return np.mean([len(set(f) & set(t)) / 5 for f, t in zip(found, truth)])
+
+    assert recall(got) >= recall(fresh) - 0.02 and recall(got) >= 0.9, (recall(got), recall(fresh))
+
+
+def test_a_saved_dense_retriever_without_its_passages_is_refused_in_one_line(tmp_path, corpora, capsys):
+    from geograph.methods.dense.module import DenseRetriever
+
+    DenseRetriever(torch.nn.functional.normalize(torch.randn(50, 384), dim=1)).save_pretrained(tmp_path / "bare")
+    assert main(["update", "--data", corpora["new"], "--graph", str(tmp_path / "bare")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no passages.jsonl" in err and "DenseRetriever.save_pretrained" in err, err
+
+
+def test_update_with_a_projection_projects_the_new_passages_and_equals_a_rebuild(
+    tmp_path, corpora, monkeypatch, capsys
+):
+    from geograph.commands import update
+    from geograph.methods.iso.module import ISORetriever
+    from geograph.projection import PoincareProjection
+
+    cache = ["--cache", corpora["cache"]]
+    graph, ref, proj = tmp_path / "graph", tmp_path / "ref", tmp_path / "f_theta"
+    torch.manual_seed(0)
+    PoincareProjection(384, 8, hidden=32).save_pretrained(proj, encoder=Encoder(cache=corpora["cache"]))
+    assert main(["build-graph", "--data", corpora["old"], "--knn", "5", "--out", str(graph), *cache]) == 0
+    assert main(["build-graph", "--data", corpora["new"], "--knn", "5", "--out", str(ref), *cache]) == 0
+    projected, made = [], []
+    volumes, applied = ISORetriever._volumes, update.apply_projected
+
+    def spy_volumes(self, emb, *args):
+        projected.append(emb.shape[0])
+        return volumes(self, emb, *args)
+
+    def spy_apply(*args):
+        made.append(applied(*args))
+        return made[-1]
+
+    monkeypatch.setattr(ISORetriever, "_volumes", spy_volumes)
+    monkeypatch.setattr(update, "apply_projected", spy_apply)
+    capsys.readouterr()
+    assert main(["update", "--data", corpora["new"], "--graph", str(graph), "--projection", str(proj), *cache]) == 0
+    out = capsys.readouterr().out
+    assert "3 added, 2 removed, 2 edited" in out and f"ISO-RAG with f_theta {proj} prunes" in out, out
+    assert projected == [50, 5]  # the saved passages once, then only the added and edited ones
+    f_theta = PoincareProjection.from_pretrained(proj)
+    got, want = made[0], ISORetriever(CorpusGraph.from_pretrained(ref), projection=f_theta)
+    assert torch.equal(got.graph.edge_index, want.graph.edge_index)
+    torch.testing.assert_close(got._volume, want._volume, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.phi, want.phi, rtol=1e-6, atol=1e-9)
+    assert torch.equal(got.kept_keys, want.kept_keys) and got.pruned_share == want.pruned_share
+    q = want.graph.embeddings[:5]
+    assert torch.equal(got(q, k=5).indices, want(q, k=5).indices)
+    saved = CorpusGraph.from_pretrained(graph)  # what was written: the rebuild's graph
+    assert torch.equal(saved.edge_index, want.graph.edge_index)
+
+
+def test_update_with_a_projection_refuses_what_it_cannot_take_in_one_line(tmp_path, corpora, capsys):
+    from geograph.projection import PoincareProjection
+
+    cache = ["--cache", corpora["cache"]]
+    g3, knn, other = tmp_path / "g3", tmp_path / "knn", tmp_path / "other"
+    PoincareProjection(384, 8, hidden=32).save_pretrained(tmp_path / "f", encoder=Encoder(cache=corpora["cache"]))
+    e5 = Encoder(cache=corpora["cache"], passage_prefix="passage: ")
+    PoincareProjection(384, 8, hidden=32).save_pretrained(other, encoder=e5)  # another encoder's f_theta
+    assert main(["build-graph", "--data", corpora["old"], "--g3", "--max-degree", "4", "--out", str(g3), *cache]) == 0
+    assert main(["build-graph", "--data", corpora["old"], "--knn", "3", "--out", str(knn), *cache]) == 0
+    capsys.readouterr()
+    cases = [
+        ([str(g3), str(tmp_path / "f")], "not a saved G3Graph"),
+        ([str(knn), str(tmp_path / "nowhere")], "no such folder"),
+        ([str(knn), str(other)], "prefix"),
+    ]
+    for (where, proj), text in cases:
+        assert main(["update", "--data", corpora["new"], "--graph", where, "--projection", proj, *cache]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error: --projection" in err and text in err, err

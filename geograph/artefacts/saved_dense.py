@@ -26,17 +26,35 @@ if TYPE_CHECKING:
 __all__ = ["save_dense", "load_dense"]
 
 INDEX_FILE = "ivf.faiss"
+#: the tensor of an updated IVF index's label-to-row table (``-1``: a removed passage's label)
+IVF_ROWS = "ivf_rows"
 _OPTIONS = ("chunk_size", "index", "nlist", "sample", "seed", "recall_target", "recall_k")
 
 log = logging.getLogger("geograph.dense")
 
 
 def save_dense(
-    model: DenseRetriever, directory: str | Path, *, encoder: Any = None, ids: Sequence[str] | None = None
+    model: DenseRetriever,
+    directory: str | Path,
+    *,
+    encoder: Any = None,
+    ids: Sequence[str] | None = None,
+    text_keys: Sequence[str | None] | None = None,
 ) -> Path:
     """Write ``model`` as an artefact directory; an IVF index is built (and ``nprobe="auto"``
-    calibrated) first if the model has not been called yet."""
-    side: dict[str, bytes] = {}
+    calibrated) first if the model has not been called yet. With ``ids`` (default: an updated
+    model's own ids, when they are strings) the passages file lists them and ``text_keys``."""
+    from geograph.artefacts.saved_graphs import PASSAGES, _passages_file
+
+    known = model.passage_ids
+    if ids is None and known is not None and all(isinstance(i, str) for i in known.ids):
+        ids = [str(i) for i in known.ids]
+    if ids is not None and len(ids) != model.num_passages:
+        raise ValueError(f"ids: {len(ids)} passage ids for {model.num_passages} passages")
+    if text_keys is not None and ids is None:
+        raise ValueError("text_keys need the passage ids (ids=...)")
+    side: dict[str, bytes] = {} if ids is None else {PASSAGES: _passages_file(ids, text_keys)}
+    tensors = {"embeddings": model.embeddings}
     if model.index == "ivf":
         if model._ivf is None:
             model._ivf = build_ivf_index(model.embeddings, model.nlist, sample=model.sample, seed=model.seed)
@@ -45,13 +63,15 @@ def save_dense(
         faiss = import_faiss()
         cpu = faiss.index_gpu_to_cpu(model._ivf) if hasattr(faiss, "index_gpu_to_cpu") else model._ivf
         side[INDEX_FILE] = bytes(faiss.serialize_index(cpu))
+        if model._ivf_rows is not None:  # an updated index: its labels are not the rows
+            tensors[IVF_ROWS] = model._ivf_rows
     identity = recorded_identity(encoder, int(model.embeddings.shape[1]))
     params = {name: getattr(model, name) for name in _OPTIONS}
     params.update(auto=bool(model._auto), nprobe=model.nprobe, calibration=model.calibration)
     return write_artefact(
         directory,
         "DenseRetriever",
-        {"embeddings": model.embeddings},
+        tensors,
         params=params,
         encoder=identity,
         corpus=corpus_fingerprint(model.embeddings, ids),
@@ -74,7 +94,11 @@ def load_dense(
         nprobe = "auto" if p["auto"] and p["nprobe"] is None else p["nprobe"]
     except KeyError as e:
         raise ValueError(f"{art.path}: the manifest's params lack {e}") from None
+    # the training sample is checked against the corpus it trained on, not an updated one: the
+    # saved index is read back, not trained again
+    sample = options.pop("sample")
     model = cls(emb, nprobe=nprobe, **options)
+    model.sample = sample
     # the buffer as saved (already unit rows) and mapped, instead of the constructor's normalised copy
     model.register_buffer("embeddings", emb, persistent=True)
     model._auto, model.calibration = bool(p["auto"]), p.get("calibration")
@@ -88,6 +112,11 @@ def load_dense(
                 f"{art.path / INDEX_FILE}: an index of {index.ntotal} x {index.d}, "
                 f"the embeddings are {emb.shape[0]} x {emb.shape[1]}"
             )
+        rows = art.tensors.get(IVF_ROWS)
+        if rows is not None:
+            if rows.dim() != 1 or rows.is_floating_point() or int((rows >= 0).sum()) != emb.shape[0]:
+                raise ValueError(f"{art.path}: {IVF_ROWS} is not a label-to-row table of {emb.shape[0]} rows")
+            model._ivf_rows = rows.long().clone()
     if device is not None and torch.device(device).type != "cpu":
         model = model.to(device)  # (the index is rebuilt on the device on first use)
     model.manifest = {**art.manifest, "source": str(art.path)}  # type: ignore[assignment]  # nn.Module's setattr

@@ -243,14 +243,24 @@ class DenseRetriever(nn.Module):
             )
         return nprobe
 
-    def save_pretrained(self, directory: str | Path, *, encoder: Any = None, ids: Sequence[str] | None = None) -> Path:
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        *,
+        encoder: Any = None,
+        ids: Sequence[str] | None = None,
+        text_keys: Sequence[str] | None = None,
+    ) -> Path:
         """Write the retriever as an artefact directory: the corpus (``tensors.safetensors``), the
         trained IVF index (``ivf.faiss``, built and ``nprobe="auto"`` calibrated now if not yet)
         and a manifest of the options, the encoder (``encoder``) and the corpus fingerprint
-        (with ``ids``); see :mod:`geograph.artefacts`."""
+        (with ``ids``); see :mod:`geograph.artefacts`. With ``ids`` (default: the ids of an
+        updated retriever, if they are strings) ``passages.jsonl`` lists them, with
+        ``text_keys`` (the embedding cache's key of each passage's text), so that
+        ``geograph update`` can apply a changed corpus to the saved retriever."""
         from geograph.artefacts.saved_dense import save_dense
 
-        return save_dense(self, directory, encoder=encoder, ids=ids)
+        return save_dense(self, directory, encoder=encoder, ids=ids, text_keys=text_keys)
 
     @classmethod
     def from_pretrained(
@@ -262,6 +272,14 @@ class DenseRetriever(nn.Module):
         from geograph.artefacts.saved_dense import load_dense
 
         return load_dense(cls, source, corpus=corpus, encoder=encoder, device=device)
+
+    def set_ids(self, ids: Sequence[PassageId]) -> None:
+        """Name the passages (``str`` or ``int``, one per row, unique) for ``add`` and ``remove``
+        (default: ``0 .. V-1``)."""
+        ids = list(ids)
+        if len(ids) != self.num_passages:
+            raise ValueError(f"ids: {len(ids)} ids for {self.num_passages} passages")
+        self.passage_ids = PassageIds(ids)
 
     def add(self, embeddings: Tensor, ids: Sequence[PassageId]) -> UpdateReport:
         """Add passages in place (appended in order; ``ids``: one new ``str`` or ``int`` id a row; a

@@ -18,12 +18,12 @@ import torch
 from torch import Tensor
 
 from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, passage_ids
-from geograph.ops.similarity import normalize
+from geograph.ops.similarity import unit_rows
 
 if TYPE_CHECKING:
     from geograph.methods.dense.module import DenseRetriever
 
-__all__ = ["dense_add", "dense_remove", "labels_to_rows"]
+__all__ = ["dense_add", "dense_remove", "dense_reorder", "labels_to_rows"]
 
 
 def labels_to_rows(model: DenseRetriever, labels: Tensor) -> Tensor:
@@ -35,6 +35,25 @@ def labels_to_rows(model: DenseRetriever, labels: Tensor) -> Tensor:
     return torch.where(labels >= 0, table[labels.clamp_min(0)], labels)
 
 
+def _writable_index(model: DenseRetriever) -> None:
+    """Copy the inverted lists of an index read memory-mapped (``from_pretrained``) into memory,
+    so that faiss can add and remove entries (its mapped lists are read-only)."""
+    from geograph.knn.faiss_ivf import import_faiss
+
+    faiss = import_faiss()
+    ivf = faiss.extract_index_ivf(model._ivf)
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    if not isinstance(lists, faiss.OnDiskInvertedLists):
+        return
+    copy = faiss.ArrayInvertedLists(lists.nlist, lists.code_size)
+    for cell in range(lists.nlist):
+        size = lists.list_size(cell)
+        if size:
+            copy.add_entries(cell, size, lists.get_ids(cell), lists.get_codes(cell))
+    ivf.replace_invlists(copy, True)
+    copy.this.disown()  # the index owns the lists now
+
+
 def dense_add(model: DenseRetriever, embeddings: Tensor, ids: Sequence[PassageId]) -> UpdateReport:
     """:meth:`geograph.DenseRetriever.add`."""
     t0 = time.perf_counter()
@@ -42,8 +61,9 @@ def dense_add(model: DenseRetriever, embeddings: Tensor, ids: Sequence[PassageId
     known = passage_ids(model, model.num_passages)
     new = known.check_new(ids, embeddings.shape[0])
     n, m = model.num_passages, len(new)
-    z = normalize(embeddings)
+    z = unit_rows(embeddings)  # as the constructor holds them: unit rows as given, others normalised
     if model._ivf is not None:
+        _writable_index(model)
         table = getattr(model, "_ivf_rows", None)
         if table is None:
             table = torch.arange(n)
@@ -62,6 +82,7 @@ def dense_remove(model: DenseRetriever, ids: Iterable[PassageId] | PassageId) ->
     rows, keep = known.removal(ids)
     n = model.num_passages
     if model._ivf is not None:
+        _writable_index(model)
         table = getattr(model, "_ivf_rows", None)
         if table is None:
             table = torch.arange(n)
@@ -72,3 +93,28 @@ def dense_remove(model: DenseRetriever, ids: Iterable[PassageId] | PassageId) ->
     model.embeddings = model.embeddings[keep.to(model.embeddings.device)]
     known.keep(keep)
     return UpdateReport(0, int(rows.numel()), n - int(rows.numel()), 0, 0, time.perf_counter() - t0)
+
+
+def dense_reorder(model: DenseRetriever, order: Sequence[int] | Tensor) -> None:
+    """Put a retriever's passages in another order, in place: row ``r`` becomes row ``order[r]``
+    before (its id too). Exact: the module a constructor given the reordered corpus makes. A built
+    IVF index keeps its cells and lists; its label-to-row table follows the rows.
+
+    Raises:
+        ValueError: ``order`` is not a permutation of ``0 .. V-1``.
+    """
+    n = model.num_passages
+    order = torch.as_tensor(order, dtype=torch.long)
+    if order.shape != (n,) or not torch.equal(order.sort().values, torch.arange(n)):
+        raise ValueError(f"order must be a permutation of the {n} rows, got {tuple(order.shape)} entries")
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(n)
+    if model._ivf is not None:
+        table = getattr(model, "_ivf_rows", None)
+        if table is None:
+            table = torch.arange(n)
+        model._ivf_rows = torch.where(table >= 0, inv[table.clamp_min(0)], table)
+    model.embeddings = model.embeddings[order.to(model.embeddings.device)]
+    known = model.passage_ids
+    if known is not None:
+        model.passage_ids = type(known)([known.ids[int(r)] for r in order])

@@ -26,7 +26,7 @@ from geograph.methods.dense.module import DenseRetriever
 if TYPE_CHECKING:
     from geograph.methods.iso.module import ISORetriever
 
-__all__ = ["iso_add", "iso_remove", "affected_phi_rows"]
+__all__ = ["iso_add", "iso_remove", "iso_reorder", "affected_phi_rows"]
 
 
 def _keys(edge_index: Tensor, n: int) -> Tensor:
@@ -66,7 +66,14 @@ def _update_phi(model: ISORetriever, old_edges: Tensor, new_nodes: Tensor) -> No
     if phi_sub is not None:
         phi[rows] = phi_sub[pos[rows]]
     model.phi = phi
-    kept = compatible_edges(ei, phi, beta=model.beta)
+    _kept_edges(model)
+
+
+def _kept_edges(model: ISORetriever) -> None:
+    """The kept edges, the largest degree and the dense index, from the graph and ``phi`` (``O(E)``)."""
+    g = model.graph
+    n, ei = g.num_nodes, g.edge_index
+    kept = compatible_edges(ei, model.phi, beta=model.beta)
     kept_ei = ei[:, kept]
     model.kept_keys = torch.sort(kept_ei[0] * n + kept_ei[1]).values
     model.pruned_share = 1.0 - float(kept.float().mean()) if kept.numel() else 0.0
@@ -108,3 +115,21 @@ def iso_remove(model: ISORetriever, ids: Iterable[PassageId] | PassageId) -> Upd
     model.phi = model.phi[keep_d]
     _update_phi(model, old_kept, pos[lost])
     return report
+
+
+def iso_reorder(model: ISORetriever, order: Sequence[int] | Tensor) -> None:
+    """Put the retriever's passages in another order, in place (:func:`geograph.graphs.updates.reorder`
+    on its graph: row ``r`` becomes row ``order[r]`` before). ``phi`` and the volumes follow their
+    passages (``phi`` depends on the graph's shape, not on its numbering) and the kept edges are
+    re-tested (``O(E)``); the projection is not run again.
+
+    Raises:
+        ValueError: ``order`` is not a permutation of ``0 .. V-1``.
+    """
+    from geograph.graphs.updates import reorder
+
+    reorder(model.graph, order)  # (checks order)
+    order = torch.as_tensor(order, dtype=torch.long)
+    model._volume = model._volume[order.to(model._volume.device)]
+    model.phi = model.phi[order.to(model.phi.device)]
+    _kept_edges(model)
