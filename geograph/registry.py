@@ -99,6 +99,8 @@ def _invalid(spec: object, taken: dict[str, MethodSpec]) -> str | None:
         return f"method {spec.name}: module must be a class and build a callable"
     if spec.kind == "reranker" and spec.score_range is None:
         return f"method {spec.name}: a reranker needs a score_range"
+    if spec.bench_command is not None and not (":" in str(spec.bench_command) and spec.bench_summary):
+        return f"method {spec.name}: bench_command must be 'module:function', with a bench_summary"
     return None
 
 

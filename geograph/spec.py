@@ -202,6 +202,11 @@ class MethodSpec:
             grid point for the benchmark, ``(corpus, params, cfg, cache, projection)`` -> module, where
             work shared by grid points (a corpus graph) is kept in ``cache``; ``None``: :meth:`create`
             with the grid point's parameters.
+        bench_command: ``"module:function"`` (relative as :attr:`reference`) of the method's own
+            benchmark, ``geograph bench NAME`` (``None``: none): ``main(argv) -> exit status``, parsing
+            its own options (``".command:main"``: the folder's ``command.py``, the one module of a
+            folder that may import the applications it measures with; nothing in the folder imports it).
+        bench_summary: its one line in ``geograph bench --help``.
         max_candidates: a reranker's largest candidate list when the server's ``max_candidates`` is
             ``auto`` (``None``: the server's default), for a method whose work grows fast with it.
         baseline: a comparison row (dense), not one of the geometric methods.
@@ -232,6 +237,8 @@ class MethodSpec:
     reference: str | None = None
     reference_name: str | None = None
     bench_model: str | None = None
+    bench_command: str | None = None
+    bench_summary: str = ""
     max_candidates: int | None = None
     baseline: bool = False
     about: str = ""
@@ -348,8 +355,8 @@ class MethodSpec:
         return self.build(corpus, params, graph, projection)
 
     def load(self, path: str) -> Any:
-        """The object named by ``"module:attribute"`` (:attr:`reference`, :attr:`bench_model`), a module
-        starting with ``.`` relative to the method's package.
+        """The object named by ``"module:attribute"`` (:attr:`reference`, :attr:`bench_model`,
+        :attr:`bench_command`), a module starting with ``.`` relative to the method's package.
 
         Example:
             >>> from geograph.registry import get

@@ -262,7 +262,7 @@ def test_bench_ricci_flow_seam_is_the_one_the_module_calls(monkeypatch):
     AttributeError after the functional twins moved the flow call)."""
     import inspect
 
-    import geograph.bench.ricci as bench_ricci
+    import geograph.methods.ricci.command as bench_ricci
     import geograph.methods.ricci.functional as ricci_module
     from geograph import RicciFiltration
 

@@ -37,11 +37,14 @@ def test_version(capsys):
 
 
 def test_bench_help_lists_its_subcommands(capsys):
-    from geograph.bench.__main__ import BENCHES
+    from geograph.bench.__main__ import BENCHES, benchmarks
 
     assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    assert all(re.search(rf"^\s+{name}\s+\w", out, re.M) for name in BENCHES), out
+    assert all(re.search(rf"^\s+{name}\s+\w", out, re.M) for name in benchmarks()), out
+    # the methods' own commands first (registry order), then the benchmarks of no one method
+    listed = re.findall(r"^    (\w+)  ", out, re.M)
+    assert listed == ["maniscope", "ricci", "iso", "g3", *BENCHES], listed
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "required: <name>" in err and "geograph bench --help" in err
@@ -62,13 +65,57 @@ def test_help_is_plain_text(command, capsys):
         assert markup not in out, markup
 
 
+def test_bench_lists_every_registered_method_with_a_command(capsys, caplog, monkeypatch):
+    """A method's command comes from its spec (a copied folder's or a plugin's as well); a method
+    without one is not listed, and one named like another benchmark is one warning line."""
+    from dataclasses import replace
+
+    from geograph import registry
+    from geograph.bench import __main__ as bench
+
+    table = dict(registry.METHODS)
+    table["geodesic"] = replace(table["maniscope"], name="geodesic", bench_summary="a copied Maniscope's own command")
+    table["quiet"] = replace(table["maniscope"], name="quiet", bench_command=None)
+    table["serve"] = replace(table["ricci"], name="serve")
+    monkeypatch.setattr(registry, "_table", table)
+    monkeypatch.setattr(bench, "_warned", set())
+    for _ in range(2):
+        assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+geodesic\s+a copied Maniscope's own command$", out, re.M), out
+    assert not re.search(r"^\s+quiet\s", out, re.M)
+    assert re.search(rf"^\s+serve\s+{re.escape(bench.SUMMARIES['serve'][:40])}", out, re.M), out
+    warnings = [r.getMessage() for r in caplog.records if r.name == "geograph.bench"]
+    assert warnings == [
+        "geograph: the bench command of method 'serve' (geograph.methods.ricci.module) is not listed: the name is taken"
+    ]
+    # it runs the command its spec names (relative to the method's package): here Maniscope's
+    assert main(["bench", "geodesic", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: geograph bench maniscope ")
+    assert main(["bench", "geodesic", "--no-such-flag"]) == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+    assert bench.main(["nosuch"]) == 2  # python -m geograph.bench: the same list
+    assert "unknown benchmark 'nosuch': maniscope, ricci, iso, g3, geodesic, run," in capsys.readouterr().err
+
+
+def test_a_plugin_bench_command_needs_a_function_and_a_summary():
+    from dataclasses import replace
+
+    from geograph.registry import _invalid, get
+
+    spec = replace(get("maniscope"), name="geodesic")
+    assert _invalid(spec, {}) is None
+    for bad in (replace(spec, bench_summary=""), replace(spec, bench_command=".command")):
+        assert _invalid(bad, {}) == "method geodesic: bench_command must be 'module:function', with a bench_summary"
+
+
 def test_bench_help_texts_are_plain_text(capsys, monkeypatch):
-    from geograph.bench.__main__ import BENCHES
+    from geograph.bench.__main__ import benchmarks
 
     def patched(*args, **kwargs):  # nothing may patch argparse for the whole process
         raise AssertionError("argparse.ArgumentParser.format_help was replaced")
 
-    for name in BENCHES:
+    for name in benchmarks():
         assert main(["bench", name, "--help"]) == 0
         out = capsys.readouterr().out
         assert out.startswith("usage: geograph bench " + name), out[:200]
@@ -258,9 +305,9 @@ def _cases(tmp: Path):
 
 
 def _bench_names():
-    from geograph.bench.__main__ import BENCHES
+    from geograph.bench.__main__ import benchmarks
 
-    return list(BENCHES)
+    return list(benchmarks())
 
 
 def test_every_mistake_is_one_line_naming_the_argument(tmp_path, capsys, no_embedding):

@@ -3,8 +3,8 @@
 Each test builds a method the way ``docs/guide/adding-a-method.md`` says (a copied built-in folder
 under another name, or a small distribution with a ``geograph.methods`` entry point) and then, in a
 fresh interpreter, ranks with it, finds it in ``geograph serve --help``, in the benchmark's method
-list and in the method pages the generator writes. Broken plugins are skipped with one warning
-line each naming their distribution.
+list, in the method pages the generator writes and (with a bench command) in ``geograph bench
+--help``. Broken plugins are skipped with one warning line each naming their distribution.
 """
 
 import os
@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 PACKAGE = Path(geograph.__file__).parent
 
-# The four consumers, in one interpreter: Ranker on embeddings (no encoder), the server's --help,
-# the bench's rows and the page generator. Prints one line per check.
+# The consumers, in one interpreter: Ranker on embeddings (no encoder), the server's --help,
+# the bench's rows, the page generator, the exports and `geograph bench --help` (a method that
+# declares a bench command is listed and runs it). Prints one line per check.
 CHECKS = """
 import contextlib, io, sys
 import torch
@@ -53,6 +54,13 @@ cls, twin = spec.module.__name__, spec.functional.__name__
 kinds = getattr(geograph, spec.kind + "s")
 exported = getattr(geograph, cls) is getattr(kinds, cls) is spec.module
 print("exports", exported, getattr(geograph.functional, twin) is spec.functional)
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    cli(["bench", "--help"])
+listed = [line.split()[0] for line in out.getvalue().splitlines() if line[:4] == "    " and line[4:5].isalpha()]
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    status = cli(["bench", name, "--help"])
+print("bench-command", name in listed, status)
 """
 
 EXPECTED = ["ranked 3 True", "serve-help True", "bench True", "page True"]
@@ -88,6 +96,7 @@ def test_a_copied_folder_is_a_new_method(tmp_path):
     lines, _ = run_checks("geodesic", tmp_path, [tree])
     assert lines[:4] == EXPECTED
     assert set(lines[4].split(" ")[1].split(",")) == {"geodesic", "maniscope", "ricci", "iso", "g3", "dense"}
+    assert lines[6] == "bench-command True 0"  # the copied folder's command.py, named by its spec
     page = (tmp_path / "pages" / "geodesic.md").read_text()
     assert page.startswith("# Geodesic (`geodesic`)") and "{method-params} geodesic" in page
 
@@ -157,6 +166,7 @@ def test_an_installed_plugin_is_a_method_and_broken_ones_warn_once(tmp_path):
     assert lines[:4] == EXPECTED
     assert lines[4] == "methods maniscope,ricci,iso,g3,dense,wide_maniscope"
     assert lines[5] == "exports True True"
+    assert lines[6] == "bench-command True 0"  # Maniscope's command, relative to the module's package
     warnings = [line for line in stderr.splitlines() if "method plugin" in line]
     assert len(warnings) == 3, stderr
     reasons = {"geo-missing": "ModuleNotFoundError", "geo-wrong": "names a int", "geo-taken": "'ricci' is taken"}
@@ -197,5 +207,6 @@ def test_the_guides_example_is_one_folder_and_one_test_file(tmp_path):
     assert lines[:4] == EXPECTED
     assert lines[4] == "methods maniscope,ricci,iso,g3,dense,centroid"
     assert lines[5] == "exports True True"  # geograph.CentroidReranker, geograph.functional.centroid_scores
+    assert lines[6] == "bench-command False 2"  # it declares no benchmark of its own
     page = (tmp_path / "pages" / "centroid.md").read_text()
     assert "`geograph.rerankers.CentroidReranker`" in page and "`geograph.functional.centroid_scores`" in page

@@ -1,1 +1,1 @@
-"""G3RAG: its math, its module, its registry entry (``spec.SPEC``)."""
+"""G3RAG: its math, its module, its registry entry (``spec.SPEC``), its slow reference and benchmark."""

@@ -58,6 +58,8 @@ SPEC = MethodSpec(
     reference=".bench:ranker_reference",
     bench_model=".bench:bench_model",
     reference_name="dense numpy T",
+    bench_command=".command:main",
+    bench_summary="blockwise G3 graph build against the dense numpy construction, and G3RAG against dense",
     about="""Builds a zero-token geometric gain graph over the corpus and diffuses one step from seed
 passages. For `x = S_ij` inside `band`: `W_ij = x sqrt(1 - x^2) exp(-beta rho_j)` (`rho` the
 normalised density), at most `max_degree` edges a row, `T` = row-normalised `W`. Per query: the

@@ -1,2 +1,2 @@
 """ISO-RAG: its math (with personalised PageRank), its module, its in-place updates, its registry entry
-(``spec.SPEC``)."""
+(``spec.SPEC``), its slow reference and benchmark."""

@@ -40,6 +40,8 @@ SPEC = MethodSpec(
     score_range=_maniscope_range,
     reference=".bench:ranker_reference",
     reference_name="sklearn + scipy Dijkstra",
+    bench_command=".command:main",
+    bench_summary="batched Maniscope against the per-query scikit-learn + scipy reference",
     about="""Reranks the top-M dense candidates of a query by geodesic distance on their k-NN graph, mixed
 with cosine. Each candidate links to its `k` nearest other candidates (undirected, length `1 - cos`);
 the anchor is the candidate closest to the query; `d_geo` is the shortest-path distance from it.

@@ -1,1 +1,2 @@
-"""Ricci-Filtration: its math, its module, its registry entry (``spec.SPEC``)."""
+"""Ricci-Filtration: its math, its module, its registry entry (``spec.SPEC``), its slow reference and
+benchmark."""

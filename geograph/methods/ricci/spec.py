@@ -38,6 +38,8 @@ SPEC = MethodSpec(
     score_range=_cosine_range,
     reference=".bench:ranker_reference",
     reference_name="GraphRicciCurvature 0.6.1",
+    bench_command=".command:main",
+    bench_summary="RicciFiltration against GraphRicciCurvature 0.6.1 per query",
     # the work grows with about the fourth power of the candidates (docs/guide/serving-limits.md): 100 took seconds
     max_candidates=100,
     about="""Drops candidates whose query edge is stretched by the normalised discrete Ricci flow. Graph per

@@ -21,9 +21,9 @@ from geograph.bench.common import dense_candidate_set, time_calls, write_json
 from geograph.console import format_table, make_parser
 from geograph.evaluation import evaluate
 from geograph.methods.maniscope.bench import maniscope_reference
+from geograph.methods.maniscope.module import Maniscope
 from geograph.outputs import RerankOutput
 from geograph.pipeline import rerank_all, run_ids
-from geograph.rerankers import Maniscope
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,8 +37,8 @@ from geograph.bench.common import dense_candidate_set, resolve_data, time_calls,
 from geograph.console import format_table, make_parser
 from geograph.evaluation import evaluate
 from geograph.methods.ricci.bench import ricci_graph_reference, ricci_reference
+from geograph.methods.ricci.module import RicciFiltration
 from geograph.pipeline import rerank_all, run_ids
-from geograph.rerankers import RicciFiltration
 
 
 def _reference(q: np.ndarray, docs: np.ndarray) -> np.ndarray:

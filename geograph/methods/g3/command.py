@@ -78,7 +78,8 @@ def measure(kind: str, n: int, max_degree: int) -> dict[str, Any]:
 
 def quality(name: str, root: str, encoder: Encoder) -> dict[str, Any]:
     from geograph.graphs import G3Graph
-    from geograph.retrievers import DenseRetriever, G3Retriever
+    from geograph.methods.dense.module import DenseRetriever
+    from geograph.methods.g3.module import G3Retriever
 
     sp = tuning_split(name, root, encoder)
     corpus, protocol = sp.corpus, sp.protocol

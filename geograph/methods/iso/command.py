@@ -25,9 +25,10 @@ from geograph.console import format_table, make_parser
 from geograph.data import Encoder
 from geograph.evaluation import evaluate
 from geograph.graphs.corpus_graph import CorpusGraph
+from geograph.methods.dense.module import DenseRetriever
+from geograph.methods.iso.module import ISORetriever
 from geograph.methods.iso.pagerank import personalized_pagerank
 from geograph.pipeline import run_ids as _run
-from geograph.retrievers import DenseRetriever, ISORetriever
 
 METRICS = ("Recall@5", "Recall@10", "HitAll@5")
 GRID = {"beta": (0.0, 0.2, 0.4, 0.6), "m": (3, 5), "L": (20, 50), "tau": (5.0, 10.0, 20.0)}
