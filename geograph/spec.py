@@ -130,7 +130,7 @@ class Param:
 
     def check(self, value: Any, where: str | None = "params") -> Any:
         """``value`` if accepted (a ``float`` parameter's number as a float), else a one-line
-        ``ValueError`` naming the parameter and its range, after ``where: `` when given.
+        ``ValueError`` naming the parameter and its range, after ``where`` and a colon when given.
 
         The one check of a parameter: the registry's (:meth:`MethodSpec.check_params`, so the
         server's configuration and :meth:`MethodSpec.create`) and a method's own options

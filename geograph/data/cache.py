@@ -375,8 +375,9 @@ class Encoder:
 
     @property
     def cache_key(self) -> str:
-        """What keys this encoder's vectors in the on-disk cache: the weights (:attr:`identity`),
-        and the backend when it is not torch (torch's key is the one caches had before backends)."""
+        """The key of this encoder's vectors in the on-disk cache, made of the weights
+        (:attr:`identity`) and the backend when it is not torch (torch's key is the one caches
+        had before backends)."""
         weights = self.identity.weights
         return weights if self.backend == "torch" else f"{weights}|backend:{self.backend}"
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from geograph import registry
 from geograph.bench.serve.limit import encoder_limit, serving_limit
 from geograph.bench.serve.load import closed_loop, summarise
 from geograph.bench.serve.process import Server
@@ -24,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = make_parser("geograph bench serve", package.__doc__)
     p.add_argument("--url", help="a running server to load (default: start one on 127.0.0.1)")
-    p.add_argument("--method", default="maniscope", choices=("maniscope", "ricci", "iso", "g3"))
+    p.add_argument("--method", default="maniscope", choices=registry.names(), help="a served method (maniscope)")
     p.add_argument(
         "--corpus",
         type=corpus_path,
