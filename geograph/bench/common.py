@@ -53,6 +53,31 @@ def time_calls(
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "repeat": len(times)}
 
 
+def commit() -> str | None:
+    """The short commit of the checkout this code runs from (``-dirty`` when tracked files
+    changed), ``None`` outside a git checkout."""
+    import subprocess
+
+    def git(*argv: str) -> str:
+        here = Path(__file__).resolve().parent
+        done = subprocess.run(["git", *argv], cwd=here, capture_output=True, text=True, check=True, timeout=10)
+        return done.stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "") if head else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance() -> dict[str, str]:
+    """``{"commit", "date"}`` of a benchmark's JSON: :func:`commit` (``unknown`` outside a
+    checkout) and the UTC date."""
+    import datetime
+
+    return {"commit": commit() or "unknown", "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
 def write_json(name: str, payload: dict[str, Any], out_dir: str | Path = "bench-results") -> Path:
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)

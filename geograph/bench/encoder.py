@@ -19,11 +19,9 @@ date). The corpora's vectors go through the embedding cache (one key per backend
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import random
 import statistics
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,15 +107,6 @@ def _datasets(paths: Sequence[str] | None, split: str) -> list[Any]:
     return [load_beir(corpus_path(p), split) for p in paths]
 
 
-def _commit() -> str:
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def write(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     """``encoder-backends.json`` and ``encoder-backends.md`` of ``result`` in ``out``."""
     from geograph.bench.common import write_json
@@ -184,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
+    from geograph.bench.common import provenance
     from geograph.data import Encoder
     from geograph.data.backends import quantization
 
@@ -191,8 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(threads)  # the ONNX Runtime sessions take the same count
     texts = _texts([p for d in datasets for p in d.passages()], args.texts, args.seed)
     result: dict[str, Any] = {
-        "commit": _commit(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        **provenance(),
         "cpus": len(os.sched_getaffinity(0)),
         "threads": threads,
         "texts": len(texts),

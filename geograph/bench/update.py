@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import platform
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,7 +43,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from geograph.bench.common import write_json
+from geograph.bench.common import provenance, write_json
 from geograph.console import format_table, make_parser
 
 T = TypeVar("T")
@@ -221,14 +219,6 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return head + "\n".join(out) + "\n"
 
 
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench with ``argv``; 0 when every check passed (equal, or recall within the slack)."""
     p = make_parser("geograph bench update", __doc__)
@@ -272,8 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print(format_table(table, list(next(iter(table.values())))))
     meta: dict[str, Any] = {
-        "commit": _commit(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        **provenance(),
         "config": dict(vars(args)),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }

@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -170,19 +168,9 @@ def speed(
 
 def environment() -> dict[str, Any]:
     """Where the run happened: date, commit, versions, CPU and thread counts."""
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=10,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    from geograph.bench.common import commit as checkout_commit
+
+    commit = checkout_commit()
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,

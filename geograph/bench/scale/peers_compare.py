@@ -377,34 +377,17 @@ def rate_rows(res: dict[str, Any]) -> dict[str, dict[str, float]]:
     }
 
 
-def _provenance() -> dict[str, str]:
-    """The commit of the code that ran (``git describe``-like, ``unknown`` outside a checkout) and the UTC date."""
-    import datetime
-    import subprocess
-
-    def git(*argv: str) -> str:
-        here = Path(__file__).resolve().parent
-        return subprocess.run(["git", *argv], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short=12", "HEAD")
-        commit += "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"commit": commit, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
-
-
 def peers_report(args: argparse.Namespace, model: dict[str, Any], results: dict[str, Any]) -> int:
     """``--peers``: :func:`compare_peers` at each size and generator, printed and written to
     ``<--peers-file>.json`` and ``.md`` in ``args.out`` (with the commit and the date), a verdict line per
     recall target."""
     import tempfile
 
-    from geograph.bench.common import write_json
+    from geograph.bench.common import provenance, write_json
     from geograph.bench.scale.generators import generate
     from geograph.console import format_table
 
-    results = dict(results, peers={}, **_provenance())
+    results = dict(results, peers={}, **provenance())
     text = []
     with tempfile.TemporaryDirectory(prefix="geograph-peers-") as tmp:
         for n in args.sizes:

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args(args)
     except UsageError as e:
         return e.exit("geograph bench serve")
-    from geograph.bench.common import write_json
+    from geograph.bench.common import provenance, write_json
     from geograph.data import DEMO_PATH, Encoder, load_corpus
 
     corpus = str(args.corpus or DEMO_PATH)
@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"  {at_server['texts_per_s']:.0f} texts/s ({args.encoder_backend})", flush=True)
     result: dict[str, Any] = {
+        **provenance(),
         "method": args.method,
         "corpus": corpus,
         "clients": args.clients,
