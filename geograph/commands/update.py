@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from geograph.methods.iso.module import ISORetriever
 
     Updatable = CorpusGraph | G3Graph | DenseRetriever
+    Changeable = Updatable | ISORetriever  # what takes an add / remove
 
 PROG = "geograph update"
 SUMMARY = "apply a changed corpus (added, removed, edited passages) to a saved graph or dense index, in place"
@@ -309,18 +310,7 @@ def apply(
     from geograph.methods.dense.updates import dense_reorder
 
     graph.set_ids(list(old_ids))
-    gone = change.removed + change.edited
-    if gone:
-        graph.remove(gone)
-    fresh = set(change.added) | set(change.edited)
-    todo = [(i, t) for i, t in zip(new_ids, texts) if i in fresh]  # in file order
-    if todo:
-        emb = encoder.encode([t for _, t in todo]).to(graph.embeddings.device, graph.embeddings.dtype)
-        graph.add(emb, [i for i, _ in todo])
-    known = graph.passage_ids
-    assert known is not None  # (set by set_ids above)
-    row = {i: r for r, i in enumerate(known.ids)}
-    order = torch.tensor([row[i] for i in new_ids], dtype=torch.long)
+    order = torch.tensor(_change(graph, graph, new_ids, texts, change, encoder), dtype=torch.long)
     if isinstance(graph, DenseRetriever):
         dense_reorder(graph, order)
     else:
@@ -346,19 +336,33 @@ def apply_projected(
 
     graph.set_ids(list(old_ids))
     model = ISORetriever(graph, projection=projection)
+    iso_reorder(model, _change(model, graph, new_ids, texts, change, encoder))
+    return model
+
+
+def _change(
+    target: Changeable,
+    graph: Updatable,
+    new_ids: Sequence[str],
+    texts: Sequence[str],
+    change: Change,
+    encoder: Encoder,
+) -> list[int]:
+    """Apply ``change`` through ``target`` (``graph`` itself, or a model over it): the removed and
+    edited passages removed, the added and edited ones embedded (``texts``, in file order) and
+    added; the row of each of ``new_ids`` in the updated ``graph``."""
     gone = change.removed + change.edited
     if gone:
-        model.remove(gone)
+        target.remove(gone)
     fresh = set(change.added) | set(change.edited)
     todo = [(i, t) for i, t in zip(new_ids, texts) if i in fresh]  # in file order
     if todo:
         emb = encoder.encode([t for _, t in todo]).to(graph.embeddings.device, graph.embeddings.dtype)
-        model.add(emb, [i for i, _ in todo])
+        target.add(emb, [i for i, _ in todo])
     known = graph.passage_ids
-    assert known is not None  # (set by set_ids above)
+    assert known is not None  # (the ids were set before the change)
     row = {i: r for r, i in enumerate(known.ids)}
-    iso_reorder(model, [row[i] for i in new_ids])
-    return model
+    return [row[i] for i in new_ids]
 
 
 def write(graph: Updatable, out: Path, **save: Any) -> None:
