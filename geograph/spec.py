@@ -21,12 +21,17 @@ from typing import Any, Literal, TypedDict
 
 from torch import Tensor, nn
 
+# the argument checks a method's functions and Modules raise with (public here, for plugins)
+from geograph._checks import check_candidates, check_unit_interval
+
 __all__ = [
     "Kind",
     "Param",
     "MethodSpec",
     "RankerReference",
     "check_values",
+    "check_candidates",
+    "check_unit_interval",
     "listing",
     "linear_relevance",
     "Bounds",
