@@ -113,3 +113,15 @@ def test_method_pages_generates_a_missing_page(tmp_path):
     for name in METHODS:
         assert directive(name) in (tmp_path / f"{name}.md").read_text() or name == "maniscope"
     assert main([str(tmp_path), "--check"]) == 1  # the hand-written page lacks the table
+
+
+def test_method_pages_help_writes_nothing(tmp_path, monkeypatch, capsys):
+    """``--help`` prints the usage and exits; it is not taken for the output folder."""
+    from geograph.commands.method_pages import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    assert "docs_dir" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ Usage: ``python -m geograph.commands.method_pages [DOCS_DIR]`` (default ``docs/m
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 from geograph.registry import METHODS, MethodSpec
@@ -46,10 +46,20 @@ def directive(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in args
-    args = [a for a in args if a != "--check"]
-    out = Path(args[0] if args else "docs/methods")
+    parser = argparse.ArgumentParser(
+        prog="python -m geograph.commands.method_pages",
+        description="Write docs/methods/<name>.md for every registered method that has no page yet "
+        "(an existing page is never overwritten).",
+    )
+    parser.add_argument("docs_dir", nargs="?", default="docs/methods", help="where the pages go (docs/methods)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 naming the missing pages or those without their table",
+    )
+    args = parser.parse_args(argv)
+    check = bool(args.check)
+    out = Path(args.docs_dir)
     stale = []
     for name, spec in METHODS.items():
         path = out / f"{name}.md"
