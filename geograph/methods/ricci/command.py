@@ -73,11 +73,7 @@ def _exact_solver_counts(model: RicciFiltration, q: torch.Tensor, docs: torch.Te
             adj,
             torch.ones(adj.shape, dtype=torch.float64),
             node_mask,
-            iterations=model.iterations,
-            step=model.step,
-            delta=model.delta,
-            alpha=model.alpha,
-            exp_power=model.exp_power,
+            **model.options.flow_keywords(),
             warm_start=warm,
         )
         counts[start] = {

@@ -56,6 +56,22 @@ class RicciOptions:
         for name, value in check_values(RICCI_PARAMS, asdict(self)).items():
             object.__setattr__(self, name, value)
 
+    def flow_keywords(self) -> FlowKeywords:
+        """The discrete Ricci flow's own hyperparameters, as the flow functions take them."""
+        return FlowKeywords(
+            iterations=self.iterations, step=self.step, delta=self.delta, alpha=self.alpha, exp_power=self.exp_power
+        )
+
+
+class FlowKeywords(TypedDict):
+    """The flow's hyperparameters of :class:`RicciOptions` (:meth:`RicciOptions.flow_keywords`)."""
+
+    iterations: int
+    step: float
+    delta: float
+    alpha: float
+    exp_power: float
+
 
 class RicciKeywords(TypedDict, total=False):
     """:class:`RicciOptions` as keyword arguments (``**options: Unpack[RicciKeywords]``)."""
@@ -151,11 +167,7 @@ def _filtration(
         adj,
         torch.ones(adj.shape, dtype=dtype, device=docs.device),
         node_mask,
-        iterations=opts.iterations,
-        step=opts.step,
-        delta=opts.delta,
-        alpha=opts.alpha,
-        exp_power=opts.exp_power,
+        **opts.flow_keywords(),
         solver=solver,
         reg=opts.reg,
         cert_tol=opts.cert_tol,
