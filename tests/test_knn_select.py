@@ -275,3 +275,22 @@ def test_verdicts_need_the_target_reached_and_every_reaching_peer_slower():
     assert v99["ahead"] is False and not v99["reached"]  # 0.989 misses 0.99 although faster than one peer
     res["configs"]["faiss-ivf nprobe=12"] = cfg("faiss-ivf", 3.9, 0.96)
     assert verdicts(res, [0.95])[0]["ahead"] is False  # a faster peer reaching the target
+
+
+@pytest.mark.parametrize("block", [4096, 150])
+def test_sampled_exact_rows_on_the_kernel_equal_the_tiled_scan(block):
+    """The reference lists of the recall estimate (sampled rows, also one query tile) are kept by the
+    kernel and equal the tiled scan's, ties, a transform with ``-inf`` and a target factor included."""
+    from geograph.knn import exact
+    from geograph.knn.exact import exact_rows, pair_score
+
+    z = (clustered(800, 12, 11) * 4).round() / 4  # coarse values: many equal scores
+    z[300] = z[30]
+    rows = torch.tensor([0, 30, 31, 300, 512, 799])
+    rank = gain_rank((0.1, 0.9))
+    target = torch.exp(-0.3 * torch.rand(800, generator=torch.Generator().manual_seed(3)))
+    for transform, tgt in ((None, None), (rank, target)):
+        v, i, _ = tiled_pairs(z[rows], z, 9, block=block, exclude=rows, score=pair_score(transform, tgt))
+        want = torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
+        assert torch.equal(exact_rows(z, rows, 9, block, transform, tgt), want)
+    assert exact.compiled(z)  # the kernel path ran (CPU float32)

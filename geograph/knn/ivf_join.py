@@ -140,6 +140,7 @@ def ivf_self_topk(
     assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
     clock("assign")
     predicted = None
+    check_ref: Tensor | None = None  # the exact lists of the rows that measure the recall
 
     flops: dict[str, float] = {}
 
@@ -157,6 +158,7 @@ def ivf_self_topk(
             block=block,
             transform=transform,
             target=target,
+            reference=check_ref,
         )
         clock("recall")
         return SelfTopk(values, indices, clock.seconds, report, flops)
@@ -167,8 +169,10 @@ def ivf_self_topk(
         choose_rows, check_rows = picks[: len(picks) // 2].sort().values, picks[len(picks) // 2 :].sort().values
         probe: int | None = nprobe
         if opts.nprobe is None:
+            # the exact lists of both samples in one pass over the rows (the check's kept for later)
             choose_rows = choose_rows.to(z.device)
-            ref = exact_rows(z, choose_rows, k, block, transform, target)
+            both = exact_rows(z, torch.cat([choose_rows, check_rows.to(z.device)]), k, block, transform, target)
+            ref, check_ref = both[: len(choose_rows)], both[len(choose_rows) :]
             probe, predicted = choose_nprobe(
                 z,
                 choose_rows,
