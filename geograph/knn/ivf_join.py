@@ -215,8 +215,9 @@ def ivf_self_topk(
     shared = dict(zs=zs, order=order, ptr=ptr, pairs=pairs, k=k, block=block, transform=transform, target=target)
     executor = current_executor()
     if executor is None:  # cell by cell, into the lists in place
+        work = _Workspace(zs)
         for a in range(nlist):
-            _join_cell(shared, a, best_v, best_i)
+            _join_cell(shared, a, best_v, best_i, work=work)
             if bar is not None:
                 bar.update(ptr[a + 1] - ptr[a])
     else:  # groups of cells as independent tiles, each returning its own lists
@@ -280,19 +281,50 @@ def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
     return [hi[ptr[c] : ptr[c + 1]] for c in range(nlist)]
 
 
-def _join_cell(shared: dict[str, Any], a: int, best_v: Tensor, best_i: Tensor, touched: Tensor | None = None) -> None:
+class _Workspace:
+    """Buffers one cell after another reuses (the met cells' rows, a tile's scores): allocating them
+    afresh for every cell costs page faults of the same order as copying into them. One per thread
+    of work (never shared by two running cells)."""
+
+    def __init__(self, like: Tensor) -> None:
+        self.like = like
+        self.rows = like.new_empty(0)
+        self.scores = like.new_empty(0)
+
+    def take(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """A contiguous tensor of ``shape`` on the buffer ``name`` (grown when too small)."""
+        size = 1
+        for n in shape:
+            size *= n
+        buf: Tensor = getattr(self, name)
+        if buf.numel() < size:
+            buf = self.like.new_empty(max(size, int(1.25 * buf.numel())))
+            setattr(self, name, buf)
+        return buf[:size].view(shape)
+
+
+def _join_cell(
+    shared: dict[str, Any],
+    a: int,
+    best_v: Tensor,
+    best_i: Tensor,
+    touched: Tensor | None = None,
+    work: _Workspace | None = None,
+) -> None:
     """Cell ``a`` joined with every cell it meets, offered to the lists ``best_v`` / ``best_i`` (rows
     are corpus ids): its rows' candidates, and the met cells' rows' candidates among its rows (each
-    pair once: only cells ``b > a`` get the other side). ``touched`` marks the lists it offered to."""
+    pair once: only cells ``b > a`` get the other side). ``touched`` marks the lists it offered to;
+    ``work``: buffers reused from the cell before (none: fresh ones)."""
     zs, order, ptr, pairs = shared["zs"], shared["order"], shared["ptr"], shared["pairs"]
     block, transform, target = shared["block"], shared["transform"], shared["target"]
     a0, a1 = ptr[a], ptr[a + 1]
     if a1 == a0:
         return
+    work = _Workspace(zs) if work is None else work
     met = pairs[a].tolist()
     cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=zs.device) for c in met])
     col_ids = order[cols]
-    kc = torch.cat([zs[ptr[c] : ptr[c + 1]] for c in met])  # the met cells' rows
+    kc = torch.cat([zs[ptr[c] : ptr[c + 1]] for c in met], out=work.take("rows", (cols.numel(), zs.shape[1])))
     za = zs[a0:a1]
     other = (cols >= a1).nonzero().squeeze(1)  # the columns of met cells b > a: they get the other side
     owners = col_ids[other]
@@ -300,7 +332,7 @@ def _join_cell(shared: dict[str, Any], a: int, best_v: Tensor, best_i: Tensor, t
     step = max(1, (block * block) // max(1, cols.numel()))
     for r0 in range(a0, a1, step):
         r1 = min(a1, r0 + step)
-        s = za[r0 - a0 : r1 - a0] @ kc.T
+        s = torch.matmul(za[r0 - a0 : r1 - a0], kc.T, out=work.take("scores", (r1 - r0, cols.numel())))
         if transform is not None:
             s = transform(s)
         ids = order[r0:r1]
@@ -318,8 +350,9 @@ def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor
     zs, k = shared["zs"], shared["k"]
     best_v, best_i = new_lists(zs.shape[0], k, zs)
     touched = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+    work = _Workspace(zs)
     for a in cells:
-        _join_cell(shared, a, best_v, best_i, touched)
+        _join_cell(shared, a, best_v, best_i, touched, work)
     rows = touched.nonzero().squeeze(1)
     return rows, best_v[rows], best_i[rows]
 
