@@ -294,3 +294,24 @@ def test_sampled_exact_rows_on_the_kernel_equal_the_tiled_scan(block):
         want = torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
         assert torch.equal(exact_rows(z, rows, 9, block, transform, tgt), want)
     assert exact.compiled(z)  # the kernel path ran (CPU float32)
+
+
+@pytest.mark.parametrize(
+    "options", [IVFOptions(nlist=32, nprobe=3, refine=False), IVFOptions(nlist=32, recall_target=0.9)]
+)
+def test_own_probes_kept_by_the_assignment_equal_the_recomputed_ones(monkeypatch, options):
+    """The rows' own probes come from the assignment's kept nearest centroids (nprobe at most
+    KEPT_PROBES) and give the lists the probes computed again in the own-probes stage give."""
+    from geograph.knn import ivf_join
+
+    z = clustered(3000, 16, 12)
+    kept = ivf_self_topk(z, 8, options)
+    assert kept.ivf.nprobe is not None and kept.ivf.nprobe <= ivf_join.KEPT_PROBES
+    calls = []
+    real = ivf_join.tiled_topk
+    monkeypatch.setattr(ivf_join, "tiled_topk", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    monkeypatch.setattr(ivf_join, "KEPT_PROBES", 1)  # keep only the cell: the probes are computed again
+    again = ivf_self_topk(z, 8, options)
+    assert again.ivf.nprobe == kept.ivf.nprobe and kept.flops == again.flops
+    assert calls[0] == 1 and kept.ivf.nprobe in calls[2:]  # assignment top-1, then the probes again
+    assert torch.equal(kept.indices, again.indices) and torch.equal(kept.values, again.values)

@@ -44,6 +44,7 @@ from geograph.knn.faiss_ivf import train_centroids
 from geograph.knn.ivf_recall import choose_nprobe, measure_recall
 from geograph.knn.nn_descent import refine_neighbours
 from geograph.knn.policy import (
+    KEPT_PROBES,
     LADDER_LOWEST,
     RECALL_MARGIN_SE,
     IVFOptions,
@@ -137,7 +138,14 @@ def ivf_self_topk(
     clock = StageClock()
     centroids = train_centroids(z, nlist, sample=sample, seed=seed)
     clock("train")
-    assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
+    # each row's nearest centroids: the first is its cell, the first nprobe its own probes (kept
+    # when few, so the own-probes stage does not score every row against every centroid again)
+    keep = min(nlist, KEPT_PROBES if opts.nprobe is None else nprobe)
+    keep = keep if 1 <= keep <= KEPT_PROBES else 1
+    ranked = tiled_topk(z, centroids, keep, block=block, progress=progress and _stage(progress, "assign"))[1]
+    assign = ranked[:, 0].contiguous()
+    near: Tensor | None = ranked.to(torch.int32) if keep > 1 else None
+    del ranked
     clock("assign")
     predicted = None
     check_ref: Tensor | None = None  # the exact lists of the rows that measure the recall
@@ -192,7 +200,7 @@ def ivf_self_topk(
                 nlist // 4,
                 n,
             )
-            del centroids, assign
+            del centroids, assign, near
             scan = exact_self_topk(z, k, block=block, transform=transform, target=target, progress=progress)
             clock.seconds["exact"] = clock.seconds.get("exact", 0.0) + scan.seconds["exact"]
             clock.reset()  # the scan timed itself ("exact")
@@ -232,11 +240,26 @@ def ivf_self_topk(
     d = z.shape[1]
     size = torch.tensor(ptr[1:]) - torch.tensor(ptr[:-1])
     flops = {"join": 2.0 * d * float(sum(int(size[a]) * int(size[b].sum()) for a, b in enumerate(pairs)))}
+    own = None if near is None or nprobe > near.shape[1] else near[order, :nprobe].long()
+    del near
     flops["own_probes"] = (
         2.0
         * d
         * _own_probes(
-            zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+            zs,
+            order,
+            centroids,
+            assign[order],
+            pairs,
+            ptr,
+            nprobe,
+            best_v,
+            best_i,
+            block,
+            transform,
+            target,
+            progress,
+            probes=own,
         )
     )
     clock("own_probes")
@@ -380,18 +403,21 @@ def _own_probes(
     transform: Transform | None,
     target: Tensor | None,
     progress: bool | str = False,
+    probes: Tensor | None = None,
 ) -> int:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
     ``zs`` is ``z`` in cell order (row ``r`` is passage ``order[r]``); ``best_v`` / ``best_i`` are
-    in corpus order.
+    in corpus order; ``probes``: ``(N, nprobe)`` each row's nearest centroids in cell order, best
+    first (ties: lowest id), when the assignment kept them (else computed here).
     Returns the pairs of rows it scored."""
     nlist = centroids.shape[0]
     met = torch.zeros(nlist, nlist, dtype=torch.bool, device=zs.device)
     for a, bs in enumerate(pairs):
         met[a, bs.to(zs.device)] = True
     met |= met.T.clone()
-    probes = tiled_topk(zs, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1]
+    if probes is None:
+        probes = tiled_topk(zs, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1]
     need = ~met[cell.unsqueeze(1), probes]
     rows, slot = need.nonzero(as_tuple=True)
     if rows.numel() == 0:

@@ -35,6 +35,7 @@ __all__ = [
     "LADDER_LOWEST",
     "RECALL_MARGIN_SE",
     "JOIN_KMEANS_NITER",
+    "KEPT_PROBES",
     "MIN_JOIN_ROWS",
     "Transform",
     "resolve_index",
@@ -92,6 +93,10 @@ LADDER_LOWEST = 1
 #: (the two estimates differ by about ``sqrt(2)`` standard errors; one binomial standard error
 #: over the neighbours delivered 0.9495 for a 0.95 target on 200k Gaussian rows)
 RECALL_MARGIN_SE = 2.0
+#: the self-join's assignment keeps each row's this many nearest centroids (its cell first) when
+#: ``nprobe`` is not given (or at most this): the rows' own probes reuse them when the chosen
+#: ``nprobe`` is at most this, instead of scoring every row against every centroid again
+KEPT_PROBES = 16
 #: rows each row of the self-join meets at least by default (:func:`default_join_nprobe`)
 MIN_JOIN_ROWS = 2560
 
