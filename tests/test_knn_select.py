@@ -275,3 +275,43 @@ def test_verdicts_need_the_target_reached_and_every_reaching_peer_slower():
     assert v99["ahead"] is False and not v99["reached"]  # 0.989 misses 0.99 although faster than one peer
     res["configs"]["faiss-ivf nprobe=12"] = cfg("faiss-ivf", 3.9, 0.96)
     assert verdicts(res, [0.95])[0]["ahead"] is False  # a faster peer reaching the target
+
+
+@pytest.mark.parametrize("block", [4096, 150])
+def test_sampled_exact_rows_on_the_kernel_equal_the_tiled_scan(block):
+    """The reference lists of the recall estimate (sampled rows, also one query tile) are kept by the
+    kernel and equal the tiled scan's, ties, a transform with ``-inf`` and a target factor included."""
+    from geograph.knn import exact
+    from geograph.knn.exact import exact_rows, pair_score
+
+    z = (clustered(800, 12, 11) * 4).round() / 4  # coarse values: many equal scores
+    z[300] = z[30]
+    rows = torch.tensor([0, 30, 31, 300, 512, 799])
+    rank = gain_rank((0.1, 0.9))
+    target = torch.exp(-0.3 * torch.rand(800, generator=torch.Generator().manual_seed(3)))
+    for transform, tgt in ((None, None), (rank, target)):
+        v, i, _ = tiled_pairs(z[rows], z, 9, block=block, exclude=rows, score=pair_score(transform, tgt))
+        want = torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
+        assert torch.equal(exact_rows(z, rows, 9, block, transform, tgt), want)
+    assert exact.compiled(z)  # the kernel path ran (CPU float32)
+
+
+@pytest.mark.parametrize(
+    "options", [IVFOptions(nlist=32, nprobe=3, refine=False), IVFOptions(nlist=32, recall_target=0.9)]
+)
+def test_own_probes_kept_by_the_assignment_equal_the_recomputed_ones(monkeypatch, options):
+    """The rows' own probes come from the assignment's kept nearest centroids (nprobe at most
+    KEPT_PROBES) and give the lists the probes computed again in the own-probes stage give."""
+    from geograph.knn import ivf_join
+
+    z = clustered(3000, 16, 12)
+    kept = ivf_self_topk(z, 8, options)
+    assert kept.ivf.nprobe is not None and kept.ivf.nprobe <= ivf_join.KEPT_PROBES
+    calls = []
+    real = ivf_join.tiled_topk
+    monkeypatch.setattr(ivf_join, "tiled_topk", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    monkeypatch.setattr(ivf_join, "KEPT_PROBES", 1)  # keep only the cell: the probes are computed again
+    again = ivf_self_topk(z, 8, options)
+    assert again.ivf.nprobe == kept.ivf.nprobe and kept.flops == again.flops
+    assert calls[0] == 1 and kept.ivf.nprobe in calls[2:]  # assignment top-1, then the probes again
+    assert torch.equal(kept.indices, again.indices) and torch.equal(kept.values, again.values)

@@ -15,8 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from geograph.knn.allpairs import DEFAULT_BLOCK, tiled_pairs
+from geograph.knn.allpairs import DEFAULT_BLOCK, sort_topk, tiled_pairs
 from geograph.knn.policy import SelfTopk, StageClock, Transform
+from geograph.knn.select import compiled, new_lists, offer_rows
 
 __all__ = ["rank_pairs", "pair_score", "exact_self_topk", "exact_rows"]
 
@@ -92,5 +93,34 @@ def exact_rows(
         >>> exact_rows(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]), torch.tensor([2]), 2)
         tensor([[1, 0]])
     """
-    v, i, _ = tiled_pairs(z[rows], z, k, block=block, exclude=rows, score=pair_score(transform, target))
+    q = z[rows]
+    if compiled(q):  # the compiled running lists, whatever the number of query tiles
+        v, i = _rows_by_heaps(q, z, rows, k, block, transform, target)
+    else:
+        v, i, _ = tiled_pairs(q, z, k, block=block, exclude=rows, score=pair_score(transform, target))
     return torch.where(torch.isfinite(v), i, torch.full_like(i, -1))
+
+
+def _rows_by_heaps(
+    q: Tensor, z: Tensor, rows: Tensor, k: int, block: int, transform: Transform | None, target: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """:func:`~geograph.knn.allpairs.tiled_pairs`' top-``k`` of ``q`` (rows ``rows`` of ``z``, each
+    excluded from its own list) with every tile offered to the compiled lists
+    (:func:`~geograph.knn.select.offer_rows`), also when ``q`` is one query tile (where
+    ``tiled_pairs`` takes the stable top-``k`` of each tile, a few passes over it): the same tiles,
+    the same ranking (``transform`` then the ``target`` factor, rounded as :func:`rank_pairs`
+    rounds it) and the same tie rule, so the same lists, best first."""
+    if not 0 <= k <= z.shape[0] - 1:
+        raise ValueError(f"k must be in [0, {z.shape[0] - 1}] ({z.shape[0]} keys minus the excluded one), got {k}")
+    best_v, best_i = new_lists(q.shape[0], k, q)
+    local = torch.arange(q.shape[0])
+    for r0 in range(0, q.shape[0], block):
+        qr = q[r0 : r0 + block]
+        for c0 in range(0, z.shape[0], block):
+            s = qr @ z[c0 : c0 + block].T
+            if transform is not None:
+                s = transform(s)
+            cols = torch.arange(c0, c0 + s.shape[1])
+            scale = None if target is None else target[c0 : c0 + s.shape[1]]
+            offer_rows(best_v, best_i, local[r0 : r0 + block], s, cols, exclude=rows[r0 : r0 + block], scale=scale)
+    return sort_topk(best_v, best_i)

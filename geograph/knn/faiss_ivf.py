@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from geograph.knn.policy import check_ivf, log
+from geograph.knn.policy import JOIN_KMEANS_NITER, check_ivf, log
 
 __all__ = ["import_faiss", "training_rows", "train_centroids", "build_ivf_index"]
 
@@ -63,8 +63,11 @@ def build_ivf_index(embeddings: Tensor, nlist: int, *, sample: int | None = None
     return index
 
 
-def train_centroids(z: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0, niter: int = 20) -> Tensor:
-    """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by faiss."""
+def train_centroids(
+    z: Tensor, nlist: int, *, sample: int | None = None, seed: int = 0, niter: int = JOIN_KMEANS_NITER
+) -> Tensor:
+    """Spherical k-means centroids ``(nlist, D)`` of unit rows ``z``, trained on a uniform sample by
+    faiss in ``niter`` iterations (default :data:`~geograph.knn.policy.JOIN_KMEANS_NITER`)."""
     n, d = z.shape
     rows = training_rows(n, nlist, sample, seed)
     sample = len(rows)

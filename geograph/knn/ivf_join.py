@@ -44,6 +44,7 @@ from geograph.knn.faiss_ivf import train_centroids
 from geograph.knn.ivf_recall import choose_nprobe, measure_recall
 from geograph.knn.nn_descent import refine_neighbours
 from geograph.knn.policy import (
+    KEPT_PROBES,
     LADDER_LOWEST,
     RECALL_MARGIN_SE,
     IVFOptions,
@@ -137,9 +138,17 @@ def ivf_self_topk(
     clock = StageClock()
     centroids = train_centroids(z, nlist, sample=sample, seed=seed)
     clock("train")
-    assign = tiled_topk(z, centroids, 1, block=block, progress=progress and _stage(progress, "assign"))[1].squeeze(1)
+    # each row's nearest centroids: the first is its cell, the first nprobe its own probes (kept
+    # when few, so the own-probes stage does not score every row against every centroid again)
+    keep = min(nlist, KEPT_PROBES if opts.nprobe is None else nprobe)
+    keep = keep if 1 <= keep <= KEPT_PROBES else 1
+    ranked = tiled_topk(z, centroids, keep, block=block, progress=progress and _stage(progress, "assign"))[1]
+    assign = ranked[:, 0].contiguous()
+    near: Tensor | None = ranked.to(torch.int32) if keep > 1 else None
+    del ranked
     clock("assign")
     predicted = None
+    check_ref: Tensor | None = None  # the exact lists of the rows that measure the recall
 
     flops: dict[str, float] = {}
 
@@ -157,6 +166,7 @@ def ivf_self_topk(
             block=block,
             transform=transform,
             target=target,
+            reference=check_ref,
         )
         clock("recall")
         return SelfTopk(values, indices, clock.seconds, report, flops)
@@ -167,8 +177,10 @@ def ivf_self_topk(
         choose_rows, check_rows = picks[: len(picks) // 2].sort().values, picks[len(picks) // 2 :].sort().values
         probe: int | None = nprobe
         if opts.nprobe is None:
+            # the exact lists of both samples in one pass over the rows (the check's kept for later)
             choose_rows = choose_rows.to(z.device)
-            ref = exact_rows(z, choose_rows, k, block, transform, target)
+            both = exact_rows(z, torch.cat([choose_rows, check_rows.to(z.device)]), k, block, transform, target)
+            ref, check_ref = both[: len(choose_rows)], both[len(choose_rows) :]
             probe, predicted = choose_nprobe(
                 z,
                 choose_rows,
@@ -188,7 +200,7 @@ def ivf_self_topk(
                 nlist // 4,
                 n,
             )
-            del centroids, assign
+            del centroids, assign, near
             scan = exact_self_topk(z, k, block=block, transform=transform, target=target, progress=progress)
             clock.seconds["exact"] = clock.seconds.get("exact", 0.0) + scan.seconds["exact"]
             clock.reset()  # the scan timed itself ("exact")
@@ -211,8 +223,9 @@ def ivf_self_topk(
     shared = dict(zs=zs, order=order, ptr=ptr, pairs=pairs, k=k, block=block, transform=transform, target=target)
     executor = current_executor()
     if executor is None:  # cell by cell, into the lists in place
+        work = _Workspace(zs)
         for a in range(nlist):
-            _join_cell(shared, a, best_v, best_i)
+            _join_cell(shared, a, best_v, best_i, work=work)
             if bar is not None:
                 bar.update(ptr[a + 1] - ptr[a])
     else:  # groups of cells as independent tiles, each returning its own lists
@@ -227,11 +240,26 @@ def ivf_self_topk(
     d = z.shape[1]
     size = torch.tensor(ptr[1:]) - torch.tensor(ptr[:-1])
     flops = {"join": 2.0 * d * float(sum(int(size[a]) * int(size[b].sum()) for a, b in enumerate(pairs)))}
+    own = None if near is None or nprobe > near.shape[1] else near[order, :nprobe].long()
+    del near
     flops["own_probes"] = (
         2.0
         * d
         * _own_probes(
-            zs, order, centroids, assign[order], pairs, ptr, nprobe, best_v, best_i, block, transform, target, progress
+            zs,
+            order,
+            centroids,
+            assign[order],
+            pairs,
+            ptr,
+            nprobe,
+            best_v,
+            best_i,
+            block,
+            transform,
+            target,
+            progress,
+            probes=own,
         )
     )
     clock("own_probes")
@@ -276,19 +304,50 @@ def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
     return [hi[ptr[c] : ptr[c + 1]] for c in range(nlist)]
 
 
-def _join_cell(shared: dict[str, Any], a: int, best_v: Tensor, best_i: Tensor, touched: Tensor | None = None) -> None:
+class _Workspace:
+    """Buffers one cell after another reuses (the met cells' rows, a tile's scores): allocating them
+    afresh for every cell costs page faults of the same order as copying into them. One per thread
+    of work (never shared by two running cells)."""
+
+    def __init__(self, like: Tensor) -> None:
+        self.like = like
+        self.rows = like.new_empty(0)
+        self.scores = like.new_empty(0)
+
+    def take(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """A contiguous tensor of ``shape`` on the buffer ``name`` (grown when too small)."""
+        size = 1
+        for n in shape:
+            size *= n
+        buf: Tensor = getattr(self, name)
+        if buf.numel() < size:
+            buf = self.like.new_empty(max(size, int(1.25 * buf.numel())))
+            setattr(self, name, buf)
+        return buf[:size].view(shape)
+
+
+def _join_cell(
+    shared: dict[str, Any],
+    a: int,
+    best_v: Tensor,
+    best_i: Tensor,
+    touched: Tensor | None = None,
+    work: _Workspace | None = None,
+) -> None:
     """Cell ``a`` joined with every cell it meets, offered to the lists ``best_v`` / ``best_i`` (rows
     are corpus ids): its rows' candidates, and the met cells' rows' candidates among its rows (each
-    pair once: only cells ``b > a`` get the other side). ``touched`` marks the lists it offered to."""
+    pair once: only cells ``b > a`` get the other side). ``touched`` marks the lists it offered to;
+    ``work``: buffers reused from the cell before (none: fresh ones)."""
     zs, order, ptr, pairs = shared["zs"], shared["order"], shared["ptr"], shared["pairs"]
     block, transform, target = shared["block"], shared["transform"], shared["target"]
     a0, a1 = ptr[a], ptr[a + 1]
     if a1 == a0:
         return
+    work = _Workspace(zs) if work is None else work
     met = pairs[a].tolist()
     cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=zs.device) for c in met])
     col_ids = order[cols]
-    kc = torch.cat([zs[ptr[c] : ptr[c + 1]] for c in met])  # the met cells' rows
+    kc = torch.cat([zs[ptr[c] : ptr[c + 1]] for c in met], out=work.take("rows", (cols.numel(), zs.shape[1])))
     za = zs[a0:a1]
     other = (cols >= a1).nonzero().squeeze(1)  # the columns of met cells b > a: they get the other side
     owners = col_ids[other]
@@ -296,7 +355,7 @@ def _join_cell(shared: dict[str, Any], a: int, best_v: Tensor, best_i: Tensor, t
     step = max(1, (block * block) // max(1, cols.numel()))
     for r0 in range(a0, a1, step):
         r1 = min(a1, r0 + step)
-        s = za[r0 - a0 : r1 - a0] @ kc.T
+        s = torch.matmul(za[r0 - a0 : r1 - a0], kc.T, out=work.take("scores", (r1 - r0, cols.numel())))
         if transform is not None:
             s = transform(s)
         ids = order[r0:r1]
@@ -314,8 +373,9 @@ def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor
     zs, k = shared["zs"], shared["k"]
     best_v, best_i = new_lists(zs.shape[0], k, zs)
     touched = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+    work = _Workspace(zs)
     for a in cells:
-        _join_cell(shared, a, best_v, best_i, touched)
+        _join_cell(shared, a, best_v, best_i, touched, work)
     rows = touched.nonzero().squeeze(1)
     return rows, best_v[rows], best_i[rows]
 
@@ -343,18 +403,21 @@ def _own_probes(
     transform: Transform | None,
     target: Tensor | None,
     progress: bool | str = False,
+    probes: Tensor | None = None,
 ) -> int:
     """Each row also meets the cells of its own ``nprobe`` nearest centroids that its cell did not meet
     (a row near a cell border): the per-query probing of an IVF index, on the few rows that need it.
     ``zs`` is ``z`` in cell order (row ``r`` is passage ``order[r]``); ``best_v`` / ``best_i`` are
-    in corpus order.
+    in corpus order; ``probes``: ``(N, nprobe)`` each row's nearest centroids in cell order, best
+    first (ties: lowest id), when the assignment kept them (else computed here).
     Returns the pairs of rows it scored."""
     nlist = centroids.shape[0]
     met = torch.zeros(nlist, nlist, dtype=torch.bool, device=zs.device)
     for a, bs in enumerate(pairs):
         met[a, bs.to(zs.device)] = True
     met |= met.T.clone()
-    probes = tiled_topk(zs, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1]
+    if probes is None:
+        probes = tiled_topk(zs, centroids, nprobe, block=block, progress=progress and _stage(progress, "probes"))[1]
     need = ~met[cell.unsqueeze(1), probes]
     rows, slot = need.nonzero(as_tuple=True)
     if rows.numel() == 0:

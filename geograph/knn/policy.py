@@ -34,6 +34,8 @@ __all__ = [
     "DEFAULT_JOIN_NPROBE",
     "LADDER_LOWEST",
     "RECALL_MARGIN_SE",
+    "JOIN_KMEANS_NITER",
+    "KEPT_PROBES",
     "MIN_JOIN_ROWS",
     "Transform",
     "resolve_index",
@@ -70,6 +72,12 @@ MIN_POINTS_PER_CELL = 39
 #: ``O(sample x nlist x D)``, so this bounds it at ``O(nlist^2 D)``
 DEFAULT_POINTS_PER_CELL = 64
 
+#: k-means iterations of the self-join's quantizer (faiss's ``Kmeans`` default is 25, geograph's
+#: :func:`~geograph.knn.faiss_ivf.train_centroids` 20): measured at 50k rows of both ``bench
+#: scale`` generators, the join's recall at every ``nprobe`` from 1 to 32 after 10 iterations is
+#: within the spread between two k-means seeds of that after 20, at half the training time
+JOIN_KMEANS_NITER = 10
+
 #: training points per list of a query index (:class:`geograph.DenseRetriever`; faiss's own
 #: cap): trained once, searched by every query, so the better quantizer pays
 QUERY_POINTS_PER_CELL = 256
@@ -80,9 +88,17 @@ DEFAULT_JOIN_NPROBE = 32
 #: ``max(default, nlist / 4)``: the least that is predicted to reach the target is chosen
 LADDER_LOWEST = 1
 #: the predicted recall must clear the target by this many standard errors of its estimate
-#: (``sqrt(t (1 - t) / m)`` over the ``m`` sampled neighbours), so that the recall measured on
-#: other rows is about the target and not below it by the luck of the sample
-RECALL_MARGIN_SE = 1.0
+#: (:func:`~geograph.knn.ivf_recall.recall_stderr`, over the sampled rows), so that the recall
+#: measured on other rows is about the target and not below it by the luck of either sample
+#: (the two estimates differ by about ``sqrt(2)`` standard errors; one binomial standard error
+#: over the neighbours delivered 0.9495 for a 0.95 target on 200k Gaussian rows)
+RECALL_MARGIN_SE = 2.0
+#: the self-join's assignment keeps each row's this many nearest centroids (its cell first) when
+#: ``nprobe`` is not given (or at most this): the rows' own probes reuse them when the chosen
+#: ``nprobe`` is at most this, instead of scoring every row against every centroid again (a
+#: longer list costs the assignment more: at 50k rows and 512 cells, keeping 8 added 0.05 CPU
+#: seconds to its 0.25 and 16 added 0.14, while scoring again costs about the assignment)
+KEPT_PROBES = 8
 #: rows each row of the self-join meets at least by default (:func:`default_join_nprobe`)
 MIN_JOIN_ROWS = 2560
 
