@@ -22,7 +22,9 @@ Overrides (each says the upstream behaviour it changes and why):
   response table whatever happens to the request, and a worker's :class:`VersionConflict` answer
   becomes that request's 409 (:class:`ForgetfulHandler`);
 * ``BatchedLoop.get_batch_requests``: a batch collected by blocking waits, bounded by its texts
-  and their tokens (:class:`WaitingBatchedLoop`), each request's wait noted for the timings.
+  and their tokens (:class:`WaitingBatchedLoop`), each request's wait noted for the timings;
+* ``LitLoop.put_response``: the answers go out from a sender thread of the worker, not from the
+  thread that computes the next batch (:class:`WaitingBatchedLoop`).
 
 Private names read or called: ``LitServer._callback_runner``, ``LitServer._register_spec_endpoints``
 (in the routes' override), ``LitServer._inference_workers_config_for_api``
@@ -35,7 +37,9 @@ the loop reads. Also multiprocessing's ``SyncManager._process`` (:func:`manager_
 from __future__ import annotations
 
 import contextvars
+import logging
 import multiprocessing as mp
+import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -55,6 +59,11 @@ TESTED_RANGE = ">=0.2.19,<0.3"
 
 #: seconds an idle worker's blocking wait for the next request lasts before it looks again
 IDLE_WAIT = 0.5
+
+#: seconds a stopping worker waits for its sender thread to hand over the answers it holds
+FLUSH_WAIT = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class VersionConflict(str):
@@ -117,6 +126,45 @@ def _endpoint(
     # real classes, not the strings of this module's postponed annotations: FastAPI reads them
     endpoint_handler.__annotations__ = {"request": request_type, "return": response_type}
     return endpoint_handler
+
+
+class AnswerSender:
+    """A sender thread of the process, started at its first answer: :meth:`hand_over` queues a call
+    and returns, the thread makes the calls in the order they were queued; a failed call is
+    logged and loses only its answer. Pickled without the thread and its queue (a copy in another
+    process starts its own)."""
+
+    def hand_over(self, send: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Queue ``send(*args)`` for the sender thread."""
+        outbox = getattr(self, "outbox", None)
+        if outbox is None:  # the first answer in this process
+            self.outbox = outbox = queue.Queue()
+            threading.Thread(target=self._send, args=(outbox,), daemon=True, name="geograph-sender").start()
+        outbox.put((send, args))
+
+    @staticmethod
+    def _send(outbox: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        while True:
+            send, args = outbox.get()
+            try:
+                send(*args)
+            except Exception:  # one answer lost (its request times out) must not stop the others
+                log.exception("geograph serve: an answer could not be sent")
+            finally:
+                outbox.task_done()
+
+    def flush(self, seconds: float = FLUSH_WAIT) -> bool:
+        """Wait up to ``seconds`` until the sender thread has made every queued call; whether it has."""
+        outbox = getattr(self, "outbox", None)
+        end = time.monotonic() + seconds
+        while outbox is not None and outbox.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.005)
+        return outbox is None or not outbox.unfinished_tasks
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("outbox", None)  # the thread and its queue belong to this process
+        return state
 
 
 if ls is not None:
@@ -220,7 +268,7 @@ if ls is not None:
                 stop_processes(self.inference_workers, 5)
             super()._perform_graceful_shutdown(manager, live, shutdown_reason)
 
-    class WaitingBatchedLoop(BatchedLoop):  # type: ignore[misc]  # litserve is untyped
+    class WaitingBatchedLoop(AnswerSender, BatchedLoop):  # type: ignore[misc]  # litserve is untyped
         """LitServe's batched loop with a batch collected by blocking waits, not by polling.
 
         LitServe 0.2 fills a batch with ``get(timeout=0.001)`` calls on the request queue, a
@@ -247,7 +295,28 @@ if ls is not None:
         The rest of LitServe's protocol is unchanged:
         each request is acknowledged (``START``), a request older than ``request_timeout`` is
         timed out instead of run, and the stop sentinel ends the loop.
+
+        Answers are sent by a sender thread of the worker (:meth:`put_response`), in the order
+        the loop gives them: sending one is a round trip to the queue manager's process
+        (pickling the answer, waiting for the manager to be scheduled), and on the compute thread
+        a batch's answers, one round trip each, delayed the next batch; the sender sends them
+        while the next batch encodes (torch releases the GIL). A stopping worker hands over the
+        answers it holds first (up to :data:`FLUSH_WAIT` s).
         """
+
+        def put_response(
+            self,
+            transport: Any,
+            response_queue_id: Any,
+            uid: Any,
+            response_data: Any,
+            status: Any,
+            response_type: Any,
+        ) -> None:
+            # upstream: sends on the calling thread; here the answer is queued for the sender thread
+            self.hand_over(
+                super().put_response, (transport, response_queue_id, uid, response_data, status, response_type)
+            )
 
         def get_batch_requests(
             self, lit_api: Any, request_queue: Any, transport: Any
@@ -271,6 +340,7 @@ if ls is not None:
             deadline = lit_api.request_timeout not in (-1, False)
             while True:
                 if item == _SENTINEL_VALUE:
+                    self.flush()  # the answers already computed go out before the worker stops
                     raise _StopLoopError()
                 queue_id, uid, arrived, body = item
                 if budget:  # the padded tokens its texts bring (tokenized here, kept for the encoding)
