@@ -195,3 +195,27 @@ def test_no_other_module_of_the_server_touches_a_private_litserve_name():
         bad += [f"{path.name}: {name}" for name in PRIVATE if re.search(rf"\b{re.escape(name)}\b", text)]
         bad += [f"{path.name}: {m}" for m in re.findall(r"from litserve[.\w]* import [^\n]*\b_\w+", text)]
     assert not bad, "private LitServe names outside geograph/serve/_litserve.py:\n" + "\n".join(bad)
+
+
+class _Echo(ls.LitAPI):
+    def setup(self, device):
+        pass
+
+    def predict(self, x):
+        return x
+
+
+def _route_dependencies(server, path):
+    route = next(r for r in server.app.router.routes if getattr(r, "path", None) == path)
+    return [d.call for d in route.dependant.dependencies]  # codespell:ignore dependant (FastAPI's name)
+
+
+def test_a_route_without_litserve_auth_runs_no_dependency_in_the_thread_pool(monkeypatch):
+    import litserve.server as upstream
+
+    assert callable(upstream.no_auth)  # the name the routes' override compares with
+    plain = seams.GeoLitServer(_Echo(), accelerator="cpu")
+    assert _route_dependencies(plain, "/predict") == []
+    monkeypatch.setattr(upstream, "LIT_SERVER_API_KEY", "k")  # LitServe's own key: its check stays
+    keyed = seams.GeoLitServer(_Echo(), accelerator="cpu")
+    assert _route_dependencies(keyed, "/predict") == [upstream.api_key_auth]

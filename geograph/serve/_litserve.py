@@ -11,7 +11,9 @@ Overrides (each says the upstream behaviour it changes and why):
 
 * ``LitServer._register_api_endpoints``: one POST route per route of the API (:attr:`GeoAPI.routes
   <geograph.serve.api.GeoAPI.routes>`), all on the API's one queue, each handled by
-  :class:`ForgetfulHandler` (upstream: one route, ``api_path``, and LitServe's handler);
+  :class:`ForgetfulHandler`, without LitServe's ``no_auth`` dependency (upstream: one route,
+  ``api_path``, LitServe's handler, and an auth dependency always, which FastAPI runs in its
+  thread pool when it is the synchronous ``no_auth``);
 * ``LitServer._start_worker_monitoring``: geograph's monitor
   (:func:`~geograph.serve.lifecycle.watch_workers`) instead of LitServe's, and the thread that
   prints where the server listens once it answers (:func:`~geograph.serve.lifecycle.announce_ready`);
@@ -29,7 +31,8 @@ Overrides (each says the upstream behaviour it changes and why):
 Private names read or called: ``LitServer._callback_runner``, ``LitServer._register_spec_endpoints``
 (in the routes' override), ``LitServer._inference_workers_config_for_api``
 (:func:`worker_status_keys`), ``LitAPI._logger_queue`` (:func:`logging_enabled`),
-``litserve.loops.base._SENTINEL_VALUE`` and ``_StopLoopError`` (the batch loop's stop), and the
+``litserve.loops.base._SENTINEL_VALUE`` and ``_StopLoopError`` (the batch loop's stop),
+``litserve.server.no_auth`` (compared with, in the routes' override), and the
 queue item ``(response_queue_id, uid, arrival time, payload)`` that ``_submit_request`` puts and
 the loop reads. Also multiprocessing's ``SyncManager._process`` (:func:`manager_pid`).
 """
@@ -170,7 +173,7 @@ class AnswerSender:
 if ls is not None:
     from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
     from litserve.loops.simple_loops import BatchedLoop
-    from litserve.server import RegularRequestHandler
+    from litserve.server import RegularRequestHandler, no_auth
     from litserve.utils import LitAPIStatus, LoopResponseType
 
     _uid_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("geograph_request_uid", default=None)
@@ -223,6 +226,10 @@ if ls is not None:
 
             self._callback_runner.trigger_event(EventTypes.ON_SERVER_START.value, litserver=self)
             handler = ForgetfulHandler(lit_api, self)
+            # LitServe's "no auth" is a sync dependency that FastAPI runs in its thread pool, a thread
+            # hop for every request: left out (geograph's key check is a middleware, geograph.serve.auth)
+            auth = self.setup_auth(lit_api)
+            dependencies = [] if auth is no_auth else [Depends(auth)]
             routes = getattr(lit_api, "routes", {lit_api.api_path: request_type})
             responses = getattr(lit_api, "responses", {})
             if not lit_api.spec:
@@ -231,7 +238,7 @@ if ls is not None:
                         path,
                         _endpoint(handler, model, responses.get(path, response_type)),
                         methods=["POST"],
-                        dependencies=[Depends(self.setup_auth(lit_api))],
+                        dependencies=dependencies,
                         summary=getattr(lit_api, "summaries", {}).get(path),
                     )
             self._register_spec_endpoints(lit_api)
