@@ -17,7 +17,10 @@ Overrides (each says the upstream behaviour it changes and why):
 * ``LitServer._start_worker_monitoring``: geograph's monitor
   (:func:`~geograph.serve.lifecycle.watch_workers`) instead of LitServe's, and the thread that
   prints where the server listens once it answers (:func:`~geograph.serve.lifecycle.announce_ready`);
-* ``LitServer._init_manager``: notes LitServe's logger processes, to stop them first;
+* ``LitServer._init_manager``: notes LitServe's logger processes, to stop them first, and gives
+  the API servers a response transport read by one thread (:class:`ThreadedReceiveTransport`);
+* ``MPQueueTransport.areceive``: a response queue read by one reader thread, not by a thread-pool
+  call per answer (:class:`ThreadedReceiveTransport`);
 * ``LitServer._perform_graceful_shutdown``: the logger processes stop before the manager, drained
   API servers are left out, the inference workers stop together;
 * ``RegularRequestHandler._submit_request`` and ``handle_request``: a request's entry leaves the
@@ -32,7 +35,8 @@ Private names read or called: ``LitServer._callback_runner``, ``LitServer._regis
 (in the routes' override), ``LitServer._inference_workers_config_for_api``
 (:func:`worker_status_keys`), ``LitAPI._logger_queue`` (:func:`logging_enabled`),
 ``litserve.loops.base._SENTINEL_VALUE`` and ``_StopLoopError`` (the batch loop's stop),
-``litserve.server.no_auth`` (compared with, in the routes' override), and the
+``litserve.server.no_auth`` (compared with, in the routes' override), ``LitServer._transport``
+and ``MPQueueTransport._queues`` / ``_closed`` (:class:`ThreadedReceiveTransport`), and the
 queue item ``(response_queue_id, uid, arrival time, payload)`` that ``_submit_request`` puts and
 the loop reads. Also multiprocessing's ``SyncManager._process`` (:func:`manager_pid`).
 """
@@ -131,6 +135,23 @@ def _endpoint(
     return endpoint_handler
 
 
+def read_answers(transport: Any, source: Any, loop: Any, inbox: Any) -> None:
+    """A reader thread of :class:`ThreadedReceiveTransport`: each item of the queue ``source`` onto the
+    :class:`asyncio.Queue` ``inbox`` in ``loop``'s thread, in order, until ``transport`` is closed,
+    the queue's manager is gone or the loop is closed."""
+    while not transport._closed:
+        try:
+            item = source.get(timeout=1)
+        except Empty:
+            continue
+        except (EOFError, OSError):  # the manager is gone: the server is stopping
+            return
+        try:
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+        except RuntimeError:  # the event loop is closed
+            return
+
+
 class AnswerSender:
     """A sender thread of the process, started at its first answer: :meth:`hand_over` queues a call
     and returns, the thread makes the calls in the order they were queued; a failed call is
@@ -174,6 +195,7 @@ if ls is not None:
     from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
     from litserve.loops.simple_loops import BatchedLoop
     from litserve.server import RegularRequestHandler, no_auth
+    from litserve.transport.process_transport import MPQueueTransport
     from litserve.utils import LitAPIStatus, LoopResponseType
 
     _uid_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("geograph_request_uid", default=None)
@@ -208,6 +230,45 @@ if ls is not None:
                 if uid is not None:
                     self.server.response_buffer.pop(uid, None)
                 _uid_var.reset(token)
+
+    class ThreadedReceiveTransport(MPQueueTransport):  # type: ignore[misc]  # litserve is untyped
+        """LitServe's response transport of ``multiprocessing`` manager queues, read in an API server
+        by one reader thread per response queue that hands each answer to the event loop.
+
+        Upstream, every answer read is an ``asyncio.to_thread`` call (a thread-pool task, its
+        future and its wake-up) around one blocking ``get``; a py-spy profile of the HTTP front
+        under load showed that machinery as a large part of its time. Here one daemon thread
+        blocks on the queue and puts each answer on an :class:`asyncio.Queue` with
+        ``call_soon_threadsafe``; it ends when the transport is closed, the manager is gone or
+        the event loop is closed. Pickled as LitServe's own transport (the workers only send).
+        """
+
+        async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True) -> Any:
+            # upstream: asyncio.to_thread(queue.get, timeout=<= 1 s) for every answer, None on a timeout
+            import asyncio
+
+            if self._closed:
+                raise asyncio.CancelledError("Transport closed")
+            inboxes = self.__dict__.setdefault("inboxes", {})
+            if consumer_id not in inboxes:  # the first read in this process: start the reader
+                inbox: asyncio.Queue[Any] = asyncio.Queue()
+                inboxes[consumer_id] = inbox
+                loop = asyncio.get_running_loop()
+                threading.Thread(
+                    target=read_answers,
+                    args=(self, self._queues[consumer_id], loop, inbox),
+                    daemon=True,
+                    name=f"geograph-answers-{consumer_id}",
+                ).start()
+            if timeout is None:
+                return await inboxes[consumer_id].get()
+            try:
+                return await asyncio.wait_for(inboxes[consumer_id].get(), min(timeout, 1))
+            except TimeoutError:
+                return None
+
+        def __reduce__(self) -> Any:
+            return (MPQueueTransport, (None, self._queues))
 
     class GeoLitServer(ls.LitServer):  # type: ignore[misc]  # litserve is untyped
         """LitServer with geograph's worker monitor (:func:`~geograph.serve.lifecycle.watch_workers`)
@@ -258,6 +319,9 @@ if ls is not None:
             manager = super()._init_manager(num_api_servers)
             ours = getattr(getattr(manager, "_process", None), "pid", None)
             self.logger_processes = [p for p in mp.active_children() if p.pid not in before and p.pid != ours]
+            transport: Any = self.__dict__["_transport"]  # set by upstream's _init_manager
+            if type(transport) is MPQueueTransport:  # the API servers, forked later, inherit it
+                self._transport = ThreadedReceiveTransport(None, transport._queues)
             return manager
 
         def _perform_graceful_shutdown(
