@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import queue
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ import litserve as ls  # noqa: E402
 from litserve.loops import base as loops_base  # noqa: E402
 from litserve.loops.simple_loops import BatchedLoop  # noqa: E402
 from litserve.server import RegularRequestHandler  # noqa: E402
+from litserve.transport.process_transport import MPQueueTransport  # noqa: E402
 
 from geograph.serve import _litserve as seams  # noqa: E402
 
@@ -53,6 +55,8 @@ METHODS = {
         "status",
         "response_type",
     ],
+    (MPQueueTransport, "areceive"): ["self", "consumer_id", "timeout", "block"],
+    (MPQueueTransport, "__reduce__"): ["self"],
     (ls.LitAPI, "log"): ["self", "key", "value"],
     (ls.LitAPI, "set_logger_queue"): ["self", "queue"],
 }
@@ -61,10 +65,11 @@ METHODS = {
 PRIVATE = sorted(
     {name for _, name in METHODS if name.startswith("_") and not name.startswith("__")}
     | {"_callback_runner", "_logger_queue", "_SENTINEL_VALUE", "_StopLoopError", "_get_request_queue"}
+    | {"_transport", "_queues", "_closed"}
 )
 
 #: geograph's subclasses of LitServe classes whose overrides are recorded in METHODS
-SUBCLASSES = [seams.GeoLitServer, seams.ForgetfulHandler, seams.WaitingBatchedLoop]
+SUBCLASSES = [seams.GeoLitServer, seams.ForgetfulHandler, seams.WaitingBatchedLoop, seams.ThreadedReceiveTransport]
 
 
 def _params(fn) -> list[str]:
@@ -195,3 +200,68 @@ def test_no_other_module_of_the_server_touches_a_private_litserve_name():
         bad += [f"{path.name}: {name}" for name in PRIVATE if re.search(rf"\b{re.escape(name)}\b", text)]
         bad += [f"{path.name}: {m}" for m in re.findall(r"from litserve[.\w]* import [^\n]*\b_\w+", text)]
     assert not bad, "private LitServe names outside geograph/serve/_litserve.py:\n" + "\n".join(bad)
+
+
+class _Echo(ls.LitAPI):
+    def setup(self, device):
+        pass
+
+    def predict(self, x):
+        return x
+
+
+def _route_dependencies(server, path):
+    route = next(r for r in server.app.router.routes if getattr(r, "path", None) == path)
+    return [d.call for d in route.dependant.dependencies]  # codespell:ignore dependant (FastAPI's name)
+
+
+def test_a_route_without_litserve_auth_runs_no_dependency_in_the_thread_pool(monkeypatch):
+    import litserve.server as upstream
+
+    assert callable(upstream.no_auth)  # the name the routes' override compares with
+    plain = seams.GeoLitServer(_Echo(), accelerator="cpu")
+    assert _route_dependencies(plain, "/predict") == []
+    monkeypatch.setattr(upstream, "LIT_SERVER_API_KEY", "k")  # LitServe's own key: its check stays
+    keyed = seams.GeoLitServer(_Echo(), accelerator="cpu")
+    assert _route_dependencies(keyed, "/predict") == [upstream.api_key_auth]
+
+
+def test_the_api_server_transport_reads_each_answer_in_order_on_one_thread():
+    import threading
+
+    source = queue.Queue()
+    transport = seams.ThreadedReceiveTransport(None, [source])
+    # what the workers get: LitServe's own transport on the same queues
+    assert transport.__reduce__() == (MPQueueTransport, (None, [source]))
+    before = threading.active_count()
+
+    async def read(n):
+        return [await transport.areceive(0) for _ in range(n)]
+
+    async def main():
+        first = await read(1)  # starts the reader
+        for i in range(1, 200):
+            source.put(("uid", i))
+        rest = await read(199)
+        nothing = await transport.areceive(0, timeout=0.05)  # upstream's answer to a timeout
+        return first + rest, nothing
+
+    source.put(("uid", 0))
+    got, nothing = asyncio.run(main())
+    assert got == [("uid", i) for i in range(200)] and nothing is None
+    assert threading.active_count() == before + 1, "one reader thread, not one per answer"
+    transport.close(send_sentinel=False)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before, "the reader outlived its closed transport"
+
+
+def test_the_server_gives_its_api_servers_the_threaded_transport():
+    server = seams.GeoLitServer(_Echo(), accelerator="cpu")
+    manager = server._init_manager(1)
+    try:
+        assert type(server._transport) is seams.ThreadedReceiveTransport
+    finally:
+        seams.stop_processes(server.logger_processes, 5)
+        manager.shutdown()

@@ -11,23 +11,32 @@ Overrides (each says the upstream behaviour it changes and why):
 
 * ``LitServer._register_api_endpoints``: one POST route per route of the API (:attr:`GeoAPI.routes
   <geograph.serve.api.GeoAPI.routes>`), all on the API's one queue, each handled by
-  :class:`ForgetfulHandler` (upstream: one route, ``api_path``, and LitServe's handler);
+  :class:`ForgetfulHandler`, without LitServe's ``no_auth`` dependency (upstream: one route,
+  ``api_path``, LitServe's handler, and an auth dependency always, which FastAPI runs in its
+  thread pool when it is the synchronous ``no_auth``);
 * ``LitServer._start_worker_monitoring``: geograph's monitor
   (:func:`~geograph.serve.lifecycle.watch_workers`) instead of LitServe's, and the thread that
   prints where the server listens once it answers (:func:`~geograph.serve.lifecycle.announce_ready`);
-* ``LitServer._init_manager``: notes LitServe's logger processes, to stop them first;
+* ``LitServer._init_manager``: notes LitServe's logger processes, to stop them first, and gives
+  the API servers a response transport read by one thread (:class:`ThreadedReceiveTransport`);
+* ``MPQueueTransport.areceive``: a response queue read by one reader thread, not by a thread-pool
+  call per answer (:class:`ThreadedReceiveTransport`);
 * ``LitServer._perform_graceful_shutdown``: the logger processes stop before the manager, drained
   API servers are left out, the inference workers stop together;
 * ``RegularRequestHandler._submit_request`` and ``handle_request``: a request's entry leaves the
   response table whatever happens to the request, and a worker's :class:`VersionConflict` answer
   becomes that request's 409 (:class:`ForgetfulHandler`);
 * ``BatchedLoop.get_batch_requests``: a batch collected by blocking waits, bounded by its texts
-  and their tokens (:class:`WaitingBatchedLoop`), each request's wait noted for the timings.
+  and their tokens (:class:`WaitingBatchedLoop`), each request's wait noted for the timings;
+* ``LitLoop.put_response``: the answers go out from a sender thread of the worker, not from the
+  thread that computes the next batch (:class:`WaitingBatchedLoop`).
 
 Private names read or called: ``LitServer._callback_runner``, ``LitServer._register_spec_endpoints``
 (in the routes' override), ``LitServer._inference_workers_config_for_api``
 (:func:`worker_status_keys`), ``LitAPI._logger_queue`` (:func:`logging_enabled`),
-``litserve.loops.base._SENTINEL_VALUE`` and ``_StopLoopError`` (the batch loop's stop), and the
+``litserve.loops.base._SENTINEL_VALUE`` and ``_StopLoopError`` (the batch loop's stop),
+``litserve.server.no_auth`` (compared with, in the routes' override), ``LitServer._transport``
+and ``MPQueueTransport._queues`` / ``_closed`` (:class:`ThreadedReceiveTransport`), and the
 queue item ``(response_queue_id, uid, arrival time, payload)`` that ``_submit_request`` puts and
 the loop reads. Also multiprocessing's ``SyncManager._process`` (:func:`manager_pid`).
 """
@@ -35,7 +44,9 @@ the loop reads. Also multiprocessing's ``SyncManager._process`` (:func:`manager_
 from __future__ import annotations
 
 import contextvars
+import logging
 import multiprocessing as mp
+import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -55,6 +66,11 @@ TESTED_RANGE = ">=0.2.19,<0.3"
 
 #: seconds an idle worker's blocking wait for the next request lasts before it looks again
 IDLE_WAIT = 0.5
+
+#: seconds a stopping worker waits for its sender thread to hand over the answers it holds
+FLUSH_WAIT = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class VersionConflict(str):
@@ -119,10 +135,67 @@ def _endpoint(
     return endpoint_handler
 
 
+def read_answers(transport: Any, source: Any, loop: Any, inbox: Any) -> None:
+    """A reader thread of :class:`ThreadedReceiveTransport`: each item of the queue ``source`` onto the
+    :class:`asyncio.Queue` ``inbox`` in ``loop``'s thread, in order, until ``transport`` is closed,
+    the queue's manager is gone or the loop is closed."""
+    while not transport._closed:
+        try:
+            item = source.get(timeout=1)
+        except Empty:
+            continue
+        except (EOFError, OSError):  # the manager is gone: the server is stopping
+            return
+        try:
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+        except RuntimeError:  # the event loop is closed
+            return
+
+
+class AnswerSender:
+    """A sender thread of the process, started at its first answer: :meth:`hand_over` queues a call
+    and returns, the thread makes the calls in the order they were queued; a failed call is
+    logged and loses only its answer. Pickled without the thread and its queue (a copy in another
+    process starts its own)."""
+
+    def hand_over(self, send: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Queue ``send(*args)`` for the sender thread."""
+        outbox = getattr(self, "outbox", None)
+        if outbox is None:  # the first answer in this process
+            self.outbox = outbox = queue.Queue()
+            threading.Thread(target=self._send, args=(outbox,), daemon=True, name="geograph-sender").start()
+        outbox.put((send, args))
+
+    @staticmethod
+    def _send(outbox: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        while True:
+            send, args = outbox.get()
+            try:
+                send(*args)
+            except Exception:  # one answer lost (its request times out) must not stop the others
+                log.exception("geograph serve: an answer could not be sent")
+            finally:
+                outbox.task_done()
+
+    def flush(self, seconds: float = FLUSH_WAIT) -> bool:
+        """Wait up to ``seconds`` until the sender thread has made every queued call; whether it has."""
+        outbox = getattr(self, "outbox", None)
+        end = time.monotonic() + seconds
+        while outbox is not None and outbox.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.005)
+        return outbox is None or not outbox.unfinished_tasks
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("outbox", None)  # the thread and its queue belong to this process
+        return state
+
+
 if ls is not None:
     from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
     from litserve.loops.simple_loops import BatchedLoop
-    from litserve.server import RegularRequestHandler
+    from litserve.server import RegularRequestHandler, no_auth
+    from litserve.transport.process_transport import MPQueueTransport
     from litserve.utils import LitAPIStatus, LoopResponseType
 
     _uid_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("geograph_request_uid", default=None)
@@ -158,6 +231,45 @@ if ls is not None:
                     self.server.response_buffer.pop(uid, None)
                 _uid_var.reset(token)
 
+    class ThreadedReceiveTransport(MPQueueTransport):  # type: ignore[misc]  # litserve is untyped
+        """LitServe's response transport of ``multiprocessing`` manager queues, read in an API server
+        by one reader thread per response queue that hands each answer to the event loop.
+
+        Upstream, every answer read is an ``asyncio.to_thread`` call (a thread-pool task, its
+        future and its wake-up) around one blocking ``get``; a py-spy profile of the HTTP front
+        under load showed that machinery as a large part of its time. Here one daemon thread
+        blocks on the queue and puts each answer on an :class:`asyncio.Queue` with
+        ``call_soon_threadsafe``; it ends when the transport is closed, the manager is gone or
+        the event loop is closed. Pickled as LitServe's own transport (the workers only send).
+        """
+
+        async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True) -> Any:
+            # upstream: asyncio.to_thread(queue.get, timeout=<= 1 s) for every answer, None on a timeout
+            import asyncio
+
+            if self._closed:
+                raise asyncio.CancelledError("Transport closed")
+            inboxes = self.__dict__.setdefault("inboxes", {})
+            if consumer_id not in inboxes:  # the first read in this process: start the reader
+                inbox: asyncio.Queue[Any] = asyncio.Queue()
+                inboxes[consumer_id] = inbox
+                loop = asyncio.get_running_loop()
+                threading.Thread(
+                    target=read_answers,
+                    args=(self, self._queues[consumer_id], loop, inbox),
+                    daemon=True,
+                    name=f"geograph-answers-{consumer_id}",
+                ).start()
+            if timeout is None:
+                return await inboxes[consumer_id].get()
+            try:
+                return await asyncio.wait_for(inboxes[consumer_id].get(), min(timeout, 1))
+            except TimeoutError:
+                return None
+
+        def __reduce__(self) -> Any:
+            return (MPQueueTransport, (None, self._queues))
+
     class GeoLitServer(ls.LitServer):  # type: ignore[misc]  # litserve is untyped
         """LitServer with geograph's worker monitor (:func:`~geograph.serve.lifecycle.watch_workers`)
         and a quiet shutdown: the logger process stops before the manager does, and API servers
@@ -175,6 +287,10 @@ if ls is not None:
 
             self._callback_runner.trigger_event(EventTypes.ON_SERVER_START.value, litserver=self)
             handler = ForgetfulHandler(lit_api, self)
+            # LitServe's "no auth" is a sync dependency that FastAPI runs in its thread pool, a thread
+            # hop for every request: left out (geograph's key check is a middleware, geograph.serve.auth)
+            auth = self.setup_auth(lit_api)
+            dependencies = [] if auth is no_auth else [Depends(auth)]
             routes = getattr(lit_api, "routes", {lit_api.api_path: request_type})
             responses = getattr(lit_api, "responses", {})
             if not lit_api.spec:
@@ -183,7 +299,7 @@ if ls is not None:
                         path,
                         _endpoint(handler, model, responses.get(path, response_type)),
                         methods=["POST"],
-                        dependencies=[Depends(self.setup_auth(lit_api))],
+                        dependencies=dependencies,
                         summary=getattr(lit_api, "summaries", {}).get(path),
                     )
             self._register_spec_endpoints(lit_api)
@@ -203,6 +319,9 @@ if ls is not None:
             manager = super()._init_manager(num_api_servers)
             ours = getattr(getattr(manager, "_process", None), "pid", None)
             self.logger_processes = [p for p in mp.active_children() if p.pid not in before and p.pid != ours]
+            transport: Any = self.__dict__["_transport"]  # set by upstream's _init_manager
+            if type(transport) is MPQueueTransport:  # the API servers, forked later, inherit it
+                self._transport = ThreadedReceiveTransport(None, transport._queues)
             return manager
 
         def _perform_graceful_shutdown(
@@ -220,7 +339,7 @@ if ls is not None:
                 stop_processes(self.inference_workers, 5)
             super()._perform_graceful_shutdown(manager, live, shutdown_reason)
 
-    class WaitingBatchedLoop(BatchedLoop):  # type: ignore[misc]  # litserve is untyped
+    class WaitingBatchedLoop(AnswerSender, BatchedLoop):  # type: ignore[misc]  # litserve is untyped
         """LitServe's batched loop with a batch collected by blocking waits, not by polling.
 
         LitServe 0.2 fills a batch with ``get(timeout=0.001)`` calls on the request queue, a
@@ -247,7 +366,28 @@ if ls is not None:
         The rest of LitServe's protocol is unchanged:
         each request is acknowledged (``START``), a request older than ``request_timeout`` is
         timed out instead of run, and the stop sentinel ends the loop.
+
+        Answers are sent by a sender thread of the worker (:meth:`put_response`), in the order
+        the loop gives them: sending one is a round trip to the queue manager's process
+        (pickling the answer, waiting for the manager to be scheduled), and on the compute thread
+        a batch's answers, one round trip each, delayed the next batch; the sender sends them
+        while the next batch encodes (torch releases the GIL). A stopping worker hands over the
+        answers it holds first (up to :data:`FLUSH_WAIT` s).
         """
+
+        def put_response(
+            self,
+            transport: Any,
+            response_queue_id: Any,
+            uid: Any,
+            response_data: Any,
+            status: Any,
+            response_type: Any,
+        ) -> None:
+            # upstream: sends on the calling thread; here the answer is queued for the sender thread
+            self.hand_over(
+                super().put_response, (transport, response_queue_id, uid, response_data, status, response_type)
+            )
 
         def get_batch_requests(
             self, lit_api: Any, request_queue: Any, transport: Any
@@ -271,6 +411,7 @@ if ls is not None:
             deadline = lit_api.request_timeout not in (-1, False)
             while True:
                 if item == _SENTINEL_VALUE:
+                    self.flush()  # the answers already computed go out before the worker stops
                     raise _StopLoopError()
                 queue_id, uid, arrived, body = item
                 if budget:  # the padded tokens its texts bring (tokenized here, kept for the encoding)

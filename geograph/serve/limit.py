@@ -17,8 +17,9 @@ from typing import Any
 
 def _serving_worker(
     encoder: str | None, backend: str, share: list[str], batch: int, repeat: int, barrier: Any
-) -> list[float]:
-    """One server worker's encoding, in its own process: the seconds of each timed pass over ``share``."""
+) -> list[tuple[float, float]]:
+    """One server worker's encoding, in its own process: the wall and the CPU seconds (this process,
+    its threads included) of each timed pass over ``share``."""
     import time
 
     from geograph.serve.corpus import TextEncoder, one_thread
@@ -29,11 +30,11 @@ def _serving_worker(
     with one_thread():
         for n in range(repeat + 1):  # the first pass untimed
             barrier.wait()  # the workers encode at the same time, as a loaded server's do
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for start in range(0, len(share), batch):
                 # a tag makes every pass's texts new to the tokens the encoder keeps
                 enc.encode_requests([f"{x} {n}" for x in share[start : start + batch]])
-            seconds.append(time.perf_counter() - t)
+            seconds.append((time.perf_counter() - t, time.process_time() - c))
     return seconds[1:]
 
 
@@ -44,7 +45,7 @@ def serving_limit(
     with one intra-op thread, encoding its share of ``texts`` in batches of ``batch`` through the
     server's own path (:meth:`geograph.serve.corpus.TextEncoder.encode_requests`: tokenized, padded
     to buckets, nothing cached), all at once; the sum of their rates, median of ``repeat`` passes
-    after one untimed pass.
+    after one untimed pass; ``cpu_s_per_text``, the CPU seconds a text's encoding took (median).
 
     What a server of ``workers`` workers could answer if it did nothing but encode its request
     texts: the limit ``geograph bench serve`` divides the server's texts/s by.
@@ -60,7 +61,8 @@ def serving_limit(
     with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
         barrier = manager.Barrier(workers)
         runs = list(pool.map(_serving_worker, *zip(*[(encoder, backend, s, batch, repeat, barrier) for s in shares])))
-    rates = [sum(len(s) / run[n] for s, run in zip(shares, runs)) for n in range(repeat)]
+    rates = [sum(len(s) / run[n][0] for s, run in zip(shares, runs)) for n in range(repeat)]
+    cpu = [sum(run[n][1] for run in runs) / len(texts) for n in range(repeat)]
     return {
         "texts": len(texts),
         "batch_size": batch,
@@ -69,6 +71,9 @@ def serving_limit(
         "backend": backend,
         "texts_per_s": statistics.median(rates),
         "spread": [min(rates), max(rates)],
+        # CPU seconds a text's encoding takes (all workers' CPU over the texts): what the benchmark
+        # counts as the workers' encoding, robust to other load on the machine, unlike the rate
+        "cpu_s_per_text": statistics.median(cpu),
     }
 
 

@@ -9,6 +9,12 @@ It starts a server on 127.0.0.1 (``--method``, ``--corpus``; extra server flags 
 * **text**: ``--text-requests`` ``/retrieve`` requests, each with a distinct query text, from
   ``--clients`` closed-loop clients: req/s, and req/s as a share of the limit (one text per
   request, so the encoder bounds it);
+* **CPU**: for each measured phase, the machine's CPU by part (the clients, i.e. this process;
+  the HTTP front; the workers' encoding and the rest of their time; the server's other
+  processes; other programs) as shares of its wall seconds times the usable CPUs. The clients
+  share the cores with the server, so they are kept cheap (one asyncio loop, keep-alive
+  connections, bodies serialised before the clock starts, answers parsed after it stops) and
+  their share is printed;
 * **mixed**: ``--requests`` requests mixing ``/retrieve`` with a query text, ``/retrieve``
   with a query vector, ``/rerank`` with candidate texts, ``/rerank`` with candidate ids (the
   last two for rerankers): req/s and p50 / p99 per kind and overall;
@@ -26,8 +32,8 @@ answer.
 """
 
 # One job per module: workload (the requests), load (closed-loop clients, latency summary), process
-# (the server subprocess), limit (the encoder's texts/s), soak (answers under load against alone),
-# cli (the command).
+# (the server subprocess), limit (the encoder's texts/s), cpu (where the machine's CPU went), soak
+# (answers under load against alone), cli (the command).
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from geograph import registry
+from geograph.bench.serve.cpu import PARTS, CpuMeter, split, usable_cpus
 from geograph.bench.serve.limit import encoder_limit, serving_limit
 from geograph.bench.serve.load import closed_loop, summarise
 from geograph.bench.serve.process import Server
@@ -137,14 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "encoder_backend": args.encoder_backend,
     }
     status = False
+    meter = CpuMeter(None if server is None else server.proc.pid, served["workers"])
     try:
         warm = work.mixed(2 * args.clients)
         closed_loop(url, warm, args.clients, args.timeout)
         if args.text_requests:
             calls = [("retrieve_text", *work.make("retrieve_text")) for _ in range(args.text_requests)]
             before = read_stages(url)
+            meter.start()
             got, seconds = closed_loop(url, calls, args.clients, args.timeout)
+            used = meter.stop()
             text = summarise(calls, got, seconds)
+            text["cpu"] = split(used, len(calls), at_server["cpu_s_per_text"], usable_cpus())
             text["share_of_limit"] = text["req_per_s"] / limit["texts_per_s"]
             text["share_of_serving_limit"] = text["req_per_s"] / at_server["texts_per_s"]
             text["stages_ms"] = breakdown(before, read_stages(url))
@@ -158,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             _print_stages(text["stages_ms"])
+            _print_cpu(text["cpu"])
             status |= bool(text["status_5xx"] or text["status_other"])
         if args.rerank_requests and work.reranker:
             for phase, fresh in (("rerank_cache_miss", True), ("rerank_cache_hit", False)):
@@ -166,8 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     every = ("v2_rerank", *work.v2_rerank(args.documents, False, every=True))
                     closed_loop(url, [every] * 4 * served["workers"], 2 * served["workers"], args.timeout)
                 before = read_stages(url)
+                meter.start()
                 got, seconds = closed_loop(url, calls, args.clients, args.timeout)
+                used = meter.stop()
                 part = summarise(calls, got, seconds)
+                # a cache hit encodes only the query: the documents are read from the text cache
+                texts = len(calls) * (args.documents + 1 if fresh else 1)
+                part["cpu"] = split(used, texts, at_server["cpu_s_per_text"], usable_cpus())
                 part["texts_per_request"] = args.documents + 1
                 part["texts_per_s"] = part["req_per_s"] * (args.documents + 1)
                 part["share_of_serving_limit"] = part["texts_per_s"] / at_server["texts_per_s"]
@@ -182,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 _print_stages(part["stages_ms"])
+                _print_cpu(part["cpu"])
                 status |= bool(part["status_5xx"] or part["status_other"])
         if args.requests:
             calls = work.mixed(args.requests)
@@ -230,6 +242,20 @@ def _server_shape(url: str, clients: int) -> dict[str, int]:
     workers = max(1, int(info.get("workers", {}).get("inference_workers", 1)))
     cap = int(info.get("limits", {}).get("max_batch_size", 64))
     return {"workers": workers, "batch": max(1, min(cap, -(-clients // workers)))}
+
+
+def _print_cpu(cpu: dict[str, Any]) -> None:
+    """The phase's CPU by part, as shares of the machine's (wall seconds x usable CPUs)."""
+    names = {
+        "clients": "clients (this process)",
+        "front": "HTTP front",
+        "workers_encode": "workers' encoding",
+        "workers_other": "workers' other",
+        "server_other": "server's other processes",
+        "outside": "outside the measurement",
+    }
+    parts = ", ".join(f"{names[k]} {100 * cpu['share'][k]:.0f}%" for k in PARTS)
+    print(f"  CPU of the machine ({cpu['capacity_s']:.0f} core-s): {parts}, idle {100 * cpu['idle_share']:.0f}%")
 
 
 def _print_stages(stages: dict[str, dict[str, float]]) -> None:

@@ -1,10 +1,18 @@
 """The closed-loop load of ``geograph bench serve``: clients that each send their next request when the last
-was answered, and the latency summary (req/s, p50 / p99 per kind and overall)."""
+was answered, and the latency summary (req/s, p50 / p99 per kind and overall).
+
+The clients cost the machine as little as remote clients would, since on a small machine they
+share its cores with the server they measure: one asyncio loop (aiohttp) for all of them, one
+keep-alive connection each, every body serialised before the clock starts and every answer
+parsed after it stops. ``geograph bench serve`` reports the CPU seconds they took
+(:func:`cpu_seconds`), so a reader knows how much of the machine the measurement itself used.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,39 +24,62 @@ Answer = tuple[int, Any, float]
 
 
 def closed_loop(url: str, calls: Sequence[Call], clients: int, timeout: float) -> tuple[list[Answer], float]:
-    """Send ``calls`` [(kind, path, body)] from ``clients`` threads, each sending its next call
+    """Send ``calls`` [(kind, path, body)] from ``clients`` clients, each sending its next call
     when its last one was answered; [(status, body or None, seconds)] in the order of ``calls``
-    and the wall seconds of the whole run."""
-    import requests
-
-    out: list[Any] = [None] * len(calls)
-    lock = threading.Lock()
-    nxt = [0]
-
-    def client() -> None:
-        s = requests.Session()
-        while True:
-            with lock:
-                i = nxt[0]
-                nxt[0] += 1
-            if i >= len(calls):
-                return
-            _, path, body = calls[i]
-            t = time.perf_counter()
+    and the wall seconds of the whole run (bodies serialised before it, answers parsed after it)."""
+    bodies = [json.dumps(body).encode() for _, _, body in calls]
+    raw, seconds = asyncio.run(_run(url, [c[1] for c in calls], bodies, clients, timeout))
+    out: list[Answer] = []
+    for status, kind, data, took in raw:
+        got = None
+        if data is not None and kind.startswith("application/json"):
             try:
-                r = s.post(url + path, json=body, timeout=timeout)
-                got = r.json() if r.headers.get("content-type", "").startswith("application/json") else None
-                out[i] = (r.status_code, got, time.perf_counter() - t)
-            except requests.RequestException:
-                out[i] = (599, None, time.perf_counter() - t)  # no answer at all counts as a 5xx
+                got = json.loads(data)
+            except ValueError:
+                got = None
+        out.append((status, got, took))
+    return out, seconds
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(min(clients, max(1, len(calls))))]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return out, time.perf_counter() - t
+
+async def _run(
+    url: str, paths: Sequence[str], bodies: Sequence[bytes], clients: int, timeout: float
+) -> tuple[list[tuple[int, str, bytes | None, float]], float]:
+    """The closed loop on one event loop: [(status, content type, body bytes or None, seconds)] and
+    the wall seconds; a request with no answer at all (refused, reset, timed out) counts as a 599."""
+    import aiohttp
+
+    n = len(paths)
+    out: list[Any] = [None] * n
+    nxt = iter(range(n))
+    headers = {"Content-Type": "application/json"}
+    limit = aiohttp.ClientTimeout(total=timeout)
+    width = min(clients, max(1, n))
+    connector = aiohttp.TCPConnector(limit=width, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=limit, skip_auto_headers=("User-Agent",)) as s:
+
+        async def client() -> None:
+            for i in nxt:  # one shared iterator: each call is taken by exactly one client
+                t = time.perf_counter()
+                try:
+                    async with s.post(url + paths[i], data=bodies[i], headers=headers) as r:
+                        data = await r.read()
+                        out[i] = (r.status, r.headers.get("Content-Type", ""), data, time.perf_counter() - t)
+                except (TimeoutError, aiohttp.ClientError, OSError):
+                    out[i] = (599, "", None, time.perf_counter() - t)
+
+        t = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(width)))
+        seconds = time.perf_counter() - t
+    return out, seconds
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds the process ``pid`` (default: this one) has used so far, its
+    threads included."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
