@@ -28,6 +28,7 @@ from torch import Tensor
 from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_topk
 from geograph.knn.faiss_ivf import train_centroids
 from geograph.knn.policy import Transform, check_ivf, default_join_nlist, default_join_nprobe
+from geograph.ops.similarity import block_product
 
 __all__ = ["IVFCells", "make_cells", "place_rows", "cell_blocks", "cell_scan"]
 
@@ -114,6 +115,7 @@ def cell_blocks(
     Row ``r`` (in cell ``c``) meets the cells ``c`` is joined with and its own ``nprobe`` nearest
     centroids, as in the build. Yields ``(q, cols, s)``: the query rows that meet one cell
     (``(Q,)`` ids), that cell's rows (``(C,)`` ids, ascending) and ``s = z[q] @ z[cols].T``
+    (:func:`~geograph.ops.similarity.block_product`: a pair has the bits of a build's tile)
     (``(Q, C)``, at most about ``block^2`` entries: a cell met by many rows is split). A row
     meets each cell once; the cells of ``cells.assign`` must cover every row of ``z``.
     """
@@ -136,7 +138,7 @@ def cell_blocks(
         step = max(1, (block * block) // cols.numel())
         for r0 in range(0, q.numel(), step):
             qq = q[r0 : r0 + step]
-            yield qq, cols, z[qq] @ zc.T
+            yield qq, cols, block_product(z[qq], zc)  # a thin block has a tile's bits
 
 
 def cell_scan(
