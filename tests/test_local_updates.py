@@ -13,7 +13,7 @@ from geograph import CorpusGraph, G3Graph
 from geograph.geometry.gain import DENSITY_UNIT, density_sums
 from geograph.graphs import g3_updates
 from geograph.graphs.g3_updates import g3_state
-from geograph.ops.similarity import block_product
+from geograph.ops.similarity import block_product, unit_rows
 
 
 def tied_pool(n: int, dim: int, seed: int, jitter: int = 0) -> torch.Tensor:
@@ -226,3 +226,30 @@ def test_block_product_of_thin_blocks_has_a_tiles_bits():
         assert torch.equal(block_product(z[:m], z[300:]), tile[:m])
         assert torch.equal(block_product(z[:300], z[300 : 300 + m]), tile[:, :m])
         assert torch.equal(block_product(z[300 : 300 + m], z[:300]), tile[:, :m].T)
+
+
+@pytest.mark.parametrize("build", ["knn", "g3"])
+def test_ivf_build_keeps_the_joins_cells_without_training_again(build, monkeypatch):
+    """The cells kept for updates are the join's own (centroids trained once), the same as
+    training them again would give."""
+    from geograph.knn import faiss_ivf, ivf_join, ivf_place
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return faiss_ivf.train_centroids(*args, **kwargs)
+
+    monkeypatch.setattr(ivf_join, "train_centroids", counted)
+    monkeypatch.setattr(ivf_place, "train_centroids", counted)
+    x = clustered(1500, 16, 12, torch.Generator().manual_seed(2))
+    if build == "knn":
+        graph = CorpusGraph.from_knn(x, 5, index="ivf", nlist=16, nprobe=3, recall_target=None)
+        cells = graph.knn_state.cells
+    else:
+        graph = G3Graph.build(x, max_degree=8, index="ivf", nlist=16, nprobe=3, recall_target=None)
+        cells = graph.update_state.cells
+    assert len(calls) == 1
+    again = ivf_place.make_cells(unit_rows(x), nlist=16, nprobe=3)
+    assert cells.nprobe == 3 and torch.allclose(cells.centroids, again.centroids, atol=1e-5)
+    assert (cells.assign == again.assign).float().mean() > 0.99
