@@ -253,3 +253,26 @@ def test_ivf_build_keeps_the_joins_cells_without_training_again(build, monkeypat
     again = ivf_place.make_cells(unit_rows(x), nlist=16, nprobe=3)
     assert cells.nprobe == 3 and torch.allclose(cells.centroids, again.centroids, atol=1e-5)
     assert (cells.assign == again.assign).float().mean() > 0.99
+
+
+def test_cell_blocks_group_cells_and_score_every_met_pair_once():
+    """A few changed rows: the cells they meet come in far fewer blocks than cells, every pair
+    of a row and a cell it meets is scored exactly once, with its exact inner product."""
+    from geograph.knn.ivf_place import cell_blocks, make_cells
+
+    x = unit_rows(clustered(3000, 16, 12, torch.Generator().manual_seed(8)))
+    cells = make_cells(x, nlist=64, nprobe=4)
+    rows = torch.tensor([3, 700, 1500, 2999])
+    near = torch.topk(x[rows] @ cells.centroids.T, 4).indices
+    need = cells.met()[cells.assign[rows]]
+    need.scatter_(1, near, True)
+    seen = torch.zeros(4, 3000, dtype=torch.long)
+    slot = {int(r): i for i, r in enumerate(rows)}
+    blocks = 0
+    for q, cols, s in cell_blocks(x, rows, cells):
+        blocks += 1
+        assert torch.allclose(s, x[q] @ x[cols].T, atol=1e-6)
+        seen[[slot[int(r)] for r in q]] += torch.zeros(q.numel(), 3000, dtype=torch.long).index_fill_(1, cols, 1)
+    want = need[:, cells.assign]  # (rows, N): the row meets the passage's cell
+    assert bool((seen[want] == 1).all()) and int(seen.max()) == 1
+    assert blocks < int(need.any(0).sum()) // 2
