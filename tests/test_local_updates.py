@@ -10,8 +10,10 @@ from test_g3_updates import numpy_transition
 from test_updates import edge_set, numpy_knn_edges
 
 from geograph import CorpusGraph, G3Graph
+from geograph.geometry.gain import DENSITY_UNIT, density_sums
 from geograph.graphs import g3_updates
 from geograph.graphs.g3_updates import g3_state
+from geograph.ops.similarity import block_product, unit_rows
 
 
 def tied_pool(n: int, dim: int, seed: int, jitter: int = 0) -> torch.Tensor:
@@ -60,7 +62,7 @@ def test_knn_updates_with_ties_equal_rebuild(seed):
 
 def check_g3(graph: G3Graph, rows: torch.Tensor, max_degree: int, beta: float = 0.4):
     ref = G3Graph.build(rows, max_degree=max_degree, beta=beta)
-    assert torch.allclose(graph.density, ref.density, atol=1e-5)
+    assert torch.equal(graph.density, ref.density)  # the same bits: the sums are exact
     assert torch.equal(graph.crow, ref.crow) and torch.equal(graph.col, ref.col)
     assert torch.allclose(graph.val, ref.val, atol=1e-5)
     want = numpy_transition(rows.double().numpy(), (0.1, 0.7), beta, max_degree)
@@ -185,3 +187,92 @@ def test_ivf_g3_updates_through_cells_recall_against_numpy():
     rho2 = rebuilt.density.double().numpy()
     want = numpy_recall(found(rebuilt), z, lambda i: f[i] * np.exp(-0.4 * rho2))
     assert got >= 0.9 and got >= want - 0.01, (got, want)
+
+
+def test_g3_density_after_updates_has_the_rebuilds_bits():
+    """Inexact sums (random rows), changes of fewer rows than a BLAS tile: the updated density
+    and raw sums are bitwise those of a fresh build (terms on one grid, exact float64 sums)."""
+    gen = torch.Generator().manual_seed(11)
+    pool = torch.nn.functional.normalize(torch.randn(380, 24, generator=gen) + 0.2, dim=1)
+    graph = G3Graph.build(pool[:300], max_degree=6)
+    graph.set_ids(list(range(300)))
+    g3_state(graph, width=16)
+    rows, _ = random_steps(graph, pool, 300, 6, 11, 9)
+    ref = G3Graph.build(rows, max_degree=6)
+    assert torch.equal(graph.density, ref.density)
+    assert torch.equal(graph.update_state.raw, density_sums(rows, rows, exclude=True))
+
+
+def test_density_sums_do_not_depend_on_the_tiles():
+    """Two groups on orthogonal halves of the dimensions (cosines of about 1e-9 between them, of
+    about 0.2 inside): a float sum of such terms would depend on its order."""
+    gen = torch.Generator().manual_seed(3)
+    x = 1e-9 * torch.randn(700, 48, generator=gen)
+    x[:350, :24] += torch.randn(350, 24, generator=gen) + 0.1
+    x[350:, 24:] += torch.randn(350, 24, generator=gen) + 0.1
+    z = torch.nn.functional.normalize(x[torch.randperm(700, generator=gen)], dim=1)
+    sums = [density_sums(z, z, block=b, exclude=True) for b in (7, 64, 333, 4096)]
+    assert all(torch.equal(sums[0], s) for s in sums[1:])
+    want = (z.double() @ z.double().T).clamp_min(0).fill_diagonal_(0).sum(1)
+    assert torch.allclose(sums[0], want, rtol=0, atol=700 * DENSITY_UNIT)
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the padding's rows are MKL's thin-kernel bound")
+def test_block_product_of_thin_blocks_has_a_tiles_bits():
+    gen = torch.Generator().manual_seed(4)
+    z = torch.nn.functional.normalize(torch.randn(600, 384, generator=gen), dim=1)
+    tile = z[:300] @ z[300:].T
+    for m in (1, 3, 5, 11):
+        assert torch.equal(block_product(z[:m], z[300:]), tile[:m])
+        assert torch.equal(block_product(z[:300], z[300 : 300 + m]), tile[:, :m])
+        assert torch.equal(block_product(z[300 : 300 + m], z[:300]), tile[:, :m].T)
+
+
+@pytest.mark.parametrize("build", ["knn", "g3"])
+def test_ivf_build_keeps_the_joins_cells_without_training_again(build, monkeypatch):
+    """The cells kept for updates are the join's own (centroids trained once), the same as
+    training them again would give."""
+    from geograph.knn import faiss_ivf, ivf_join, ivf_place
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return faiss_ivf.train_centroids(*args, **kwargs)
+
+    monkeypatch.setattr(ivf_join, "train_centroids", counted)
+    monkeypatch.setattr(ivf_place, "train_centroids", counted)
+    x = clustered(1500, 16, 12, torch.Generator().manual_seed(2))
+    if build == "knn":
+        graph = CorpusGraph.from_knn(x, 5, index="ivf", nlist=16, nprobe=3, recall_target=None)
+        cells = graph.knn_state.cells
+    else:
+        graph = G3Graph.build(x, max_degree=8, index="ivf", nlist=16, nprobe=3, recall_target=None)
+        cells = graph.update_state.cells
+    assert len(calls) == 1
+    again = ivf_place.make_cells(unit_rows(x), nlist=16, nprobe=3)
+    assert cells.nprobe == 3 and torch.allclose(cells.centroids, again.centroids, atol=1e-5)
+    assert (cells.assign == again.assign).float().mean() > 0.99
+
+
+def test_cell_blocks_group_cells_and_score_every_met_pair_once():
+    """A few changed rows: the cells they meet come in far fewer blocks than cells, every pair
+    of a row and a cell it meets is scored exactly once, with its exact inner product."""
+    from geograph.knn.ivf_place import cell_blocks, make_cells
+
+    x = unit_rows(clustered(3000, 16, 12, torch.Generator().manual_seed(8)))
+    cells = make_cells(x, nlist=64, nprobe=4)
+    rows = torch.tensor([3, 700, 1500, 2999])
+    near = torch.topk(x[rows] @ cells.centroids.T, 4).indices
+    need = cells.met()[cells.assign[rows]]
+    need.scatter_(1, near, True)
+    seen = torch.zeros(4, 3000, dtype=torch.long)
+    slot = {int(r): i for i, r in enumerate(rows)}
+    blocks = 0
+    for q, cols, s in cell_blocks(x, rows, cells):
+        blocks += 1
+        assert torch.allclose(s, x[q] @ x[cols].T, atol=1e-6)
+        seen[[slot[int(r)] for r in q]] += torch.zeros(q.numel(), 3000, dtype=torch.long).index_fill_(1, cols, 1)
+    want = need[:, cells.assign]  # (rows, N): the row meets the passage's cell
+    assert bool((seen[want] == 1).all()) and int(seen.max()) == 1
+    assert blocks < int(need.any(0).sum()) // 2

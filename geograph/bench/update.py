@@ -25,7 +25,7 @@ from their cells, redone against every passage, and the one bound ``R``), and:
   each row's ``k`` neighbours; G3: each row's edges against its exact top-``max_degree`` weights
   under the graph's own density), which must agree within ``--recall-slack`` (0.005).
 
-A G3 graph without update state (the exact build) makes it by one all-pairs pass before its
+A G3 graph without update state (the exact build) makes it by two all-pairs passes before its
 first update (``state_seconds``, apart). JSON under ``--out`` (``update.json``, or named after
 ``--markdown``'s file, with the commit and date) and a markdown table (``--markdown``). Run it
 at large N only on an idle machine.

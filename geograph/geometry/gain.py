@@ -6,15 +6,15 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict, Unpack, cast
+from typing import Any, TypedDict, Unpack, cast
 
 import torch
 from torch import Tensor
 
 from geograph._checks import check_finite_float, check_positive_int, check_tensor
-from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, progress_bar, sort_topk, tiled_pairs
+from geograph.knn.allpairs import DEFAULT_BLOCK, map_tiles, merge_topk, progress_bar, sort_topk, tiled_pairs
 from geograph.ops.adjacency import csr_rowptr
-from geograph.ops.similarity import minmax_normalize, unit_rows
+from geograph.ops.similarity import block_product, minmax_normalize, unit_rows
 
 __all__ = [
     "gain_density",
@@ -87,17 +87,86 @@ def check_band(band: tuple[float, float] | None) -> tuple[float, float] | None:
     return lo, hi
 
 
-def _positive_part(s: Tensor) -> Tensor:
-    return s.clamp_min(0)
+#: the density's terms ``max(0, S_jk)`` (of float32 embeddings) are rounded to multiples of this
+#: (``2^-24``, float32's spacing at 1) and summed in float64, where such sums are exact (below ``2^29`` passages): every
+#: order of summation gives the same bits, so an update that adds and subtracts the sums of the
+#: changed blocks ends on the sums of a fresh build (:mod:`geograph.graphs.g3_updates`)
+DENSITY_UNIT = 2.0**-24
+
+
+def density_terms(a: Tensor, b: Tensor) -> Tensor:
+    """The density's terms ``max(0, <a_r, b_c>)`` of every pair ``(r, c)`` in units of
+    :data:`DENSITY_UNIT` (integer-valued, in ``a``'s dtype; sum them in float64): the same
+    bits for a pair whatever block or side it is computed in
+    (:func:`~geograph.ops.similarity.block_product`). float64 terms are not rounded (their
+    sums keep float64's precision and are exact only up to its rounding).
+
+    Example:
+        >>> density_terms(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.6, 0.8], [-1.0, 0.0]])) * DENSITY_UNIT
+        tensor([[0.6000, 0.0000]])
+    """
+    t = block_product(a, b).mul_(1.0 / DENSITY_UNIT)
+    return (t if t.dtype == torch.float64 else t.round_()).clamp_min_(0.0)
+
+
+def _density_rows(shared: dict[str, Any], r0: int) -> Tensor:
+    """The float64 sums (in units) of the density's terms of query rows ``r0 : r0 + block``
+    against every key, the excluded pair left out (a tile of :func:`density_sums`)."""
+    query, keys, block, own = shared["query"], shared["keys"], shared["block"], shared["own"]
+    q = query[r0 : r0 + block]
+    sums = torch.zeros(q.shape[0], dtype=torch.float64, device=q.device)
+    mine = None if own is None else own[r0 : r0 + block].unsqueeze(1)
+    for c0 in range(0, keys.shape[0], block):
+        t = density_terms(q, keys[c0 : c0 + block])
+        if mine is not None:
+            hit = mine == torch.arange(c0, c0 + t.shape[1], device=q.device)
+            t = t.masked_fill_(hit, 0.0)
+        sums += t.sum(1, dtype=torch.float64)
+    return sums
+
+
+def density_sums(
+    query: Tensor,
+    keys: Tensor,
+    *,
+    block: int = DEFAULT_BLOCK,
+    exclude: bool | Tensor = False,
+    progress: bool | str = False,
+) -> Tensor:
+    """``sum_k max(0, <q_b, x_k>)`` of every query row, float64, each term on the grid of
+    :data:`DENSITY_UNIT` (:func:`density_terms`), so the sums are exact and do not depend on the
+    tiles (memory ``O(block^2)``; the tiles run on the executor of an enclosing
+    :func:`~geograph.knn.allpairs.tile_executor`). ``exclude``: ``True`` when query row ``b`` is
+    key ``b``, or the key id of each query row, whose pair is left out.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+        >>> density_sums(x, x, exclude=True)
+        tensor([0.6000, 0.8000, 1.4000], dtype=torch.float64)
+    """
+    own = None
+    if exclude is True:
+        own = torch.arange(query.shape[0], device=query.device)
+    elif isinstance(exclude, Tensor):
+        own = exclude.to(device=query.device, dtype=torch.long)
+    block = check_positive_int(block, "block")
+    shared = dict(query=query, keys=keys, block=block, own=own)
+    out = torch.empty(query.shape[0], dtype=torch.float64, device=query.device)
+    bar = progress_bar(progress, query.shape[0], "density")
+    for r0, sums in map_tiles(_density_rows, shared, range(0, query.shape[0], block)):
+        out[r0 : r0 + sums.shape[0]] = sums
+        if bar is not None:
+            bar.update(sums.shape[0])
+    if bar is not None:
+        bar.close()
+    return out.mul_(DENSITY_UNIT)
 
 
 def _raw_density_exact(z: Tensor, block: int, rows: Tensor | None = None, progress: bool | str = False) -> Tensor:
-    """``sum_{k != j} max(0, S_jk)`` for every row (or ``rows``) by the tiled routine."""
+    """``sum_{k != j} max(0, S_jk)`` for every row (or ``rows``), float64 and exact on the density's
+    grid (:func:`density_sums`)."""
     q = z if rows is None else z[rows]
-    _, _, sums = tiled_pairs(
-        q, z, 0, block=block, exclude=True if rows is None else rows, row_sum=_positive_part, progress=progress
-    )
-    return cast(Tensor, sums)  # row_sum is given: the sums are there
+    return density_sums(q, z, block=block, exclude=True if rows is None else rows, progress=progress)
 
 
 class _DensityStats(TypedDict):
@@ -151,8 +220,10 @@ def gain_density(
               \hat\rho = \frac{\rho - \min \rho}{\max \rho - \min \rho}
 
     with ``S`` the cosine similarity (diagonal 0). Embeddings are L2-normalised here (so any
-    scale is accepted). Exact by default, by the tiled all-pairs routine
-    (:func:`~geograph.knn.allpairs.tiled_pairs`; memory ``O(block^2)``, time ``O(N^2 D)``).
+    scale is accepted). Exact by default, by tiles (:func:`density_sums`; memory ``O(block^2)``,
+    time ``O(N^2 D)``): each term is rounded to a multiple of :data:`DENSITY_UNIT` (``2^-24``) and
+    the sums are taken in float64, where they are exact, so that an update of the corpus, which
+    adds and subtracts the sums of the changed pairs, ends on the same bits as a fresh build.
 
     ``sample=s`` estimates it in ``O(N s D)``: with :math:`\max(0, x) = x + \max(0, -x)`,
     :math:`\sum_{k \ne j} S_{jk} = z_j \cdot \sum_k z_k - 1` is exact from the corpus sum and only

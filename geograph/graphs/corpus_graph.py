@@ -21,7 +21,7 @@ from geograph.graphs.updates import (
     remove_passages,
 )
 from geograph.knn.build import self_topk
-from geograph.knn.ivf_place import make_cells
+from geograph.knn.ivf_place import IVFCells, make_cells
 from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, resolve_index
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 from geograph.ops.similarity import normalize, unit_rows
@@ -153,9 +153,9 @@ class CorpusGraph(PassageGraph):
         the seconds of each stage and, for IVF, ``nprobe`` and the measured recall.
 
         The directed lists are kept for :meth:`add` and :meth:`remove` (an IVF build also keeps its
-        cells, :func:`~geograph.knn.ivf_place.make_cells`, trained again as the join trains
-        them: ``build_info["seconds"]["update_cells"]``, so that an update scans only the cells
-        the changed passages meet); ``reserve`` more entries
+        cells, the centroids and row cells the join hands back, :class:`~geograph.knn.ivf_place.IVFCells`,
+        so that an update scans only the cells the changed passages meet;
+        ``build_info["seconds"]["update_cells"]`` times keeping them); ``reserve`` more entries
         a row (``k + reserve`` computed, the first ``k`` linked) spare :meth:`remove` the rescan
         of a row until it has lost more than ``reserve`` neighbours.
         """
@@ -177,6 +177,7 @@ class CorpusGraph(PassageGraph):
             z = unit_rows(embeddings)  # in the embeddings' dtype (float64 stays float64); unit rows: no copy
         seconds: dict[str, Any] = {}
         report: dict[str, Any] = {}
+        join_cells = None  # the IVF join's (centroids, assign)
         index = "faiss-flat" if faiss else resolve_index(index, v, "CorpusGraph.from_knn")
         if faiss:
             idx = _faiss_knn(z, k + 1)
@@ -193,6 +194,7 @@ class CorpusGraph(PassageGraph):
             report = {} if lists.ivf is None else lists.ivf.as_dict()
             kept = kept_lists(lists.values, idx, k_asked + reserve, exact=index == "exact")
             idx = idx[:, :k]
+            join_cells = lists.cells
             del lists
         del z
         if idx.shape[1] > k:  # FAISS returns the passage itself among the k + 1
@@ -207,14 +209,17 @@ class CorpusGraph(PassageGraph):
             cells = None
             if index == "ivf" and not report.get("exact", False):  # the join's cells, for local updates
                 t0 = time.perf_counter()
-                cells = make_cells(
-                    knn_unit(embeddings),
-                    nlist=nlist,
-                    nprobe=report.get("nprobe", nprobe),
-                    sample=sample,
-                    seed=seed,
-                    block=chunk_size,
-                )
+                if join_cells is not None:  # the join's own: not trained a second time
+                    cells = IVFCells(join_cells[0], join_cells[1].to(torch.long), int(report["nprobe"]))
+                else:
+                    cells = make_cells(
+                        knn_unit(embeddings),
+                        nlist=nlist,
+                        nprobe=report.get("nprobe", nprobe),
+                        sample=sample,
+                        seed=seed,
+                        block=chunk_size,
+                    )
                 seconds["update_cells"] = time.perf_counter() - t0
             graph.knn_state = KnnState(kept, k_asked, exact=index == "exact" or bool(report.get("exact")), cells=cells)
         return graph

@@ -25,7 +25,7 @@ from geograph.graphs.g3_updates import G3State, G3UpdateReport, g3_add, g3_remov
 from geograph.graphs.updates import PassageId
 from geograph.knn.allpairs import DEFAULT_BLOCK
 from geograph.knn.build import self_topk
-from geograph.knn.ivf_place import make_cells
+from geograph.knn.ivf_place import IVFCells, make_cells
 from geograph.knn.policy import DEFAULT_RECALL_TARGET, IVFOptions, default_join_nlist, resolve_index
 
 __all__ = ["G3Graph"]
@@ -241,7 +241,7 @@ class G3Graph(PassageGraph):
         rho = dinfo.density
         info.update(density_seconds=time.perf_counter() - t0, density=dinfo.as_dict())
         del dinfo
-        cand = None
+        cand, join_cells = None, None
         if candidates is not None and max_degree is not None and max_degree < n:
             t0 = time.perf_counter()
             tile = DEFAULT_BLOCK if block is None else block
@@ -259,7 +259,7 @@ class G3Graph(PassageGraph):
                 progress="G3 candidates" if progress else False,
                 **rank,
             )
-            cand, report = (lists.values, lists.indices), lists.ivf
+            cand, report, join_cells = (lists.values, lists.indices), lists.ivf, lists.cells
             del lists
             info.update(candidates=candidates, ranking=ranking, candidate_seconds=time.perf_counter() - t0)
             if report is not None:
@@ -304,7 +304,9 @@ class G3Graph(PassageGraph):
             t0 = time.perf_counter()
             zu = _unit(embeddings)
             cells = None
-            if not info.get("exact", False):
+            if not info.get("exact", False) and join_cells is not None:  # the join's own cells
+                cells = IVFCells(join_cells[0], join_cells[1].to(torch.long), int(info["nprobe"]))
+            elif not info.get("exact", False):
                 cells = make_cells(
                     zu, nlist=nlist, nprobe=info.get("nprobe", nprobe), sample=sample, seed=seed, block=tile
                 )

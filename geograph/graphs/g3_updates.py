@@ -6,8 +6,9 @@ normalisation), so every penalty changes with every update. The update keeps
 (:class:`G3State`):
 
 - the raw density sums ``sum_{k != j} max(0, S_jk)`` of every passage (float64). An exact
-  build updates them exactly by the ``(new x all)`` / ``(kept x removed)`` blocks of the
-  change; a build whose density was sampled (the IVF build) updates the signed part
+  build's terms lie on the grid of :data:`~geograph.geometry.gain.DENSITY_UNIT`, where float64
+  sums are exact, so the update moves them to the fresh build's bits by the ``(new x all)`` /
+  ``(kept x removed)`` blocks of the change; a build whose density was sampled (the IVF build) updates the signed part
   ``z_j . sum_k z_k`` exactly (``O(N D)``) and the negative part from a sample of the changed
   passages at the build's rate (the rows at the minimum and maximum were summed exactly by
   the build and move by these estimates, so that no column's penalty jumps). The sums are then
@@ -31,9 +32,9 @@ every passage (exact: ``redone``), and keeps a fresh list. :class:`G3UpdateRepor
 Costs: exact graph ``O(N M D + R N D + N K')``, IVF graph ``O(M C D + R C D + N (K' + D))`` for
 ``M`` changed passages, ``R`` recomputed rows and ``C`` rows in the cells a row meets (about
 ``2 nprobe N / nlist``). A graph without the state (loaded from disk, or reordered) makes it once:
-an exact graph by one all-pairs pass, an IVF graph from its build (kept) or, loaded, by one
-exact pass (the lists are not saved). ``max_degree=None`` (the full ``T``) is rebuilt from the
-kept density: every weight of it moves.
+an exact graph by two all-pairs passes (its lists, then its exact density sums), an IVF graph
+from its build (kept) or, loaded, by one IVF join (the lists are not saved).
+``max_degree=None`` (the full ``T``) is rebuilt from the kept density: every weight of it moves.
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from geograph.geometry.gain import _row_normalised, _unit, _weights, gain_rank, gain_transition_edges
+from geograph.geometry.gain import (
+    DENSITY_UNIT,
+    _row_normalised,
+    _unit,
+    _weights,
+    density_sums,
+    density_terms,
+    gain_rank,
+    gain_transition_edges,
+)
 from geograph.graphs.updates import check_new_rows, passage_ids
 from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
 from geograph.knn.build import self_topk
@@ -141,10 +151,6 @@ class G3UpdateReport:
     seconds: float
 
 
-def _positive(s: Tensor) -> Tensor:
-    return s.clamp_min(0)
-
-
 def _penalty(raw: Tensor, beta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The density ``rho`` (in ``dtype``) of raw sums and its penalties ``e^{-beta rho}``, as the build makes them."""
     rho = minmax_normalize(raw, lo=raw.min(), hi=raw.max(), clip=True).to(dtype)
@@ -198,7 +204,7 @@ def _lists_from(
 
 
 def g3_state(graph: G3Graph, block: int = DEFAULT_BLOCK, width: int | None = None) -> G3State:
-    """The graph's update state, made by one all-pairs pass when it has none (``width``: the
+    """The graph's update state, made by two all-pairs passes when it has none (``width``: the
     list length, default ``max(2 max_degree, DEFAULT_UPDATE_CANDIDATES)``)."""
     state: G3State | None = getattr(graph, "update_state", None)
     if state is not None:
@@ -210,22 +216,18 @@ def g3_state(graph: G3Graph, block: int = DEFAULT_BLOCK, width: int | None = Non
     if graph.max_degree is not None and n > AUTO_EXACT_MAX:  # a large graph without its build's state
         state = _ivf_state_again(graph, z, _width(graph, width), block)
     elif graph.max_degree is None:
-        _, _, sums = tiled_pairs(z, z, 0, block=block, exclude=True, row_sum=_positive)
-        assert sums is not None  # (a row_sum was given)
-        raw = sums.double()
+        raw = density_sums(z, z, block=block, exclude=True)
         state = G3State(raw, None, None, None, _penalty(raw, graph.beta, z.dtype)[1])
     else:
         k = _width(graph, width)
         rho = graph.density.to(z)
         penalty = torch.exp(-graph.beta * rho)
         band = graph.band
-        v, i, sums = tiled_pairs(
-            z, z, min(k, n - 1), block=block, exclude=True, row_sum=_positive, score=_ranker(penalty, band)
-        )
-        assert sums is not None
+        v, i, _ = tiled_pairs(z, z, min(k, n - 1), block=block, exclude=True, score=_ranker(penalty, band))
         v, i = _padded(v, i, k)
         f, ids, cut = _lists_from(z, torch.arange(n, device=z.device), v, i, k, n - 1, band, block)
-        state = G3State(sums.double(), f, ids, cut, penalty)
+        # the raw sums by the build's own pass (exact on its grid), not the lists' tiles
+        state = G3State(density_sums(z, z, block=block, exclude=True), f, ids, cut, penalty)
     graph.update_state = state
     return state
 
@@ -266,11 +268,10 @@ def _raw_of(graph: G3Graph, z: Tensor, block: int) -> Tensor:
     """The raw sums of a graph's density scaled back: its minimum and maximum rows summed exactly."""
     rho = graph.density.to(torch.float64)
     ends = torch.stack([rho.argmin(), rho.argmax()])
-    _, _, sums = tiled_pairs(z[ends], z, 0, block=block, exclude=ends, row_sum=_positive)
-    assert sums is not None
+    sums = density_sums(z[ends], z, block=block, exclude=ends)
     lo, hi = float(sums[0]), float(sums[1])
     raw = lo + rho * (hi - lo)
-    raw[ends] = sums.double()
+    raw[ends] = sums
     return raw
 
 
@@ -326,14 +327,18 @@ def _new_raw(z: Tensor, n: int, state: G3State, block: int) -> Tensor:
     """The raw sums of ``z`` (``N + M`` rows, the last ``M`` new) after an addition."""
     m = z.shape[0] - n
     new_ids = torch.arange(n, n + m, device=z.device)
-    if state.sample_rate is None:  # exact: the (new x all) blocks, both directions
+    if state.sample_rate is None:  # exact: the (new x all) blocks, both directions, on the build's grid
         fresh = torch.zeros(m, dtype=torch.float64, device=z.device)
         delta = torch.zeros(n + m, dtype=torch.float64, device=z.device)
-        for q, cols, s in cell_blocks(z, new_ids, _one_cell(z), block=block):
-            pos = s.clamp_min(0).masked_fill_(q.unsqueeze(1) == cols, 0.0)
-            fresh[q - n] += pos.sum(1, dtype=torch.float64)
-            delta.index_add_(0, cols, pos.sum(0, dtype=torch.float64))
-        return torch.cat([state.raw + delta[:n], fresh])
+        for q0 in range(0, m, block):
+            q = new_ids[q0 : q0 + block]
+            for c0 in range(0, n + m, block):
+                t = density_terms(z[q], z[c0 : c0 + block])
+                t.masked_fill_(q.unsqueeze(1) == torch.arange(c0, c0 + t.shape[1], device=z.device), 0.0)
+                fresh[q - n] += t.sum(1, dtype=torch.float64)
+                delta[c0 : c0 + t.shape[1]] += t.sum(0, dtype=torch.float64)
+        # integer sums below 2^53: exact, so the result is the fresh build's bits
+        return torch.cat([state.raw + delta[:n].mul_(DENSITY_UNIT), fresh.mul_(DENSITY_UNIT)])
     rate = state.sample_rate
     old = state.raw + _sampled_sum(z[:n], z[n:], rate, seed=n)
     fresh = _sampled_sum(z[n:], z, rate, seed=n + m) - 1.0  # the passage itself: S_jj = 1
@@ -575,8 +580,8 @@ def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_
         gone = torch.zeros(z.shape[0], dtype=torch.float64, device=z.device)
         zr = z_all[rows_d]
         for r0 in range(0, z.shape[0], block):
-            gone[r0 : r0 + block] = (z[r0 : r0 + block] @ zr.T).clamp_min_(0).sum(1, dtype=torch.float64)
-        raw = state.raw[keep_d] - gone
+            gone[r0 : r0 + block] = density_terms(z[r0 : r0 + block], zr).sum(1, dtype=torch.float64)
+        raw = state.raw[keep_d] - gone.mul_(DENSITY_UNIT)  # exact on the build's grid
     else:
         gone = _sampled_sum(z, z_all[rows_d], state.sample_rate, n)
         raw = state.raw[keep_d] - gone

@@ -24,6 +24,7 @@ from torch import Tensor
 from geograph import _checks
 from geograph._checks import check_positive_int
 from geograph.knn.select import compiled, new_lists, offer_rows
+from geograph.ops.similarity import block_product
 from geograph.outputs import topk_by_key, topk_stable
 
 __all__ = [
@@ -296,7 +297,9 @@ def pairs_rows(shared: dict[str, Any], r0: int) -> tuple[Tensor, Tensor, Tensor 
         local = torch.arange(q.shape[0])
         excl = None if own is None else own.squeeze(1)
     for c0 in range(0, v, block):
-        s = q @ keys[c0 : c0 + block].T
+        # a build's thin last tile is padded to a full tile's bits (updates compute the same pairs
+        # in other blocks); a traced / one-tile call (retrieval) is the plain product
+        s = q @ keys[c0 : c0 + block].T if traced else block_product(q, keys[c0 : c0 + block])
         cols = torch.arange(c0, c0 + s.shape[1], device=q.device)
         hit = None if own is None or (heaps and sums is None) else own == cols
         if sums is not None:

@@ -112,7 +112,8 @@ def ivf_self_topk(
         best first (ties: lowest index; a row with fewer than ``k`` candidates pads with
         ``-inf`` and index ``-1``, rare: tiny cells only), the seconds of each stage
         (``train``, ``assign``, ``join``, ``own_probes``, ``merge``, ``refine``; ``recall`` for the sampled
-        exact rows; ``exact`` after a fall-back) and the
+        exact rows; ``exact`` after a fall-back), the join's ``cells`` (centroids and every row's
+        cell, for updates; ``None`` after a fall-back) and the
         :class:`~geograph.knn.policy.IVFReport` (after a fall-back to the exact scan
         ``exact`` is True, ``nprobe`` None and ``recall`` 1.0 by construction, not measured).
 
@@ -152,7 +153,15 @@ def ivf_self_topk(
 
     flops: dict[str, float] = {}
 
-    def measured(values: Tensor, indices: Tensor, probes: int | None, goal: float, *, exact: bool) -> SelfTopk:
+    def measured(
+        values: Tensor,
+        indices: Tensor,
+        probes: int | None,
+        goal: float,
+        *,
+        exact: bool,
+        cells: tuple[Tensor, Tensor] | None = None,
+    ) -> SelfTopk:
         # the lists with the report of a recall target: their recall measured on other sampled rows
         report = measure_recall(
             z,
@@ -169,7 +178,7 @@ def ivf_self_topk(
             reference=check_ref,
         )
         clock("recall")
-        return SelfTopk(values, indices, clock.seconds, report, flops)
+        return SelfTopk(values, indices, clock.seconds, report, flops, cells)
 
     if recall_target is not None:
         gen = torch.Generator().manual_seed(seed + 1)
@@ -281,9 +290,10 @@ def ivf_self_topk(
         vals, out_i = sort_topk_(vals, out_i, empty=-1)  # the round's lists are unordered: canonical again
         clock("refine")
     log.info("ivf join: %d rows, nlist=%d, nprobe=%d, sample=%d, refine=%s", n, nlist, nprobe, sample, refine)
+    kept = (centroids, assign)  # handed back for a graph's updates (not trained again)
     if recall_target is not None:
-        return measured(vals, out_i, nprobe, recall_target, exact=False)
-    return SelfTopk(vals, out_i, clock.seconds, IVFReport(nprobe=nprobe, exact=False), flops)
+        return measured(vals, out_i, nprobe, recall_target, exact=False, cells=kept)
+    return SelfTopk(vals, out_i, clock.seconds, IVFReport(nprobe=nprobe, exact=False), flops, kept)
 
 
 def _stage(progress: bool | str, stage: str) -> str:

@@ -22,12 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_topk
 from geograph.knn.faiss_ivf import train_centroids
 from geograph.knn.policy import Transform, check_ivf, default_join_nlist, default_join_nprobe
+from geograph.ops.similarity import block_product
 
 __all__ = ["IVFCells", "make_cells", "place_rows", "cell_blocks", "cell_scan"]
 
@@ -109,11 +111,16 @@ def _members(assign: Tensor, nlist: int) -> tuple[Tensor, list[int]]:
 def cell_blocks(
     z: Tensor, rows: Tensor, cells: IVFCells, *, block: int = DEFAULT_BLOCK
 ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-    """The inner products of ``rows`` with the rows of every cell they meet, one cell at a time.
+    """The inner products of ``rows`` with the rows of every cell they meet, by groups of cells.
 
     Row ``r`` (in cell ``c``) meets the cells ``c`` is joined with and its own ``nprobe`` nearest
-    centroids, as in the build. Yields ``(q, cols, s)``: the query rows that meet one cell
-    (``(Q,)`` ids), that cell's rows (``(C,)`` ids, ascending) and ``s = z[q] @ z[cols].T``
+    centroids, as in the build. Cells are taken in order and grouped while the group's block
+    wastes at most :data:`GROUP_SLACK` products a cell (a block of small products costs its
+    fixed overhead, about as much): a group's block scores every pair of the rows that meet
+    any of its cells and the rows of all of them, so a row may also be scored against a cell of
+    the group it does not meet (more pairs of exact scores, never fewer). Yields ``(q, cols, s)``:
+    the query rows (``(Q,)`` ids), the group's rows (``(C,)`` ids, ascending) and ``s = z[q] @ z[cols].T``
+    (:func:`~geograph.ops.similarity.block_product`: a pair has the bits of a build's tile)
     (``(Q, C)``, at most about ``block^2`` entries: a cell met by many rows is split). A row
     meets each cell once; the cells of ``cells.assign`` must cover every row of ``z``.
     """
@@ -125,18 +132,45 @@ def cell_blocks(
     need = met[cells.assign[rows]]
     need.scatter_(1, own, True)
     order, ptr = _members(cells.assign, nlist)
-    q_of, c_of = need.T.nonzero(as_tuple=True)  # (cell, row) pairs, grouped by cell
-    bounds = torch.searchsorted(q_of, torch.arange(nlist + 1, device=q_of.device)).tolist()
-    for c in range(nlist):
-        if bounds[c + 1] == bounds[c] or ptr[c + 1] == ptr[c]:
-            continue
-        cols = order[ptr[c] : ptr[c + 1]].sort().values
+    for group in _groups(need.cpu().numpy(), ptr, block):
+        member = need[:, group].any(1)
+        q = rows[member]
+        cols = torch.cat([order[ptr[c] : ptr[c + 1]] for c in group]).sort().values
         zc = z[cols]
-        q = rows[c_of[bounds[c] : bounds[c + 1]]]
         step = max(1, (block * block) // cols.numel())
         for r0 in range(0, q.numel(), step):
             qq = q[r0 : r0 + step]
-            yield qq, cols, z[qq] @ zc.T
+            yield qq, cols, block_product(z[qq], zc)  # a thin block has a tile's bits
+
+
+#: products a cell may waste in a group of :func:`cell_blocks` (about what one block's fixed
+#: overhead costs on CPU: a few small tensor operations against a product of this size)
+GROUP_SLACK = 1 << 12
+
+
+def _groups(need: np.ndarray, ptr: list[int], block: int) -> list[list[int]]:
+    """Consecutive cells met by some row, grouped while the group's block (rows meeting any of
+    its cells x their rows) exceeds the sum of its cells' own blocks by at most
+    :data:`GROUP_SLACK` a cell and holds at most ``block^2`` products."""
+    counts = need.sum(0)
+    groups: list[list[int]] = []
+    group: list[int] = []
+    union = np.zeros(need.shape[0], dtype=bool)
+    own = width = 0
+    for c in range(need.shape[1]):
+        size = ptr[c + 1] - ptr[c]
+        if counts[c] == 0 or size == 0:
+            continue
+        joined = union | need[:, c]
+        area = int(joined.sum()) * (width + size)
+        if group and (area > own + int(counts[c]) * size + GROUP_SLACK * (len(group) + 1) or area > block * block):
+            groups.append(group)
+            group, joined, own, width = [], need[:, c].copy(), 0, 0
+        group.append(c)
+        union, own, width = joined, own + int(counts[c]) * size, width + size
+    if group:
+        groups.append(group)
+    return groups
 
 
 def cell_scan(

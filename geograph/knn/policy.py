@@ -292,6 +292,9 @@ class SelfTopk:
         flops: floating-point operations of the pair scores of each IVF stage (``join``:
             ``2 D`` per pair of rows its cell pairs score; ``own_probes``: the same for the rows'
             own probes), to set against the stage's seconds; empty for the exact scan.
+        cells: the IVF join's ``(centroids (nlist, D), assign (N,))``, every row's cell, kept so
+            that a graph's updates scan the same cells without training them again; ``None``
+            for the exact scan (and after the join's fall-back to it).
     """
 
     values: Tensor
@@ -299,6 +302,7 @@ class SelfTopk:
     seconds: dict[str, float]
     ivf: IVFReport | None = None
     flops: dict[str, float] = field(default_factory=dict)
+    cells: tuple[Tensor, Tensor] | None = None
 
 
 class StageClock:

@@ -32,6 +32,33 @@ def unit_rows(x: Tensor) -> Tensor:
     return normalize(x)
 
 
+#: a product with fewer rows on either side is padded with zero rows to this many: BLAS picks
+#: another kernel for thin products, which rounds differently from that of a full tile (seen
+#: with MKL below 12 rows)
+MIN_PRODUCT_ROWS = 16
+
+
+def block_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b.T`` with the bits of the same pairs in any other block of at least
+    :data:`MIN_PRODUCT_ROWS` rows a side: thin operands are padded with zero rows (and the
+    result cut back), so that a pair's inner product does not depend on the shape of the block
+    it is computed in. (With MKL on CPU a pair's bits then depend neither on its place in the
+    block nor on the side it is on; other BLAS may differ.)
+
+    Example:
+        >>> block_product(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.6, 0.8], [0.0, 1.0]]))
+        tensor([[0.6000, 0.0000]])
+    """
+    ra, rb = a.shape[0], b.shape[0]
+    if ra >= MIN_PRODUCT_ROWS and rb >= MIN_PRODUCT_ROWS:
+        return a @ b.T
+    if ra < MIN_PRODUCT_ROWS:
+        a = torch.cat([a, a.new_zeros(MIN_PRODUCT_ROWS - ra, a.shape[1])])
+    if rb < MIN_PRODUCT_ROWS:
+        b = torch.cat([b, b.new_zeros(MIN_PRODUCT_ROWS - rb, b.shape[1])])
+    return (a @ b.T)[:ra, :rb]
+
+
 def cosine_similarity(
     x: Tensor,
     y: Tensor | None = None,
