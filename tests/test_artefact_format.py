@@ -39,7 +39,13 @@ def test_corpus_graph_saved_by_an_earlier_writer():
 def test_g3_graph_saved_by_an_earlier_writer():
     g = G3Graph.from_pretrained(SAVED / "g3_graph", corpus=CORPUS, encoder=ENCODER)
     want = made.g3_graph()
-    assert all(equal(getattr(g, k), getattr(want, k)) for k in ("embeddings", "density", "crow", "col", "val"))
+    assert all(equal(getattr(g, k), getattr(want, k)) for k in ("embeddings", "crow", "col"))
+    # today's build sums the density exactly (float64 on a 2^-24 grid); the earlier writer summed
+    # float32 tiles, so the saved density and weights are today's within float32 rounding
+    for k in ("density", "val"):
+        saved, built = getattr(g, k), getattr(want, k)
+        assert saved.dtype == built.dtype and saved.shape == built.shape
+        torch.testing.assert_close(saved, built, rtol=0, atol=2.5e-7)
     assert (g.band, g.beta, g.max_degree, g.row_width) == (want.band, want.beta, want.max_degree, want.row_width)
 
 
