@@ -240,3 +240,64 @@ def test_kept_lists_follow_to():
     assert graph.knn_state.lists.values.dtype == torch.float64  # the lists moved with the buffers
     graph.add(pool[60:].double(), list(range(60, 70)))
     assert edge_set(graph) == numpy_knn_edges(pool.double().numpy(), 4)
+
+
+def random_lists(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """``(n, k)`` lists of distinct other rows, some cut short (``-1`` past the end)."""
+    out = np.full((n, k), -1, dtype=np.int64)
+    for i in range(n):
+        depth = min(n - 1, k if rng.random() < 0.8 else int(rng.integers(0, k + 1)))
+        others = np.delete(np.arange(n), i)
+        out[i, :depth] = rng.choice(others, depth, replace=False)
+    return out
+
+
+def numpy_union(lists: np.ndarray) -> list:
+    """The clean union graph of the lists, sorted (source, target) pairs."""
+    pairs = {(i, int(j)) for i, row in enumerate(lists) for j in row if j >= 0}
+    return sorted(pairs | {(j, i) for i, j in pairs})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_union_update_equals_the_union_of_the_new_lists(seed):
+    from geograph.knn.update import union_update
+
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(2, 60)), int(rng.integers(1, 6))
+    old = random_lists(rng, n, k)
+    keep = rng.random(n) > (0.0 if seed % 3 == 0 else 0.2)  # some seeds only add
+    keep[rng.integers(n)] = True
+    pos = np.where(keep, np.cumsum(keep) - 1, -1)
+    added = int(rng.integers(0, 8))
+    n_new = int(keep.sum()) + added
+    new = random_lists(rng, n_new, k)
+    # most kept rows keep their list (renumbered) where it names no removed row
+    for i in np.flatnonzero(keep):
+        row = old[i]
+        if rng.random() < 0.7 and all(j < 0 or keep[j] for j in row):
+            new[pos[i]] = np.where(row >= 0, pos[row.clip(0)], -1)
+    pairs = np.array(numpy_union(old), dtype=np.int64).reshape(-1, 2).T
+    ei = torch.from_numpy(pairs)
+    rowptr = torch.from_numpy(np.concatenate([[0], np.cumsum(np.bincount(pairs[0], minlength=n))]))
+    got, ptr = union_update(ei, rowptr, torch.from_numpy(old), torch.from_numpy(new), torch.from_numpy(pos))
+    assert got.T.tolist() == [list(p) for p in numpy_union(new)]
+    assert ptr.tolist() == np.concatenate([[0], np.cumsum(np.bincount(got[0].numpy(), minlength=n_new))]).tolist()
+
+
+def test_ivf_updates_keep_the_union_graph_of_the_lists():
+    pytest.importorskip("faiss")
+    from geograph.functional import clean_edge_index
+    from geograph.knn.update import lists_edges
+
+    gen = torch.Generator().manual_seed(12)
+    x = clustered(2600, 16, torch.randn(30, 16, generator=gen), gen)
+    graph = CorpusGraph.from_knn(x[:2400], 6, index="ivf", nlist=16, nprobe=2, recall_target=None)
+    graph.add(x[2400:2500], list(range(2400, 2500)))
+    graph.remove(list(range(0, 2400, 25)))
+    graph.add(x[2500:], list(range(2500, 2600)))
+    graph.remove([i for i in range(1, 300, 7) if i % 25])
+    state = graph.knn_state
+    want = clean_edge_index(lists_edges(state.lists, state.k), graph.num_nodes)
+    assert torch.equal(graph.edge_index, want)
+    counts = np.bincount(want[0].numpy(), minlength=graph.num_nodes)
+    assert graph.rowptr.tolist() == [0, *np.cumsum(counts).tolist()]

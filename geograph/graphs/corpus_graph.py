@@ -221,7 +221,9 @@ class CorpusGraph(PassageGraph):
                         block=chunk_size,
                     )
                 seconds["update_cells"] = time.perf_counter() - t0
-            graph.knn_state = KnnState(kept, k_asked, exact=index == "exact" or bool(report.get("exact")), cells=cells)
+            graph.knn_state = KnnState(
+                kept, k_asked, exact=index == "exact" or bool(report.get("exact")), cells=cells, union=True
+            )
         return graph
 
     @classmethod

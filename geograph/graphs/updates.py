@@ -3,8 +3,8 @@
 A k-NN graph (:meth:`~geograph.CorpusGraph.from_knn`) keeps every row's directed top-``k``
 lists (:class:`~geograph.knn.update.TopkLists`); an update changes only the lists it
 must (:func:`~geograph.knn.update.lists_add`,
-:func:`~geograph.knn.update.lists_remove`) and the union graph is made again from
-the lists. Other graphs (groups, mentions, given edges) lose a removed passage's edges, which
+:func:`~geograph.knn.update.lists_remove`) and the union graph is spliced where those
+lists moved (:func:`~geograph.knn.update.union_update`). Other graphs (groups, mentions, given edges) lose a removed passage's edges, which
 is what their builders give on the remaining passages; adding to them takes the new edges
 (``groups``) or is refused. Passages are named by ids (``str`` or ``int``); a graph built
 without ids names its passages ``0 .. V-1``.
@@ -12,6 +12,7 @@ without ids names its passages ``0 .. V-1``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,15 @@ from geograph.knn.allpairs import DEFAULT_BLOCK
 from geograph.knn.build import self_topk
 from geograph.knn.ivf_place import IVFCells, make_cells, place_rows
 from geograph.knn.policy import AUTO_EXACT_MAX, DEFAULT_RECALL_TARGET, IVFOptions
-from geograph.knn.update import TopkLists, lists_add, lists_add_cells, lists_edges, lists_remove, topk_lists
+from geograph.knn.update import (
+    TopkLists,
+    lists_add,
+    lists_add_cells,
+    lists_edges,
+    lists_remove,
+    topk_lists,
+    union_update,
+)
 from geograph.ops.adjacency import clean_edge_index, csr_rowptr
 from geograph.ops.similarity import normalize, unit_rows
 
@@ -117,8 +126,12 @@ class PassageIds:
             self.ids.append(x)
 
     def keep(self, keep: Tensor) -> None:
-        self.ids = [x for x, k in zip(self.ids, keep.tolist()) if k]
-        self.row = {x: i for i, x in enumerate(self.ids)}
+        first = int(torch.argmin(keep.to(torch.uint8))) if keep.numel() else 0  # rows before it keep their number
+        gone = [self.ids[int(i)] for i in (~keep).nonzero().squeeze(1).tolist()]
+        self.ids = list(itertools.compress(self.ids, keep.tolist()))
+        for x in gone:
+            del self.row[x]
+        self.row.update(zip(self.ids[first:], range(first, len(self.ids))))
 
 
 @dataclass(frozen=True)
@@ -148,12 +161,17 @@ class KnnState:
 
     ``cells``: the cells of the IVF build the lists came from (:class:`~geograph.knn.ivf_place.IVFCells`);
     an update then scans only the cells the changed rows meet. ``None``: exact lists, scans
-    against every row."""
+    against every row.
+
+    ``union``: the graph's edges are the union graph of the lists' first ``k`` entries (so an
+    update splices the rows it moves, :func:`~geograph.knn.update.union_update`, instead of
+    making the whole graph again); False for lists made after the graph (a loaded graph)."""
 
     lists: TopkLists
     k: int
     exact: bool = True
     cells: IVFCells | None = None
+    union: bool = False
 
     def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
         """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the lists (and cells)."""
@@ -230,12 +248,25 @@ def knn_state(graph: CorpusGraph, block: int = DEFAULT_BLOCK) -> KnnState | None
     return state
 
 
-def _set(graph: CorpusGraph, embeddings: Tensor, edge_index: Tensor) -> None:
-    clean = clean_edge_index(edge_index, embeddings.shape[0])
+def _set(graph: CorpusGraph, embeddings: Tensor, edge_index: Tensor, rowptr: Tensor | None = None) -> None:
+    """Hold the updated embeddings and edges (``rowptr`` given: ``edge_index`` is clean already)."""
+    if rowptr is None:
+        edge_index = clean_edge_index(edge_index, embeddings.shape[0])
+        rowptr = csr_rowptr(edge_index[0], embeddings.shape[0])
     graph.embeddings = embeddings
-    graph.edge_index = clean
-    graph.rowptr = csr_rowptr(clean[0], embeddings.shape[0])
+    graph.edge_index = edge_index
+    graph.rowptr = rowptr
     graph.corpus_version += 1
+
+
+def _knn_edges(graph: CorpusGraph, state: KnnState, old_k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The edges of the updated lists: spliced into the graph's (:func:`~geograph.knn.update.union_update`)
+    when they are the union graph of the lists, else made from the lists (``rowptr`` None)."""
+    new_k = state.lists.indices[:, : state.k]
+    if state.union:
+        return union_update(graph.edge_index, graph.rowptr, old_k, new_k, pos)
+    state.union = True  # from this update on, the graph's edges are the lists' union graph
+    return lists_edges(state.lists, state.k), None
 
 
 def add_passages(
@@ -259,6 +290,7 @@ def add_passages(
         if groups is not None:
             raise ValueError("groups: a k-NN graph takes its edges from the embeddings, not from groups")
         z = knn_unit(emb)
+        old_k = state.lists.indices[:, : state.k]
         if state.cells is not None:  # an IVF build's lists: the new rows meet the cells they probe
             cells = state.cells
             cells.assign = torch.cat([cells.assign, place_rows(cells.centroids, z[n:], block=block)])
@@ -267,7 +299,7 @@ def add_passages(
             change = lists_add(z, state.lists, block=block)
         state.lists = change.lists
         changed, rescanned = int(change.changed.numel()) - m, int(change.rescanned.numel())
-        ei = lists_edges(state.lists, state.k)
+        ei, ptr = _knn_edges(graph, state, old_k, torch.arange(n, device=emb.device))
     elif graph.name == "groups":
         known.add(new)
         try:
@@ -283,7 +315,7 @@ def add_passages(
             "(k-NN graphs and groups graphs take additions)"
         )
     known.add(new)
-    _set(graph, emb, ei)
+    _set(graph, emb, ei, ptr)
     return UpdateReport(m, 0, n + m, changed, rescanned, time.perf_counter() - t0)
 
 
@@ -311,20 +343,23 @@ def remove_passages(graph: CorpusGraph, ids: Iterable[PassageId], *, block: int 
     emb = graph.embeddings[keep_d]
     state = knn_state(graph, block)
     changed = rescanned = 0
+    ptr = None
     if state is not None:
         if state.cells is not None:
             state.cells.keep(keep_d)
+        old_k = state.lists.indices[:, : state.k]
         change = lists_remove(knn_unit(emb), state.lists, keep_d, state.k, block=block, cells=state.cells)
         state.lists = change.lists
         changed, rescanned = int(change.changed.numel()), int(change.rescanned.numel())
-        ei = lists_edges(state.lists, state.k)
+        pos = torch.where(keep_d, torch.cumsum(keep_d.long(), 0) - 1, -1)
+        ei, ptr = _knn_edges(graph, state, old_k, pos)
     else:  # every other builder's edges between kept passages do not depend on the removed ones
         src, dst = graph.edge_index
         ok = keep_d[src] & keep_d[dst]
         pos = torch.cumsum(keep_d.long(), 0) - 1
         ei = torch.stack([pos[src[ok]], pos[dst[ok]]])
     known.keep(keep)
-    _set(graph, emb, ei)
+    _set(graph, emb, ei, ptr)
     return UpdateReport(0, int(rows.numel()), n - int(rows.numel()), changed, rescanned, time.perf_counter() - t0)
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "lists_add_cells",
     "lists_remove",
     "lists_edges",
+    "union_update",
 ]
 
 
@@ -200,7 +201,12 @@ def lists_add_cells(
     m = z.shape[0] - n
     new_ids = torch.arange(n, n + m, device=z.device)
     score = pair_score(transform, None)
-    values, indices, complete = lists.values.clone(), lists.indices.clone(), lists.complete.clone()
+    # the lists after the update, the old rows copied once (the new rows' are written at the end)
+    out_v = lists.values.new_empty((n + m, width))
+    out_i = lists.indices.new_empty((n + m, width))
+    out_c = lists.complete.new_empty(n + m)
+    out_v[:n], out_i[:n], out_c[:n] = lists.values, lists.indices, lists.complete
+    values, indices, complete = out_v[:n], out_i[:n], out_c[:n]
     depth = lists.depth()
     last = values.gather(1, (depth - 1).clamp_min(0).unsqueeze(1)).squeeze(1)
     threshold = torch.where(complete | (depth == 0), torch.full_like(last, float("-inf")), last)
@@ -231,8 +237,8 @@ def lists_add_cells(
         touched[g] = True
     fv, fi = sort_topk(fresh_v, fresh_i)
     fi = fi.masked_fill(~torch.isfinite(fv), -1)
-    fresh_complete = torch.full((m,), z.shape[0] - 1 < width, dtype=torch.bool, device=z.device)
-    out = TopkLists(torch.cat([values, fv]), torch.cat([indices, fi]), torch.cat([complete, fresh_complete]))
+    out_v[n:], out_i[n:], out_c[n:] = fv, fi, z.shape[0] - 1 < width
+    out = TopkLists(out_v, out_i, out_c)
     return ListsChange(out, torch.cat([touched.nonzero().squeeze(1), new_ids]), new_ids)
 
 
@@ -289,3 +295,107 @@ def lists_edges(lists: TopkLists, k: int) -> Tensor:
     src = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1).expand_as(idx)
     ok = idx >= 0
     return torch.stack([src[ok], idx[ok]])
+
+
+def union_update(
+    edge_index: Tensor,
+    rowptr: Tensor,
+    old_k: Tensor,
+    new_k: Tensor,
+    pos: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The union graph of the lists ``new_k`` from that of ``old_k``, touching only the rows a change can move.
+
+    ``edge_index`` / ``rowptr``: the union graph of the first-``k`` lists ``old_k`` (``(N, k)``
+    ids, ``-1`` past a row's end) as :func:`~geograph.ops.adjacency.clean_edge_index` makes it
+    (both directions, sorted, no duplicates); ``new_k``: the lists after an update (``(N', k)``,
+    new numbering); ``pos``: ``(N,)`` each old row's new id (``-1``: removed; kept rows in order,
+    added rows after them). Returns the clean ``edge_index`` and row pointers of ``new_k``'s
+    union graph, equal to ``clean_edge_index(lists_edges(...))`` of the new lists.
+
+    A row's union neighbours change only where its own list changed (``C``), or where it entered
+    or left the list of a changed or removed row: those rows (``A``) are made from their lists and
+    the reverse entries (of changed rows from their new lists, of the others from the old union
+    row); every other row keeps its old segment, renumbered. Cost ``O(E)`` copies and
+    ``O(|A| (k + deg))`` for the rows made again, no sort of the whole graph.
+
+    Example:
+        >>> old = torch.tensor([[1], [0], [1]])
+        >>> new = torch.tensor([[1], [0], [1], [2]])  # a row 3 added, listing row 2
+        >>> ei = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+        >>> union_update(ei, torch.tensor([0, 1, 3, 4]), old, new, torch.arange(3))[0].tolist()
+        [[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]]
+    """
+    dev = new_k.device
+    n_new = new_k.shape[0]
+    kept = pos >= 0
+    n_old = old_k.shape[0]
+    grow = bool(kept.all())  # rows only added: old ids stay, no renumbering pass
+    old_of = torch.full((n_new,), -1, dtype=torch.long, device=dev)  # each new row's old id (-1: added)
+    if grow:
+        old_of[:n_old] = torch.arange(n_old, device=dev)
+        mapped = old_k
+        changed = torch.ones(n_new, dtype=torch.bool, device=dev)
+        changed[:n_old] = (old_k != new_k[:n_old]).any(1)
+    else:
+        old_of[pos[kept]] = kept.nonzero().squeeze(1)
+        mapped = torch.where(old_k >= 0, pos[old_k.clamp_min(0)], torch.full_like(old_k, -1))
+        had = old_of >= 0
+        changed = ~had
+        changed[had] = (mapped[old_of[had]] != new_k[had]).any(1)
+    c_rows = changed.nonzero().squeeze(1)
+    # A: the changed rows, the rows that entered or left their lists, the entries of removed rows
+    touch = torch.zeros(n_new, dtype=torch.bool, device=dev)
+    touch[c_rows] = True
+    back = new_k[c_rows]
+    was = mapped[old_of[c_rows].clamp_min(0)].masked_fill((old_of[c_rows] < 0).unsqueeze(1), -1)
+    entered = (back >= 0) & ~(back.unsqueeze(2) == was.unsqueeze(1)).any(2)
+    left = (was >= 0) & ~(was.unsqueeze(2) == back.unsqueeze(1)).any(2)
+    touch[back[entered]] = True
+    touch[was[left]] = True
+    gone = mapped[~kept]
+    touch[gone[gone >= 0]] = True
+    a_rows = touch.nonzero().squeeze(1)
+    # the new union rows of A: own lists, reverse entries of changed rows (where the entry is in
+    # A: elsewhere it was there before), reverse entries of unchanged rows (in the old union row,
+    # and still listing the row)
+    fwd = new_k[a_rows]
+    rev = (back >= 0) & touch[back.clamp_min(0)]
+    src_parts = [a_rows.unsqueeze(1).expand_as(fwd)[fwd >= 0], back[rev]]
+    dst_parts = [fwd[fwd >= 0], c_rows.unsqueeze(1).expand_as(back)[rev]]
+    a_old = old_of[a_rows]
+    has_old = a_old >= 0
+    starts, ends = rowptr[a_old[has_old]], rowptr[a_old[has_old] + 1]
+    lens = ends - starts
+    at = torch.repeat_interleave(a_rows[has_old], lens)
+    e = torch.arange(int(lens.sum()), device=dev) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+    j = pos[edge_index[1, torch.repeat_interleave(starts, lens) + e]]
+    ok = j >= 0
+    at, j = at[ok], j[ok]
+    ok = ~changed[j] & (new_k[j] == at.unsqueeze(1)).any(1)
+    src_parts.append(at[ok])
+    dst_parts.append(j[ok])
+    s, d = torch.cat(src_parts), torch.cat(dst_parts)
+    key = torch.unique(s * n_new + d)
+    a_src, a_dst = key // n_new, key % n_new
+    # splice: rows outside A keep their old segment (renumbered); rows of A take the new one. Each
+    # slot of the result gathers from [old targets, renumbered ; A's targets]: no sort, no scatter
+    e_old = edge_index.shape[1]
+    a_count = torch.bincount(a_src, minlength=n_new)
+    a_ptr = torch.cat([a_count.new_zeros(1), a_count.cumsum(0)])
+    counts = torch.zeros(n_new, dtype=torch.long, device=dev)
+    start = torch.zeros(n_new, dtype=torch.long, device=dev)
+    if grow:
+        counts[:n_old], start[:n_old] = rowptr[1:] - rowptr[:-1], rowptr[:-1]
+    else:
+        counts[had], start[had] = (rowptr[1:] - rowptr[:-1])[old_of[had]], rowptr[old_of[had]]
+    counts = torch.where(touch, a_count, counts)
+    start = torch.where(touch, e_old + a_ptr[:-1], start)
+    new_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    total = int(new_ptr[-1])
+    slot = torch.repeat_interleave(start - new_ptr[:-1], counts, output_size=total)
+    slot += torch.arange(total, device=dev)
+    targets = edge_index[1] if grow else pos[edge_index[1]]
+    dst = torch.cat([targets, a_dst])[slot]
+    src = torch.repeat_interleave(torch.arange(n_new, device=dev), counts, output_size=total)
+    return torch.stack([src, dst]), new_ptr
