@@ -2,10 +2,11 @@
 
 A k-NN graph (:meth:`~geograph.CorpusGraph.from_knn`) keeps every row's directed top-``k``
 lists (:class:`~geograph.knn.update.TopkLists`); an update changes only the lists it
-must (:func:`~geograph.knn.update.lists_add`,
-:func:`~geograph.knn.update.lists_remove`) and the union graph is spliced where those
-lists moved (:func:`~geograph.knn.update.union_update`). Other graphs (groups, mentions, given edges) lose a removed passage's edges, which
-is what their builders give on the remaining passages; adding to them takes the new edges
+must (:func:`~geograph.knn.update.lists_add`, :func:`~geograph.knn.update.lists_remove`)
+and the union graph is spliced where those lists moved
+(:func:`~geograph.knn.update.union_update`). Other graphs (groups, mentions, given edges)
+lose a removed passage's edges, which is what their builders give on the remaining
+passages; adding to them takes the new edges
 (``groups``) or is refused. Passages are named by ids (``str`` or ``int``); a graph built
 without ids names its passages ``0 .. V-1``.
 """
