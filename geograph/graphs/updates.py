@@ -345,6 +345,7 @@ def remove_passages(graph: CorpusGraph, ids: Iterable[PassageId], *, block: int 
     state = knn_state(graph, block)
     changed = rescanned = 0
     ptr = None
+    pos = torch.cumsum(keep_d.long(), 0) - 1  # each kept row's new id
     if state is not None:
         if state.cells is not None:
             state.cells.keep(keep_d)
@@ -352,12 +353,10 @@ def remove_passages(graph: CorpusGraph, ids: Iterable[PassageId], *, block: int 
         change = lists_remove(knn_unit(emb), state.lists, keep_d, state.k, block=block, cells=state.cells)
         state.lists = change.lists
         changed, rescanned = int(change.changed.numel()), int(change.rescanned.numel())
-        pos = torch.where(keep_d, torch.cumsum(keep_d.long(), 0) - 1, -1)
-        ei, ptr = _knn_edges(graph, state, old_k, pos)
+        ei, ptr = _knn_edges(graph, state, old_k, pos.masked_fill(~keep_d, -1))
     else:  # every other builder's edges between kept passages do not depend on the removed ones
         src, dst = graph.edge_index
         ok = keep_d[src] & keep_d[dst]
-        pos = torch.cumsum(keep_d.long(), 0) - 1
         ei = torch.stack([pos[src[ok]], pos[dst[ok]]])
     known.keep(keep)
     _set(graph, emb, ei, ptr)

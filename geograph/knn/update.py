@@ -365,11 +365,10 @@ def union_update(
     dst_parts = [fwd[fwd >= 0], c_rows.unsqueeze(1).expand_as(back)[rev]]
     a_old = old_of[a_rows]
     has_old = a_old >= 0
-    starts, ends = rowptr[a_old[has_old]], rowptr[a_old[has_old] + 1]
-    lens = ends - starts
+    starts = rowptr[a_old[has_old]]
+    lens = rowptr[a_old[has_old] + 1] - starts
     at = torch.repeat_interleave(a_rows[has_old], lens)
-    e = torch.arange(int(lens.sum()), device=dev) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
-    j = pos[edge_index[1, torch.repeat_interleave(starts, lens) + e]]
+    j = pos[edge_index[1, _spans(starts, lens)]]
     ok = j >= 0
     at, j = at[ok], j[ok]
     ok = ~changed[j] & (new_k[j] == at.unsqueeze(1)).any(1)
@@ -393,9 +392,16 @@ def union_update(
     start = torch.where(touch, e_old + a_ptr[:-1], start)
     new_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     total = int(new_ptr[-1])
-    slot = torch.repeat_interleave(start - new_ptr[:-1], counts, output_size=total)
-    slot += torch.arange(total, device=dev)
     targets = edge_index[1] if grow else pos[edge_index[1]]
-    dst = torch.cat([targets, a_dst])[slot]
+    dst = torch.cat([targets, a_dst])[_spans(start, counts, total)]
     src = torch.repeat_interleave(torch.arange(n_new, device=dev), counts, output_size=total)
     return torch.stack([src, dst]), new_ptr
+
+
+def _spans(starts: Tensor, lens: Tensor, total: int | None = None) -> Tensor:
+    """The indices ``starts[r] .. starts[r] + lens[r] - 1`` of every span ``r``, concatenated
+    (``total``: ``lens.sum()`` when known, saving a read of it)."""
+    total = int(lens.sum()) if total is None else total
+    ends = lens.cumsum(0)
+    out = torch.repeat_interleave(starts - (ends - lens), lens, output_size=total)
+    return out + torch.arange(total, device=lens.device)
