@@ -15,7 +15,8 @@ that multiprocessing runs their finalizers: a worker killed by the signal's defa
 unlinks the named semaphores libraries create in it (tqdm's lock, made when transformers shows a
 progress bar loading the encoder), and the resource tracker reports them as leaked when the
 server exits. A terminal's Ctrl-C reaches the whole process group: the workers and the logger
-ignore SIGINT and the main process coordinates the stop.
+ignore SIGINT, the forked processes block it (:func:`default_signals`: uvicorn would catch it),
+and the main process coordinates the stop.
 
 No process outlives the main process, however it ends (``kill -9``, the out-of-memory killer):
 every process it starts asks Linux for a signal when its parent dies
@@ -293,7 +294,7 @@ def _after_fork_in_child() -> None:
 
 def arm_fork_hooks(armed: bool = True) -> None:
     """While ``armed``, a process forked from this one (LitServe's queue manager and API servers)
-    gets the default signal handlers (uvicorn installs its own) and SIGKILL when this process ends."""
+    gets :func:`default_signals` and SIGKILL when this process ends."""
     if not _FORK["registered"]:
         _prctl()  # looked up here, not in a forked child
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -363,9 +364,20 @@ def drain_api_servers(port: int, timeout: float, exclude: Collection[int | None]
             psutil.wait_procs([p], timeout=max(0.0, deadline - time.monotonic()))
 
 
-def default_signals() -> None:  # in forked API servers: uvicorn installs its own handlers
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.default_int_handler)
+def default_signals() -> None:
+    """Signal handling of a process forked from the main one (an API server, the queue manager).
+
+    SIGTERM takes its default action (uvicorn installs its own handler while it serves). SIGINT
+    is ignored *and blocked*: a terminal's Ctrl-C reaches the whole process group, and the main
+    process drains the API servers itself (SIGTERM). uvicorn installs a handler for SIGINT too,
+    so ignoring it is not enough: an API server that caught SIGINT and finished its shutdown
+    before the main process's SIGTERM came raised the signal again once its handlers were
+    restored, and died in a ``KeyboardInterrupt`` traceback. A blocked signal never reaches a
+    handler.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def stop_children(timeout: float) -> list[int]:
