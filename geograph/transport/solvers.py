@@ -254,13 +254,23 @@ def sinkhorn_unchecked(
     decay = (reg / reg_start) ** (1.0 / scaling_iter) if scaling_iter > 0 else 1.0
     check = tol is not None and not tracing()
 
+    # the scaled costs of each half-step, masked entries +inf (made again only while eps anneals):
+    # the f-update reduces over the columns of cost / eps, the g-update over the rows, as the
+    # contiguous last dimension of the transposed copy (a reduction over a strided dimension of
+    # a few entries costs several times more on the CPU)
+    cost_f = cost - col_pen
+    cost_g = (cost - row_pen).transpose(1, 2).contiguous()
+    scaled_eps = None
+    scaled_f = scaled_g = cost_f
     eps = reg
     for it in range(max_iter):
         eps = max(reg, reg_start * decay ** (it + 1)) if it < scaling_iter else reg
+        if eps != scaled_eps:
+            scaled_f, scaled_g, scaled_eps = cost_f / eps, cost_g / eps, eps
         omega = relaxation if it > 0 else 1.0  # the first step makes f consistent with g
-        f_new = eps * log_a - eps * torch.logsumexp((g.unsqueeze(1) - cost) / eps + col_pen, dim=2)
+        f_new = eps * log_a - eps * _logsumexp(g.unsqueeze(1) / eps - scaled_f)
         f = torch.where(has_a, f_new if omega == 1.0 else f + omega * (f_new - f), zero)
-        g_new = eps * log_b - eps * torch.logsumexp((f.unsqueeze(2) - cost) / eps + row_pen, dim=1)
+        g_new = eps * log_b - eps * _logsumexp(f.unsqueeze(1) / eps - scaled_g)
         g = torch.where(has_b, g_new if omega == 1.0 else g + omega * (g_new - g), zero)
         if check and it >= scaling_iter and (it + 1) % check_every == 0:
             plan = _plan(f, g, cost, eps, row_pen, col_pen)
@@ -273,6 +283,23 @@ def sinkhorn_unchecked(
     plan = torch.where(empty.view(-1, 1, 1), zero, plan)
     total = (plan * cost).sum(dim=(1, 2))
     return SinkhornOutput(cost=total, plan=plan, f=f, g=g)
+
+
+def _logsumexp(x: Tensor) -> Tensor:
+    """``torch.logsumexp(x, -1)`` for the Sinkhorn updates, where every row holds a finite entry.
+
+    On the CPU the exponentials of the shifted entries are taken of ``max(x - max, log(tiny) + 1)``:
+    entries that far below the row's largest are subnormal after ``exp`` (``cost / eps`` spans
+    hundreds at a small ``reg``), and the CPU computes subnormals about 20 times slower than
+    normal floats, so they took most of a solve. The clamp adds at most ``n e tiny`` to a sum of
+    at least 1, far below its last bit. Elsewhere ``torch.logsumexp`` itself."""
+    if x.device.type != "cpu":
+        return torch.logsumexp(x, dim=-1)
+    m = x.detach().amax(-1, keepdim=True)
+    floor = math.log(torch.finfo(x.dtype).tiny) + 1.0  # exp(floor) is normal after rounding too
+    shifted = (x - m).clamp_min(floor)
+    out = (shifted.exp_() if not shifted.requires_grad else shifted.exp()).sum(-1).log()
+    return out + m.squeeze(-1)
 
 
 def _plan(f: Tensor, g: Tensor, cost: Tensor, eps: float, row_pen: Tensor, col_pen: Tensor) -> Tensor:
