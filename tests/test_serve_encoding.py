@@ -43,6 +43,12 @@ def texts():
     return list(dict.fromkeys(list(data.queries) + data.passages()[:40] + windows + short + cut))
 
 
+@pytest.fixture(scope="module")
+def want(encoder, texts):
+    """The reference vectors of ``texts`` (:func:`alone`), computed once for the module's tests."""
+    return alone(encoder, texts)
+
+
 def alone(encoder, texts):
     """Each text on its own, padded to a multiple of 16 tokens (at most 256), one thread (the reference)."""
     model = encoder.corpus_encoder.model
@@ -87,12 +93,11 @@ def mismatches(encoder, texts, want):
 
 
 @pytest.mark.slow
-def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts):
+def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts, want):
     assert encoder.grouped()
     counts = [min(256, 16 * ((c + 15) // 16)) for c in token_counts(encoder, texts)]
     sizes = {c: counts.count(c) for c in counts}
     assert max(sizes.values()) >= 60 and sum(s > 1 for s in sizes.values()) >= 4, sizes  # real groups were formed
-    want = alone(encoder, texts)
     assert mismatches(encoder, texts, want) == []
     # the same with a query prefix, and in another order (other group members, other positions)
     shuffled = texts[::-1]
@@ -100,20 +105,19 @@ def test_every_grouped_vector_equals_its_single_encoding_bitwise(encoder, texts)
 
 
 @pytest.mark.slow
-def test_padding_changes_a_vector_by_rounding_only(encoder, texts):
+def test_padding_changes_a_vector_by_rounding_only(encoder, texts, want):
     """Against sentence-transformers' unpadded single encoding: float32 rounding, never more."""
-    got, plain = alone(encoder, texts), unpadded(encoder, texts)
+    got, plain = want, unpadded(encoder, texts)
     assert np.abs(got - plain).max() <= 1e-6
     assert (got != plain).any()  # the padding is real: the reference above is not the unpadded one
 
 
 @pytest.mark.slow
-def test_a_shifted_vector_in_a_group_is_caught(encoder, texts, monkeypatch):
+def test_a_shifted_vector_in_a_group_is_caught(encoder, texts, want, monkeypatch):
     """The check can fail: one row of every bucket of several texts nudged by one float32 ulp,
     or the texts of a bucket padded to their longest member instead of the bucket length."""
     from geograph.serve import corpus
 
-    want = alone(encoder, texts)
     original = corpus.encode_padded
 
     def shifted(model, group, length, **kw):
