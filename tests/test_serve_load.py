@@ -210,3 +210,4 @@ def test_soak_mixed_requests_bounded_memory_no_wrong_answer_no_5xx(tmp_path):
     assert not s["processes_gone"] and len(s["rss_growth_mb"]) >= 4  # main, manager, workers, API server
     assert s["max_rss_growth_mb"] <= 50, s["rss_growth_mb"]
     assert result["server_exit_status"] == 0 and code == 0
+    assert result["encoder_limit"] is None and result["serving_limit"] is None  # no text phase: not measured
