@@ -52,9 +52,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         args = parser.parse_args(argv)
+    except SystemExit as e:
+        return _status(e)
+    try:
         return int(args.func(args))
     except SystemExit as e:
         return _status(e)
+    except ImportError as e:
+        from geograph.data.backends import OnnxUnavailable
+
+        if not isinstance(e, OnnxUnavailable):
+            raise
+        # --encoder-backend onnx without the extra: one line, as a mistake in the arguments
+        print(f"geograph {args.command}: error: --encoder-backend: {e}", file=sys.stderr)
+        return 2
 
 
 def _status(e: SystemExit) -> int:

@@ -30,11 +30,44 @@ def test_the_backend_names_and_a_bad_one():
         Encoder(cache=False, backend="tvm")
 
 
+ONNX_LINE = "the onnx encoder backends need the 'onnx' extra: pip install 'geograph-rag[onnx]'"
+
+
 def test_without_the_extra_an_onnx_backend_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
-    with pytest.raises(OnnxUnavailable) as e:
-        _ = Encoder(cache=str(tmp_path), backend="onnx", progress=False).model
-    assert str(e.value) == "the onnx encoder backends need the 'onnx' extra: pip install 'geograph-rag[onnx]'"
+    for backend in ("onnx", "onnx-int8"):
+        with pytest.raises(OnnxUnavailable) as e:  # at once: when made, not when it first encodes
+            Encoder(cache=str(tmp_path), backend=backend, progress=False)
+        assert str(e.value) == ONNX_LINE
+    Encoder(cache=str(tmp_path), progress=False)  # torch needs nothing more
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["embed", "--data", "DEMO"],
+        ["build-graph", "--data", "DEMO", "--knn", "5", "--out", "OUT"],
+        ["demo"],
+        ["serve", "--method", "maniscope", "--corpus", "DEMO"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_without_the_extra_each_command_refuses_an_onnx_backend_in_one_line(monkeypatch, tmp_path, capsys, argv):
+    """As the serving page says: one line (the encoder refuses when it is made, before a corpus is
+    read or a worker started: the test above)."""
+    from geograph.cli import main
+    from geograph.data import DEMO_PATH
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GEOGRAPH_CACHE", str(cache))
+    if argv[0] != "serve":
+        argv = [*argv, "--cache", str(cache)]
+    argv = [str(DEMO_PATH) if a == "DEMO" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    code = main([*argv, "--encoder-backend", "onnx"])
+    err = capsys.readouterr().err.strip()
+    assert code in (1, 2) and len(err.splitlines()) == 1 and ONNX_LINE in err, (code, err)
+    assert "Traceback" not in err
 
 
 require("onnxruntime")

@@ -42,6 +42,7 @@ __all__ = [
     "PROBE_TEXTS",
     "OnnxSentenceModel",
     "OnnxUnavailable",
+    "check_available",
     "check_backend",
     "export_dir",
     "load_backend",
@@ -115,13 +116,42 @@ def quantization(backend: str) -> str | None:
     return _QUANTIZATION[check_backend(backend)]
 
 
+def check_available(backend: str) -> str:
+    """``backend`` when it can run here, else :class:`OnnxUnavailable` (one line) for an ONNX
+    backend without the ``onnx`` extra: checked without importing ONNX Runtime, so that a command
+    or a server refuses at once, before it reads a corpus or starts a worker (and also when every
+    vector it needs happens to be cached already).
+
+    Example:
+        >>> check_available("torch")
+        'torch'
+    """
+    if check_backend(backend) != "torch" and not _onnx_installed():
+        raise OnnxUnavailable(ONNX_MISSING)
+    return backend
+
+
+def _onnx_installed() -> bool:
+    import importlib.util
+    import sys
+
+    if "onnxruntime" in sys.modules:  # imported already, or blocked (None)
+        return sys.modules["onnxruntime"] is not None
+    try:
+        return importlib.util.find_spec("onnxruntime") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: the one line of :class:`OnnxUnavailable`
+ONNX_MISSING = "the onnx encoder backends need the 'onnx' extra: pip install 'geograph-rag[onnx]'"
+
+
 def _require_onnx() -> Any:
     try:
         import onnxruntime
     except ImportError as e:
-        raise OnnxUnavailable(
-            "the onnx encoder backends need the 'onnx' extra: pip install 'geograph-rag[onnx]'"
-        ) from e
+        raise OnnxUnavailable(ONNX_MISSING) from e
     return onnxruntime
 
 

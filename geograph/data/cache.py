@@ -336,9 +336,9 @@ class Encoder:
         passage_prefix: str = "",
         backend: str = "torch",
     ) -> None:
-        from geograph.data.backends import check_backend
+        from geograph.data.backends import check_available
 
-        self.backend = check_backend(backend)
+        self.backend = check_available(backend)  # an ONNX backend without its extra: refused here, at once
         self.model_path = default_model_path() if model is None else str(model)
         self.model_name = model_name or (DEFAULT_MODEL_NAME if model is None else str(model))
         self.query_prefix, self.passage_prefix = str(query_prefix), str(passage_prefix)
