@@ -40,7 +40,7 @@ records the encoder, its prefixes, the passage ids and a checksum of the embeddi
 passages.jsonl: each passage's id and the hash of its embedded text, which geograph update reads). Load it with
 CorpusGraph.from_pretrained(OUT) / G3Graph.from_pretrained(OUT), serve it with
 geograph serve --graph OUT (with the same --encoder and prefixes), or train f_theta on a
-CorpusGraph with python -m train fit --data.graph_dir OUT.
+CorpusGraph with python -m geograph.train fit --data.graph_dir OUT.
 
 Corpora of millions: --index ivf (or auto: exact up to 50,000 passages) builds the k-NN and G3
 graphs from an IVF cell join (--nlist cells trained on --sample passages, each joined with its
