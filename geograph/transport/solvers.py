@@ -261,7 +261,6 @@ def sinkhorn_unchecked(
     cost_f = cost - col_pen
     cost_g = (cost - row_pen).transpose(1, 2).contiguous()
     scaled_eps = None
-    scaled_f = scaled_g = cost_f
     eps = reg
     for it in range(max_iter):
         eps = max(reg, reg_start * decay ** (it + 1)) if it < scaling_iter else reg
