@@ -52,9 +52,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:
-        return _status(e)
-    try:
         return int(args.func(args))
     except SystemExit as e:
         return _status(e)
@@ -63,8 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(e, OnnxUnavailable):
             raise
-        # --encoder-backend onnx without the extra: one line, as a mistake in the arguments
-        print(f"geograph {args.command}: error: --encoder-backend: {e}", file=sys.stderr)
+        # --encoder-backend onnx without the extra: one line, as a mistake in the arguments (the
+        # command is argv[0]: geograph's own options all exit while parsing)
+        print(f"geograph {argv[0]}: error: --encoder-backend: {e}", file=sys.stderr)
         return 2
 
 
