@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = None if args.url else Server(args.method, corpus, server_args)
     url = args.url.rstrip("/") if args.url else server.url  # type: ignore[union-attr]  # started without --url
     served = _server_shape(url, args.clients)
-    at_server: dict[str, Any] = {}
+    at_server: dict[str, Any] | None = None
     if limits:
         print(
             f"serving limit: {served['workers']} workers of one thread, batches of {served['batch']} "
@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "url": args.url,
         "server_args": args.server_arg,
         "cpus": len(os.sched_getaffinity(0)),
-        "encoder_limit": limit,  # None (and serving_limit None) without a text or rerank phase
-        "serving_limit": at_server or None,
+        "encoder_limit": limit,  # both None without a text or rerank phase
+        "serving_limit": at_server,
         "encoder_backend": args.encoder_backend,
     }
     status = False
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm = work.mixed(2 * args.clients)
         closed_loop(url, warm, args.clients, args.timeout)
         if args.text_requests:
-            assert limit is not None  # measured above for a text phase
+            assert limit is not None and at_server is not None  # measured above for a text phase
             calls = [("retrieve_text", *work.make("retrieve_text")) for _ in range(args.text_requests)]
             before = read_stages(url)
             meter.start()
@@ -174,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_cpu(text["cpu"])
             status |= bool(text["status_5xx"] or text["status_other"])
         if args.rerank_requests and work.reranker:
+            assert at_server is not None  # measured above for a rerank phase
             for phase, fresh in (("rerank_cache_miss", True), ("rerank_cache_hit", False)):
                 calls = [("v2_rerank", *work.v2_rerank(args.documents, fresh)) for _ in range(args.rerank_requests)]
                 if not fresh:  # the passages once, so that the phase reads them from the text cache
