@@ -16,7 +16,7 @@ from geograph.knn.allpairs import sort_topk, tiled_pairs, tiled_topk
 from geograph.knn.exact import exact_self_topk
 from geograph.knn.ivf_join import _join_cell, ivf_self_topk
 from geograph.knn.policy import IVFOptions
-from geograph.knn.select import new_lists, offer_cols, offer_lists, offer_rows
+from geograph.knn.select import TileOffers, new_lists, offer_cols, offer_lists, offer_rows, offer_tile
 from geograph.outputs import topk_stable
 
 NEG = float("-inf")
@@ -142,6 +142,65 @@ def test_columns_side_equals_the_rows_side_of_the_transpose(backend):
     assert torch.equal(got[1][owners], ref[1]) and torch.equal(got[0][owners], ref[0])
 
 
+@pytest.mark.parametrize("k", [1, 4, 12])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_join_tile_offers_both_sides(backend, k, threads, scaled):
+    """One tile of a symmetric join (rows of a cell against its own and later cells' rows), offered
+    in two row tiles through one :class:`TileOffers` and tile by tile through :func:`offer_tile`:
+    each row's list is the top-k of its row (itself excluded), each later column's the top-k of its
+    column, ties by lowest id, -inf and NaN never kept, whatever the threads' split."""
+    g = torch.Generator().manual_seed(7 + k)
+    n_rows, n_cols = 30, 80  # tile rows are ids 100..129; columns: the same 30, then 50 others
+    rows = torch.arange(100, 100 + n_rows)
+    cols = torch.cat([rows, torch.arange(200, 250)])
+    s = torch.randint(0, 6, (n_rows, n_cols), generator=g).float()  # ties everywhere
+    s[:, :n_rows] = torch.maximum(s[:, :n_rows], s[:, :n_rows].T)  # the own cell's block is symmetric
+    s[2, 40:70] = NEG
+    s[:, 45] = NEG  # a column with no candidate
+    s[5, 50] = float("nan") if backend == "kernel" else NEG
+    row_scale = torch.rand(n_rows, generator=g) + 0.5 if scaled else None
+    col_scale = torch.rand(n_cols, generator=g) + 0.5 if scaled else None
+    ranked_rows = s if col_scale is None else s * col_scale
+    ranked_rows = ranked_rows.masked_fill(rows.unsqueeze(1) == cols, NEG)
+    ranked_cols = (s.T if row_scale is None else s.T * row_scale)[n_rows:]
+    want_rows = reference(ranked_rows, cols.expand(n_rows, -1), k)
+    want_cols = reference(ranked_cols, rows.expand(n_cols - n_rows, -1), k)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for batched in (True, False):
+            v, i = new_lists(260, k, s)
+            with TileOffers(v, i) as offers:
+                for r0, r1 in ((0, 13), (13, n_rows)):
+                    kw = dict(
+                        exclude_self=True,
+                        row_scale=None if row_scale is None else row_scale[r0:r1],
+                        col_scale=col_scale,
+                    )
+                    if batched:
+                        offers.tile(s[r0:r1], rows[r0:r1], cols, n_rows, **kw)
+                    else:
+                        offer_tile(v, i, s[r0:r1], rows[r0:r1], cols, n_rows, **kw)
+            got_v, got_i = sort_topk(v, i)
+            assert torch.equal(got_i[rows], want_rows[1]) and torch.equal(got_v[rows], want_rows[0])
+            others = cols[n_rows:]
+            assert torch.equal(got_i[others], want_cols[1]) and torch.equal(got_v[others], want_cols[0])
+            untouched = torch.ones(260, dtype=torch.bool)
+            untouched[cols] = False
+            assert (got_i[untouched] == -1).all()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_join_tile_refuses_a_first_column_outside_it():
+    v, i = new_lists(4, 2, torch.zeros(1))
+    with pytest.raises(ValueError, match="first_col=5"):
+        offer_tile(v, i, torch.zeros(2, 4), torch.arange(2), torch.arange(4), 5)
+    with TileOffers(v, i) as offers, pytest.raises(ValueError, match="first_col=-1"):
+        offers.tile(torch.zeros(2, 4), torch.arange(2), torch.arange(4), -1)
+
+
 def test_partial_lists_merge_into_the_running_ones(backend):
     g = torch.Generator().manual_seed(6)
     s = torch.randint(0, 3, (12, 90), generator=g).float()
@@ -193,8 +252,9 @@ def test_a_cell_join_over_hand_made_cells_with_one_row_and_empty_cells(backend):
     for k in (3, 12):
         shared = dict(zs=zs, order=order, ptr=ptr, pairs=pairs, k=k, block=8, transform=None, target=None)
         v, i = new_lists(40, k, z)
-        for a in range(5):
-            _join_cell(shared, a, v, i)
+        with TileOffers(v, i) as offers:
+            for a in range(5):
+                _join_cell(shared, a, offers)
         ev, ei = tiled_topk(z, z, k, exclude_self=True)
         got = sort_topk(v, i)
         assert torch.equal(got[1], ei) and torch.allclose(got[0], ev, atol=1e-6)
@@ -243,14 +303,14 @@ def test_the_join_flops_count_the_pairs_it_scores(monkeypatch):
     from geograph.knn import ivf_join
 
     seen = []
-    real = ivf_join.offer_rows
+    real = TileOffers.tile
 
-    def counting(best_v, best_i, rows, s, cols, **kw):
+    def counting(self, s, rows, cols, first_col, **kw):
         seen.append(s.numel())
-        real(best_v, best_i, rows, s, cols, **kw)
+        real(self, s, rows, cols, first_col, **kw)
 
     z = clustered(2000, 8, 11)
-    monkeypatch.setattr(ivf_join, "offer_rows", counting)
+    monkeypatch.setattr(TileOffers, "tile", counting)
     monkeypatch.setattr(ivf_join, "_own_probes", lambda *a, **kw: 0)
     out = ivf_self_topk(z, 5, IVFOptions(nlist=32, nprobe=4, refine=False))
     assert out.flops["join"] == 2.0 * 8 * sum(seen)

@@ -60,19 +60,17 @@ def sift(hv: Any, hi: Any, v: Any, j: Any) -> None:  # pragma: no cover - compil
     hi[pos] = j
 
 
-@_jit(nogil=True, parallel=True)
-def rows_kernel(s: Any, cols: Any, scale: Any, lv: Any, li: Any, rows: Any, excl: Any) -> None:  # pragma: no cover
-    """Tile row ``r`` offers ``s[r, c] (* scale[c])`` with id ``cols[c]`` to list ``rows[r]``, skipping ``excl[r]``."""
-    n_r, n_c = s.shape
-    scaled = scale.shape[0] > 0
-    for r in prange(n_r):
-        hv = lv[rows[r]]
-        hi = li[rows[r]]
-        me = excl[r]
-        top_v = hv[0]
-        top_i = hi[0]
+@_jit(inline="always")
+def offer_row(hv: Any, hi: Any, s: Any, r: Any, cols: Any, scale: Any, me: Any) -> None:  # pragma: no cover
+    """Tile row ``r`` of ``s`` offers ``s[r, c] (* scale[c])`` with id ``cols[c]`` to the heap
+    ``(hv, hi)``, skipping id ``me``. The scaled and unscaled scans are separate loops: a branch on
+    ``scale`` inside the loop costs about 3x the scan's comparisons."""
+    n_c = s.shape[1]
+    top_v = hv[0]
+    top_i = hi[0]
+    if scale.shape[0] > 0:
         for c in range(n_c):
-            v = s[r, c] * scale[c] if scaled else s[r, c]
+            v = s[r, c] * scale[c]
             if not v >= top_v:  # the common case: below the list's k-th (or NaN)
                 continue
             j = cols[c]
@@ -81,6 +79,62 @@ def rows_kernel(s: Any, cols: Any, scale: Any, lv: Any, li: Any, rows: Any, excl
             sift(hv, hi, v, j)
             top_v = hv[0]
             top_i = hi[0]
+    else:
+        for c in range(n_c):
+            v = s[r, c]
+            if not v >= top_v:
+                continue
+            j = cols[c]
+            if (v == top_v and j >= top_i) or j == me:
+                continue
+            sift(hv, hi, v, j)
+            top_v = hv[0]
+            top_i = hi[0]
+
+
+@_jit(inline="always")
+def offer_columns(  # pragma: no cover - compiled
+    s: Any, c0: Any, c1: Any, ids: Any, scale: Any, lv: Any, li: Any, owners: Any
+) -> None:
+    """Tile columns ``c0 <= c < c1`` offer ``s[r, c] (* scale[r])`` with id ``ids[r]`` to list
+    ``owners[c - c0]``, for every tile row ``r`` (the lists' roots read once and kept current)."""
+    n_r = s.shape[0]
+    top_v = np.empty(c1 - c0, lv.dtype)
+    top_i = np.empty(c1 - c0, li.dtype)
+    for c in range(c0, c1):
+        top_v[c - c0] = lv[owners[c - c0], 0]
+        top_i[c - c0] = li[owners[c - c0], 0]
+    scaled = scale.shape[0] > 0
+    for r in range(n_r):
+        j = ids[r]
+        if scaled:
+            f = scale[r]
+            for c in range(c0, c1):
+                v = s[r, c] * f
+                q = c - c0
+                if not v >= top_v[q] or (v == top_v[q] and j >= top_i[q]):
+                    continue
+                o = owners[q]
+                sift(lv[o], li[o], v, j)
+                top_v[q] = lv[o, 0]
+                top_i[q] = li[o, 0]
+        else:
+            for c in range(c0, c1):
+                v = s[r, c]
+                q = c - c0
+                if not v >= top_v[q] or (v == top_v[q] and j >= top_i[q]):
+                    continue
+                o = owners[q]
+                sift(lv[o], li[o], v, j)
+                top_v[q] = lv[o, 0]
+                top_i[q] = li[o, 0]
+
+
+@_jit(nogil=True, parallel=True)
+def rows_kernel(s: Any, cols: Any, scale: Any, lv: Any, li: Any, rows: Any, excl: Any) -> None:  # pragma: no cover
+    """Tile row ``r`` offers ``s[r, c] (* scale[c])`` with id ``cols[c]`` to list ``rows[r]``, skipping ``excl[r]``."""
+    for r in prange(s.shape[0]):
+        offer_row(lv[rows[r]], li[rows[r]], s, r, cols, scale, excl[r])
 
 
 @_jit(nogil=True, parallel=True)
@@ -108,6 +162,41 @@ def cols_kernel(s: Any, pick: Any, ids: Any, scale: Any, lv: Any, li: Any, owner
                 sift(lv[o], li[o], v, j)
                 top_v[q] = lv[o, 0]
                 top_i[q] = li[o, 0]
+
+
+@_jit(nogil=True, parallel=True)
+def tile_kernel(
+    s: Any, rows: Any, cols: Any, col_scale: Any, row_scale: Any, c0: Any, excl: Any, lv: Any, li: Any, threads: Any
+) -> None:  # pragma: no cover
+    """Both sides of one tile of a symmetric join in one parallel region: tile row ``r`` offers
+    ``s[r, c] (* col_scale[c])`` with id ``cols[c]`` to list ``rows[r]`` for every column (skipping
+    its own id when ``excl``), and each column ``c >= c0`` offers ``s[r, c] (* row_scale[r])`` with
+    id ``rows[r]`` to list ``cols[c]`` for every row. The lists of ``rows`` and of ``cols[c0:]``
+    must be distinct. The threads split the work by its size: column chunks of
+    :data:`COL_CHUNK` dealt in turn, rows in contiguous ranges filling each thread up to an equal
+    share of ``threads`` (the split is fixed by the shapes: the same lists whatever the timing)."""
+    n_r, n_c = s.shape
+    n_ch = (n_c - c0 + COL_CHUNK - 1) // COL_CHUNK
+    nt = max(1, min(threads, n_r + n_ch))
+    chunk_work = np.zeros(nt, np.float64)
+    for ch in range(n_ch):
+        chunk_work[ch % nt] += float(n_r) * float(min(n_c, c0 + (ch + 1) * COL_CHUNK) - (c0 + ch * COL_CHUNK))
+    share = (float(n_r) * float(n_c) + chunk_work.sum()) / nt
+    quota = np.maximum(share - chunk_work, 0.0)
+    cum = np.zeros(nt + 1, np.float64)
+    for t in range(nt):
+        cum[t + 1] = cum[t] + quota[t]
+    for t in prange(nt):
+        r_lo = int(n_r * cum[t] / cum[nt] + 0.5) if cum[nt] > 0 else 0
+        r_hi = int(n_r * cum[t + 1] / cum[nt] + 0.5) if cum[nt] > 0 else 0
+        if t == nt - 1:
+            r_hi = n_r
+        for r in range(r_lo, r_hi):
+            offer_row(lv[rows[r]], li[rows[r]], s, r, cols, col_scale, rows[r] if excl else -1)
+        for ch in range(t, n_ch, nt):
+            lo = c0 + ch * COL_CHUNK
+            hi = min(n_c, lo + COL_CHUNK)
+            offer_columns(s, lo, hi, rows, row_scale, lv, li, cols[lo:hi])
 
 
 @_jit(nogil=True, parallel=True)

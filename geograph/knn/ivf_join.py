@@ -57,7 +57,7 @@ from geograph.knn.policy import (
     default_join_nprobe,
     log,
 )
-from geograph.knn.select import new_lists, offer_cols, offer_lists, offer_rows
+from geograph.knn.select import TileOffers, new_lists, offer_lists, offer_rows
 
 __all__ = ["ivf_self_topk", "join_cells"]
 
@@ -233,10 +233,11 @@ def ivf_self_topk(
     executor = current_executor()
     if executor is None:  # cell by cell, into the lists in place
         work = _Workspace(zs)
-        for a in range(nlist):
-            _join_cell(shared, a, best_v, best_i, work=work)
-            if bar is not None:
-                bar.update(ptr[a + 1] - ptr[a])
+        with TileOffers(best_v, best_i) as offers:
+            for a in range(nlist):
+                _join_cell(shared, a, offers, work=work)
+                if bar is not None:
+                    bar.update(ptr[a + 1] - ptr[a])
     else:  # groups of cells as independent tiles, each returning its own lists
         groups = _cell_groups(ptr, pairs, 4 * getattr(executor, "parallelism", 2))
         for cells, (rows, tv, ti) in map_tiles(join_cells, shared, groups):
@@ -339,12 +340,11 @@ class _Workspace:
 def _join_cell(
     shared: dict[str, Any],
     a: int,
-    best_v: Tensor,
-    best_i: Tensor,
+    offers: TileOffers,
     touched: Tensor | None = None,
     work: _Workspace | None = None,
 ) -> None:
-    """Cell ``a`` joined with every cell it meets, offered to the lists ``best_v`` / ``best_i`` (rows
+    """Cell ``a`` joined with every cell it meets, offered to the running lists of ``offers`` (rows
     are corpus ids): its rows' candidates, and the met cells' rows' candidates among its rows (each
     pair once: only cells ``b > a`` get the other side). ``touched`` marks the lists it offered to;
     ``work``: buffers reused from the cell before (none: fresh ones)."""
@@ -354,26 +354,36 @@ def _join_cell(
     if a1 == a0:
         return
     work = _Workspace(zs) if work is None else work
-    met = pairs[a].tolist()
-    cols = torch.cat([torch.arange(ptr[c], ptr[c + 1], device=zs.device) for c in met])
-    col_ids = order[cols]
-    kc = torch.cat([zs[ptr[c] : ptr[c + 1]] for c in met], out=work.take("rows", (cols.numel(), zs.shape[1])))
+    met = pairs[a].tolist()  # ascending, ``a`` first: the own cell's columns, then the cells b > a
+    bounds = [(ptr[c], ptr[c + 1]) for c in met]
+    col_ids = torch.cat([order[lo:hi] for lo, hi in bounds])
+    width = col_ids.numel()
     za = zs[a0:a1]
-    other = (cols >= a1).nonzero().squeeze(1)  # the columns of met cells b > a: they get the other side
-    owners = col_ids[other]
     col_scale = None if target is None else target[col_ids]
-    step = max(1, (block * block) // max(1, cols.numel()))
+    step = max(1, (block * block) // max(1, width))
     for r0 in range(a0, a1, step):
         r1 = min(a1, r0 + step)
-        s = torch.matmul(za[r0 - a0 : r1 - a0], kc.T, out=work.take("scores", (r1 - r0, cols.numel())))
+        # one product per met cell, each into its columns of the tile: no copy of the met rows
+        s = work.take("scores", (r1 - r0, width))
+        off = 0
+        for lo, hi in bounds:
+            torch.mm(za[r0 - a0 : r1 - a0], zs[lo:hi].T, out=s[:, off : off + hi - lo])
+            off += hi - lo
         if transform is not None:
             s = transform(s)
         ids = order[r0:r1]
-        offer_rows(best_v, best_i, ids, s, col_ids, exclude=ids, scale=col_scale)
-        offer_cols(best_v, best_i, s, other, owners, ids, scale=None if target is None else target[ids])
+        offers.tile(
+            s,
+            ids,
+            col_ids,
+            a1 - a0,
+            exclude_self=True,
+            row_scale=None if target is None else target[ids],
+            col_scale=col_scale,
+        )
     if touched is not None:
         touched[order[a0:a1]] = True
-        touched[owners] = True
+        touched[col_ids[a1 - a0 :]] = True
 
 
 def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -384,8 +394,9 @@ def join_cells(shared: dict[str, Any], cells: list[int]) -> tuple[Tensor, Tensor
     best_v, best_i = new_lists(zs.shape[0], k, zs)
     touched = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
     work = _Workspace(zs)
-    for a in cells:
-        _join_cell(shared, a, best_v, best_i, touched, work)
+    with TileOffers(best_v, best_i) as offers:
+        for a in cells:
+            _join_cell(shared, a, offers, touched, work)
     rows = touched.nonzero().squeeze(1)
     return rows, best_v[rows], best_i[rows]
 

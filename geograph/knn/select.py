@@ -1,13 +1,15 @@
 r"""Running top-``k`` lists fed by tiles of scores: a compiled kernel on CPU, ``torch`` elsewhere.
 
 Every tile of the k-NN engine (the exact scan's tiles, the IVF join's cell blocks, the rows' own
-probes) is one matrix product; what is kept of it goes through :func:`offer_rows` (each tile row
-offers its scores to that row's list) and :func:`offer_cols` (each chosen tile column offers its
-scores to that column's list: the other side of a symmetric join). On CPU the lists are min-heaps
-kept by a numba kernel, parallel over lists: a candidate below its list's current ``k``-th entry
-costs one comparison, one above it replaces the root and sifts down (``O(log k)``), so selecting
-costs about one pass over the tile, a few percent of the product that made it. On other devices
-(CUDA) and while tracing, the candidates are merged by :func:`~geograph.knn.allpairs.merge_topk`.
+probes) is made by matrix products; what is kept of it goes through :func:`offer_rows` (each tile
+row offers its scores to that row's list), :func:`offer_cols` (each chosen tile column offers its
+scores to that column's list: the other side of a symmetric join) or :func:`offer_tile` (both
+sides of a join tile in one kernel call; :class:`TileOffers` pays the kernel's set-up once for a
+join's thousands of tiles). On CPU the lists are min-heaps kept by a numba kernel, parallel over
+lists: a candidate below its list's current ``k``-th entry costs one comparison, one above it
+replaces the root and sifts down (``O(log k)``), so selecting costs about one pass over the tile.
+On other devices (CUDA) and while tracing, the candidates are merged by
+:func:`~geograph.knn.allpairs.merge_topk`.
 
 Either way the kept set is exact: each list holds the ``k`` best of what was offered to it,
 ranked by value, equal values by the lowest id (the tie rule of every geograph ranking), so the
@@ -29,16 +31,27 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from geograph import _checks
 
-__all__ = ["new_lists", "offer_rows", "offer_cols", "offer_lists", "compiled", "kernel_threads"]
+__all__ = [
+    "new_lists",
+    "offer_rows",
+    "offer_cols",
+    "offer_tile",
+    "TileOffers",
+    "offer_lists",
+    "compiled",
+    "kernel_threads",
+]
 
 #: held while a parallel kernel runs: numba's ``workqueue`` threading layer aborts when two threads
-#: launch parallel kernels at once (the kernels spread over every numba thread anyway)
-_LOCK = threading.Lock()
+#: launch parallel kernels at once (the kernels spread over every numba thread anyway); re-entrant,
+#: as a :class:`TileOffers` holds it across its tiles and the offers made inside it
+_LOCK = threading.RLock()
 
 _KERNELS: dict[str, Any] = {}
 
@@ -48,7 +61,9 @@ def _heap_kernels() -> dict[str, Any]:
     if not _KERNELS:
         from geograph.knn import _heap
 
-        _KERNELS.update(rows=_heap.rows_kernel, cols=_heap.cols_kernel, lists=_heap.lists_kernel)
+        _KERNELS.update(
+            rows=_heap.rows_kernel, cols=_heap.cols_kernel, tile=_heap.tile_kernel, lists=_heap.lists_kernel
+        )
     return _KERNELS
 
 
@@ -87,6 +102,7 @@ def new_lists(n: int, k: int, like: Tensor) -> tuple[Tensor, Tensor]:
 
 
 _EMPTY = torch.empty(0)
+_EMPTY_NP = {torch.float32: np.empty(0, np.float32), torch.float64: np.empty(0, np.float64)}
 
 
 def offer_rows(
@@ -180,6 +196,150 @@ def offer_cols(
     tv, ti = merge_topk(st, ids.expand(st.shape[0], -1), min(k, st.shape[1]))
     ti = ti.masked_fill(~(tv > float("-inf")), -1)
     _merge(best_v, best_i, owners, tv, ti)
+
+
+def offer_tile(
+    best_v: Tensor,
+    best_i: Tensor,
+    s: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    first_col: int,
+    *,
+    exclude_self: bool = False,
+    row_scale: Tensor | None = None,
+    col_scale: Tensor | None = None,
+) -> None:
+    """Both sides of one tile of a symmetric join, in place: tile row ``r`` offers
+    ``s[r, c] * col_scale[c]`` with id ``cols[c]`` to list ``rows[r]`` for every column (as
+    :func:`offer_rows`; with ``exclude_self`` never its own id ``rows[r]``), and every column
+    ``c >= first_col`` offers ``s[r, c] * row_scale[r]`` with id ``rows[r]`` to list ``cols[c]``
+    (as :func:`offer_cols`). On CPU one kernel call does both (one parallel region a tile).
+
+    Args:
+        best_v, best_i: ``(N, k)`` running lists.
+        s: ``(R, C)`` scores.
+        rows: ``(R,)`` distinct list rows (and ids) of the tile's rows.
+        cols: ``(C,)`` long ids of the tile's columns; ``cols[first_col:]`` distinct lists, none of
+            them in ``rows``.
+        first_col: the first column that also offers itself to its rows (``C``: none).
+        exclude_self: row ``r`` never keeps id ``rows[r]``.
+        row_scale, col_scale: ``(R,)`` / ``(C,)`` factors of the scores offered by the rows to the
+            columns' lists / by the columns to the rows' lists, or ``None``.
+
+    Example:
+        >>> from geograph.knn.allpairs import sort_topk
+        >>> v, i = new_lists(3, 1, torch.zeros(1))
+        >>> s = torch.tensor([[1.0, 0.3, 0.9], [0.3, 1.0, 0.2]])  # rows 0, 1 against ids 0, 1, 2
+        >>> offer_tile(v, i, s, torch.tensor([0, 1]), torch.tensor([0, 1, 2]), 2, exclude_self=True)
+        >>> sort_topk(v, i)
+        (tensor([[0.9000],
+                [0.3000],
+                [0.9000]]), tensor([[2],
+                [0],
+                [0]]))
+    """
+    n_r, n_c = s.shape
+    if best_v.shape[1] == 0 or n_r == 0 or n_c == 0:
+        return
+    if not 0 <= first_col <= n_c:
+        raise ValueError(f"first_col={first_col} must be in [0, {n_c}]")
+    if compiled(best_v):
+        cs = _EMPTY.to(s.dtype) if col_scale is None else col_scale.to(s.dtype).contiguous()
+        rs = _EMPTY.to(s.dtype) if row_scale is None else row_scale.to(s.dtype).contiguous()
+        args = (s.contiguous(), rows.contiguous(), cols.contiguous(), cs, rs, first_col, exclude_self, best_v, best_i)
+        _run("tile", *args, kernel_threads())
+        return
+    offer_rows(best_v, best_i, rows, s, cols, exclude=rows if exclude_self else None, scale=col_scale)
+    pick = torch.arange(first_col, n_c, device=s.device)
+    offer_cols(best_v, best_i, s, pick, cols[first_col:], rows, scale=row_scale)
+
+
+class TileOffers:
+    """Many tiles offered to the same running lists one after another (:func:`offer_tile` each): on
+    CPU the compiled kernel's set-up (numpy views of the lists, the thread count, the kernel lock)
+    is paid once for all of them, not once a tile, which matters for the IVF join's thousands of
+    small tiles. Use as a context manager; other devices (and tracing) call :func:`offer_tile`.
+
+    Example:
+        >>> from geograph.knn.allpairs import sort_topk
+        >>> v, i = new_lists(2, 1, torch.zeros(1))
+        >>> with TileOffers(v, i) as offers:
+        ...     offers.tile(torch.tensor([[0.4]]), torch.tensor([0]), torch.tensor([1]), 0)
+        >>> sort_topk(v, i)
+        (tensor([[0.4000],
+                [0.4000]]), tensor([[1],
+                [0]]))
+    """
+
+    def __init__(self, best_v: Tensor, best_i: Tensor) -> None:
+        self.best_v, self.best_i = best_v, best_i
+        self._kernel: Any = None
+        self._threads = 1
+        self._before = 0
+        self._lists: tuple[Any, Any] | None = None
+
+    def __enter__(self) -> TileOffers:
+        if compiled(self.best_v) and self.best_v.shape[1] > 0:
+            import numba
+
+            self._kernel = _heap_kernels()["tile"]
+            self._threads = kernel_threads()
+            self._before = torch.get_num_threads()
+            _LOCK.acquire()
+            numba.set_num_threads(self._threads)
+            self._lists = (self.best_v.numpy(), self.best_i.numpy())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lists is not None:
+            self._lists = None
+            if torch.get_num_threads() != self._before:  # numba's OpenMP layer shares the count with torch
+                torch.set_num_threads(self._before)
+            _LOCK.release()
+
+    def tile(
+        self,
+        s: Tensor,
+        rows: Tensor,
+        cols: Tensor,
+        first_col: int,
+        *,
+        exclude_self: bool = False,
+        row_scale: Tensor | None = None,
+        col_scale: Tensor | None = None,
+    ) -> None:
+        """One tile, as :func:`offer_tile` ``(best_v, best_i, s, rows, cols, first_col, ...)``."""
+        if self._lists is None:
+            offer_tile(
+                self.best_v,
+                self.best_i,
+                s,
+                rows,
+                cols,
+                first_col,
+                exclude_self=exclude_self,
+                row_scale=row_scale,
+                col_scale=col_scale,
+            )
+            return
+        n_r, n_c = s.shape
+        if n_r == 0 or n_c == 0:
+            return
+        if not 0 <= first_col <= n_c:
+            raise ValueError(f"first_col={first_col} must be in [0, {n_c}]")
+        empty = _EMPTY_NP[s.dtype]
+        self._kernel(
+            s.contiguous().numpy(),
+            rows.contiguous().numpy(),
+            cols.contiguous().numpy(),
+            empty if col_scale is None else col_scale.to(s.dtype).contiguous().numpy(),
+            empty if row_scale is None else row_scale.to(s.dtype).contiguous().numpy(),
+            first_col,
+            exclude_self,
+            *self._lists,
+            self._threads,
+        )
 
 
 def offer_lists(best_v: Tensor, best_i: Tensor, rows: Tensor, values: Tensor, ids: Tensor) -> None:
