@@ -69,7 +69,7 @@ def check(scores: torch.Tensor, k: int, widths: list[int], exclude: torch.Tensor
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("k", [1, 3, 10])
+@pytest.mark.parametrize("k", [1, 3, 10, 40])  # 40: longer than a sorted list, a heap
 def test_random_tiles_equal_torch_topk(backend, dtype, k):
     g = torch.Generator().manual_seed(k)
     s = torch.randn(37, 230, generator=g, dtype=dtype)
@@ -142,7 +142,7 @@ def test_columns_side_equals_the_rows_side_of_the_transpose(backend):
     assert torch.equal(got[1][owners], ref[1]) and torch.equal(got[0][owners], ref[0])
 
 
-@pytest.mark.parametrize("k", [1, 4, 12])
+@pytest.mark.parametrize("k", [1, 4, 12, 40])
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("scaled", [False, True])
 def test_a_join_tile_offers_both_sides(backend, k, threads, scaled):

@@ -222,7 +222,7 @@ def ivf_self_topk(
     ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
     # the running lists in corpus order (row = passage id): the join works on sorted positions
     # and maps them through `order` when it merges, so no permuted copy of the lists is made
-    best_v, best_i = new_lists(n, k, z)  # the running lists (heaps on CPU, :mod:`geograph.knn.select`)
+    best_v, best_i = new_lists(n, k, z)  # the running lists (sorted or heaps on CPU: :mod:`geograph.knn.select`)
     pairs = _cell_pairs(centroids, nprobe)
     clock("assign")
     bar = progress_bar(progress, n, "ivf join", "join")

@@ -5,17 +5,19 @@ probes) is made by matrix products; what is kept of it goes through :func:`offer
 row offers its scores to that row's list), :func:`offer_cols` (each chosen tile column offers its
 scores to that column's list: the other side of a symmetric join) or :func:`offer_tile` (both
 sides of a join tile in one kernel call; :class:`TileOffers` pays the kernel's set-up once for a
-join's thousands of tiles). On CPU the lists are min-heaps kept by a numba kernel, parallel over
-lists: a candidate below its list's current ``k``-th entry costs one comparison, one above it
-replaces the root and sifts down (``O(log k)``), so selecting costs about one pass over the tile.
+join's thousands of tiles). On CPU the lists are kept by a numba kernel, parallel over lists,
+with their worst entry at the root: short lists (up to 32 entries) sorted worst first, longer
+ones as min-heaps. A candidate below its list's current ``k``-th entry costs one comparison, one
+above it replaces the root and moves past the entries it beats (a heap: sifts down, ``O(log k)``),
+so selecting costs about one pass over the tile.
 On other devices (CUDA) and while tracing, the candidates are merged by
 :func:`~geograph.knn.allpairs.merge_topk`.
 
 Either way the kept set is exact: each list holds the ``k`` best of what was offered to it,
 ranked by value, equal values by the lowest id (the tie rule of every geograph ranking), so the
 lists equal the tiled top-``k`` of the same scores whatever the tiling. The entries of a list come
-in no order (a heap on CPU); :func:`~geograph.knn.allpairs.sort_topk` orders them. ``-inf``, NaN
-and excluded pairs never enter; a list offered fewer than ``k`` candidates keeps ``-inf`` and id
+in no fixed order (worst first or a heap on CPU); :func:`~geograph.knn.allpairs.sort_topk` orders
+them. ``-inf``, NaN and excluded pairs never enter; a list offered fewer than ``k`` candidates keeps ``-inf`` and id
 ``-1`` in its other slots.
 
 Memory: the kernel reads the tile in place and writes the lists in place (no ``(R, C)``
