@@ -87,13 +87,19 @@ def test_forked_processes_ignore_and_block_sigint_only_while_armed():
         q.put((signal.getsignal(signal.SIGINT) is signal.SIG_IGN, blocked))
 
     ctx = mp.get_context("fork")
-    for armed in (True, False):
-        q = ctx.SimpleQueue()
-        arm_fork_hooks(armed)
-        try:
-            p = ctx.Process(target=report, args=(q,))
-            p.start()
-        finally:
-            arm_fork_hooks(False)
-        p.join(30)
-        assert q.get() == (armed, armed)
+    # this process's own disposition, as a command starts with it (a test before this one in the
+    # same worker may have left SIGINT ignored: a child forked unarmed inherits whatever it is)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for armed in (True, False):
+            q = ctx.SimpleQueue()
+            arm_fork_hooks(armed)
+            try:
+                p = ctx.Process(target=report, args=(q,))
+                p.start()
+            finally:
+                arm_fork_hooks(False)
+            p.join(30)
+            assert q.get() == (armed, armed)
+    finally:
+        signal.signal(signal.SIGINT, before)
