@@ -241,27 +241,16 @@ def offer_tile(
                 [0],
                 [0]]))
     """
-    n_r, n_c = s.shape
-    if best_v.shape[1] == 0 or n_r == 0 or n_c == 0:
-        return
-    if not 0 <= first_col <= n_c:
-        raise ValueError(f"first_col={first_col} must be in [0, {n_c}]")
-    if compiled(best_v):
-        cs = _EMPTY.to(s.dtype) if col_scale is None else col_scale.to(s.dtype).contiguous()
-        rs = _EMPTY.to(s.dtype) if row_scale is None else row_scale.to(s.dtype).contiguous()
-        args = (s.contiguous(), rows.contiguous(), cols.contiguous(), cs, rs, first_col, exclude_self, best_v, best_i)
-        _run("tile", *args, kernel_threads())
-        return
-    offer_rows(best_v, best_i, rows, s, cols, exclude=rows if exclude_self else None, scale=col_scale)
-    pick = torch.arange(first_col, n_c, device=s.device)
-    offer_cols(best_v, best_i, s, pick, cols[first_col:], rows, scale=row_scale)
+    with TileOffers(best_v, best_i) as offers:
+        offers.tile(s, rows, cols, first_col, exclude_self=exclude_self, row_scale=row_scale, col_scale=col_scale)
 
 
 class TileOffers:
     """Many tiles offered to the same running lists one after another (:func:`offer_tile` each): on
     CPU the compiled kernel's set-up (numpy views of the lists, the thread count, the kernel lock)
     is paid once for all of them, not once a tile, which matters for the IVF join's thousands of
-    small tiles. Use as a context manager; other devices (and tracing) call :func:`offer_tile`.
+    small tiles. Use as a context manager; on other devices (and while tracing) each tile goes to
+    :func:`offer_rows` and :func:`offer_cols`.
 
     Example:
         >>> from geograph.knn.allpairs import sort_topk
@@ -312,24 +301,17 @@ class TileOffers:
         col_scale: Tensor | None = None,
     ) -> None:
         """One tile, as :func:`offer_tile` ``(best_v, best_i, s, rows, cols, first_col, ...)``."""
-        if self._lists is None:
-            offer_tile(
-                self.best_v,
-                self.best_i,
-                s,
-                rows,
-                cols,
-                first_col,
-                exclude_self=exclude_self,
-                row_scale=row_scale,
-                col_scale=col_scale,
-            )
-            return
         n_r, n_c = s.shape
-        if n_r == 0 or n_c == 0:
+        if self.best_v.shape[1] == 0 or n_r == 0 or n_c == 0:
             return
         if not 0 <= first_col <= n_c:
             raise ValueError(f"first_col={first_col} must be in [0, {n_c}]")
+        if self._lists is None:  # torch's merges (CUDA, tracing): each side as its own offer
+            excl = rows if exclude_self else None
+            offer_rows(self.best_v, self.best_i, rows, s, cols, exclude=excl, scale=col_scale)
+            pick = torch.arange(first_col, n_c, device=s.device)
+            offer_cols(self.best_v, self.best_i, s, pick, cols[first_col:], rows, scale=row_scale)
+            return
         empty = _EMPTY_NP[s.dtype]
         self._kernel(
             s.contiguous().numpy(),
