@@ -316,13 +316,12 @@ def _cell_pairs(centroids: Tensor, nprobe: int) -> list[Tensor]:
 
 
 class _Workspace:
-    """Buffers one cell after another reuses (the met cells' rows, a tile's scores): allocating them
-    afresh for every cell costs page faults of the same order as copying into them. One per thread
+    """Buffers one cell after another reuses (a tile's scores): allocating them afresh for every
+    cell costs page faults of the same order as writing into them. One per thread
     of work (never shared by two running cells)."""
 
     def __init__(self, like: Tensor) -> None:
         self.like = like
-        self.rows = like.new_empty(0)
         self.scores = like.new_empty(0)
 
     def take(self, name: str, shape: tuple[int, ...]) -> Tensor:

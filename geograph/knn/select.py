@@ -9,16 +9,15 @@ join's thousands of tiles). On CPU the lists are kept by a numba kernel, paralle
 with their worst entry at the root: short lists (up to 32 entries) sorted worst first, longer
 ones as min-heaps. A candidate below its list's current ``k``-th entry costs one comparison, one
 above it replaces the root and moves past the entries it beats (a heap: sifts down, ``O(log k)``),
-so selecting costs about one pass over the tile.
-On other devices (CUDA) and while tracing, the candidates are merged by
-:func:`~geograph.knn.allpairs.merge_topk`.
+so selecting costs about one pass over the tile. On other devices (CUDA) and while tracing, the
+candidates are merged by :func:`~geograph.knn.allpairs.merge_topk`.
 
 Either way the kept set is exact: each list holds the ``k`` best of what was offered to it,
 ranked by value, equal values by the lowest id (the tie rule of every geograph ranking), so the
 lists equal the tiled top-``k`` of the same scores whatever the tiling. The entries of a list come
 in no fixed order (worst first or a heap on CPU); :func:`~geograph.knn.allpairs.sort_topk` orders
-them. ``-inf``, NaN and excluded pairs never enter; a list offered fewer than ``k`` candidates keeps ``-inf`` and id
-``-1`` in its other slots.
+them. ``-inf``, NaN and excluded pairs never enter; a list offered fewer than ``k`` candidates
+keeps ``-inf`` and id ``-1`` in its other slots.
 
 Memory: the kernel reads the tile in place and writes the lists in place (no ``(R, C)``
 temporaries: the optional ``scale`` factors are applied inside it, with the same rounding as a
@@ -31,6 +30,8 @@ by numba (the package's ``__pycache__``; where it cannot write one, in memory fo
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -81,21 +82,29 @@ def kernel_threads() -> int:
     return max(1, min(torch.get_num_threads(), int(numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
 
 
-def _run(name: str, *args: Any) -> None:
-    """Run kernel ``name`` on numpy views of ``args`` with torch's thread count, torch's count kept."""
+@contextmanager
+def _kernel_threads_held() -> Iterator[int]:
+    """The kernel lock held and numba set to :func:`kernel_threads` (yielded) for the block, torch's
+    own thread count kept."""
     import numba
 
-    kernel = _heap_kernels()[name]
-    arrays = [a.numpy() if isinstance(a, Tensor) else a for a in args]
     threads = kernel_threads()
     before = torch.get_num_threads()
     with _LOCK:
         try:
             numba.set_num_threads(threads)
-            kernel(*arrays)
+            yield threads
         finally:
             if torch.get_num_threads() != before:  # numba's OpenMP layer shares the count with torch
                 torch.set_num_threads(before)
+
+
+def _run(name: str, *args: Any) -> None:
+    """Run kernel ``name`` on numpy views of ``args`` with torch's thread count, torch's count kept."""
+    kernel = _heap_kernels()[name]
+    arrays = [a.numpy() if isinstance(a, Tensor) else a for a in args]
+    with _kernel_threads_held():
+        kernel(*arrays)
 
 
 def new_lists(n: int, k: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -267,27 +276,19 @@ class TileOffers:
         self.best_v, self.best_i = best_v, best_i
         self._kernel: Any = None
         self._threads = 1
-        self._before = 0
+        self._held = ExitStack()
         self._lists: tuple[Any, Any] | None = None
 
     def __enter__(self) -> TileOffers:
         if compiled(self.best_v) and self.best_v.shape[1] > 0:
-            import numba
-
             self._kernel = _heap_kernels()["tile"]
-            self._threads = kernel_threads()
-            self._before = torch.get_num_threads()
-            _LOCK.acquire()
-            numba.set_num_threads(self._threads)
+            self._threads = self._held.enter_context(_kernel_threads_held())
             self._lists = (self.best_v.numpy(), self.best_i.numpy())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._lists is not None:
-            self._lists = None
-            if torch.get_num_threads() != self._before:  # numba's OpenMP layer shares the count with torch
-                torch.set_num_threads(self._before)
-            _LOCK.release()
+        self._lists = None
+        self._held.close()
 
     def tile(
         self,
