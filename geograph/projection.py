@@ -6,7 +6,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import geoopt
 import torch  # noqa: F401 - the doctests run in this namespace
 from torch import Tensor, nn
 
@@ -17,6 +16,15 @@ from geograph.artefacts.identity import CorpusFingerprint, corpus_fingerprint, r
 from geograph.geometry.isoperimetric import conformal_volume  # its home; re-exported here
 
 __all__ = ["PoincareProjection", "IdentityPoincare", "conformal_volume"]
+
+
+def _ball(c: float) -> Any:
+    """geoopt's Poincare ball of curvature ``-c``, imported on first use: importing geoopt (which
+    imports scipy.optimize) costs more than a second, paid otherwise by every process that imports
+    geograph, servers and CLI commands that never project."""
+    import geoopt
+
+    return geoopt.PoincareBall(c=c)
 
 
 class PoincareProjection(nn.Module):
@@ -60,7 +68,7 @@ class PoincareProjection(nn.Module):
             raise ValueError(f"c must be positive, got {c!r}")
         self.hidden = hidden
         self.c = float(c)
-        self.ball = geoopt.PoincareBall(c=self.c)
+        self.ball = _ball(self.c)
         self.mlp: nn.Module
         if hidden:
             self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
@@ -180,7 +188,7 @@ class IdentityPoincare(nn.Module):
     def __init__(self, c: float = 1.0) -> None:
         super().__init__()
         self.c = float(c)
-        self.ball = geoopt.PoincareBall(c=self.c)
+        self.ball = _ball(self.c)
         self.register_load_state_dict_post_hook(_curvature_after_load)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def forward(self, h: Tensor) -> Tensor:

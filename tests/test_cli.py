@@ -129,11 +129,21 @@ def test_bench_help_texts_are_plain_text(capsys, monkeypatch):
 
 def test_import_and_help_stay_cheap():
     """``import geograph.cli`` imports no command; ``geograph --help`` imports the command modules
-    but neither the server's configuration (pydantic) nor a benchmark, Ray or sentence-transformers."""
+    but neither the server's configuration (pydantic) nor a benchmark, Ray or sentence-transformers,
+    and no geoopt (with scipy.optimize, over a second of every process's start) until a ball is made."""
     import subprocess
     import sys
 
-    heavy = ("pydantic", "litserve", "sentence_transformers", "ray", "geograph.serve.config", "geograph.bench.run")
+    heavy = (
+        "pydantic",
+        "litserve",
+        "sentence_transformers",
+        "ray",
+        "geoopt",
+        "scipy.optimize",
+        "geograph.serve.config",
+        "geograph.bench.run",
+    )
     code = (
         "import sys, geograph\n"
         "before = set(sys.modules)\n"
