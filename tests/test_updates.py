@@ -258,9 +258,14 @@ def numpy_union(lists: np.ndarray) -> list:
     return sorted(pairs | {(j, i) for i, j in pairs})
 
 
+@pytest.mark.parametrize("path", ["compiled", "torch"])
 @pytest.mark.parametrize("seed", range(6))
-def test_union_update_equals_the_union_of_the_new_lists(seed):
+def test_union_update_equals_the_union_of_the_new_lists(seed, path, monkeypatch):
+    from geograph.knn import update
     from geograph.knn.update import union_update
+
+    if path == "torch":  # the path of CUDA tensors and of tracing, on the CPU
+        monkeypatch.setattr(update, "tracing", lambda: True)
 
     rng = np.random.default_rng(seed)
     n, k = int(rng.integers(2, 60)), int(rng.integers(1, 6))
@@ -301,3 +306,64 @@ def test_ivf_updates_keep_the_union_graph_of_the_lists():
     assert torch.equal(graph.edge_index, want)
     counts = np.bincount(want[0].numpy(), minlength=graph.num_nodes)
     assert graph.rowptr.tolist() == [0, *np.cumsum(counts).tolist()]
+
+
+def test_additions_write_spare_rows_and_never_rows_someone_holds():
+    """An addition writes into the spare rows an earlier one left (no copy of the corpus), and never
+    into rows that a tensor held from before, or another graph sharing the rows, can see."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.nn.functional.normalize(torch.randn(80, 8, generator=gen), dim=1)
+    x0 = x.clone()
+    graph = CorpusGraph.from_knn(x[:40], 3)
+    graph.add(x[40:41], [40])  # the first addition copies the corpus into a buffer with spare rows
+    held = graph.embeddings
+    before = held.clone()
+    graph.add(x[41:44], [41, 42, 43])
+    assert graph.embeddings.data_ptr() == held.data_ptr()  # written in place
+    assert torch.equal(held, before)
+    twin = CorpusGraph.from_knn(graph.embeddings, 3)  # another graph on the same 44 rows (and buffer)
+    graph.add(x[44:46], [44, 45])  # into the spare rows
+    twin.add(x[46:48], [44, 45])  # not there (the buffer has room for them): a buffer of its own
+    assert twin.embeddings.data_ptr() != graph.embeddings.data_ptr()
+    assert torch.equal(graph.embeddings, x[:46]) and torch.equal(twin.embeddings, torch.cat([x[:44], x[46:48]]))
+    assert torch.equal(x, x0)  # the caller's tensor (the first graph's rows were a view of it) is never written
+    graph.remove([0, 1])
+    graph.add(x[50:52], [50, 51])
+    assert torch.equal(graph.embeddings, torch.cat([x[2:46], x[50:52]]))
+    assert edge_set(graph) == numpy_knn_edges(graph.embeddings.numpy(), 3)
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_passage_ids_follow_a_list_through_random_adds_and_removes(plain, monkeypatch):
+    """The serial numbers and their rows against a plain list of ids, through enough churn that the
+    serials are numbered again, with removed plain ids added back."""
+    from geograph.graphs.updates import PassageIds
+
+    monkeypatch.setattr(PassageIds, "RENUMBER_SLACK", 0)
+    rng = random.Random(5)
+    renumbered = 0
+    ref = list(range(50)) if plain else [f"p{i}" for i in range(50)]
+    ids = PassageIds(range(50) if plain else list(ref))
+    fresh = iter(range(1000, 10**6))
+    for _ in range(60):
+        if rng.random() < 0.5 and len(ref) > 5:
+            gone = set(rng.sample(ref, rng.randint(1, len(ref) // 3)))
+            keep = torch.tensor([x not in gone for x in ref])
+            before = ids._row_of.size
+            ids.keep(keep)
+            renumbered += ids._row_of.size < before
+            ref = [x for x in ref if x not in gone]
+        else:
+            back = [x for x in range(50) if x not in ref][:2] if plain else []  # plain ids seen before
+            new = back + [next(fresh) for _ in range(rng.randint(1, 8))]
+            assert ids.check_new(new) == new
+            ids.add(new)
+            ref += new
+        assert ids.ids == ref and len(ids) == len(ref)
+        probe = rng.sample(ref, min(10, len(ref)))
+        assert ids.rows(probe).tolist() == sorted(ref.index(x) for x in probe)
+        with pytest.raises(ValueError, match="already in the corpus"):
+            ids.check_new([ref[-1]])
+        with pytest.raises(ValueError, match="not in the corpus"):
+            ids.rows([-1])
+    assert renumbered >= 3  # the serials were numbered again along the way

@@ -58,7 +58,7 @@ from geograph.geometry.gain import (
     gain_rank,
     gain_transition_edges,
 )
-from geograph.graphs.updates import check_new_rows, passage_ids
+from geograph.graphs.updates import appended, check_new_rows, kept_rows, passage_ids
 from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
 from geograph.knn.build import self_topk
 from geograph.knn.ivf_place import IVFCells, cell_blocks, cell_scan, make_cells, place_rows
@@ -479,7 +479,7 @@ def g3_add(
     new = known.check_new(ids, embeddings.shape[0])
     state = g3_state(graph, block)
     n, m = graph.num_nodes, len(new)
-    emb = torch.cat([graph.embeddings, embeddings])
+    emb = appended(graph.embeddings, embeddings)
     z = _unit(emb)
     raw = _new_raw(z, n, state, block)
     if state.ids is None or state.fvals is None or state.cut is None:  # the full T: made again from the density
@@ -575,7 +575,7 @@ def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_
     rows_d = rows.to(graph.device)
     z_all = _unit(graph.embeddings)
     z = z_all[keep_d]
-    emb = graph.embeddings[keep_d]
+    emb = kept_rows(graph.embeddings, keep_d)
     if state.sample_rate is None:
         gone = torch.zeros(z.shape[0], dtype=torch.float64, device=z.device)
         zr = z_all[rows_d]

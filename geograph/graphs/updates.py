@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,6 +51,8 @@ __all__ = [
     "add_passages",
     "remove_passages",
     "check_new_rows",
+    "appended",
+    "kept_rows",
     "knn_unit",
     "kept_lists",
     "reorder",
@@ -63,20 +66,43 @@ PassageId = str | int
 class PassageIds:
     """The ids of a corpus's passages, in row order, and each id's row.
 
+    Each id has a serial number while it is in the corpus and the row of each serial is kept in an
+    array, so that an update costs its own ids in Python and array operations for the rest: a
+    removal renumbers the rows by one pass over the array instead of writing every later id's row
+    into a dict. A corpus made without ids (``range(n)``) needs no dict at all until ids are added:
+    id ``i < n`` is serial ``i``.
+
     Example:
         >>> ids = PassageIds(["a", "b"])
         >>> ids.check_new(["c"]), ids.rows(["b"]).tolist()
         (['c'], [1])
+        >>> plain = PassageIds(range(5))
+        >>> plain.keep(torch.tensor([True, False, True, True, True]))
+        >>> plain.add([1]); plain.ids, plain.rows([4, 1]).tolist()
+        ([0, 2, 3, 4, 1], [3, 4])
     """
+
+    #: serials of removed ids past twice the live ones that make :meth:`keep` number the ids again
+    RENUMBER_SLACK = 1024
 
     def __init__(self, ids: Iterable[PassageId]) -> None:
         self.ids: list[PassageId] = list(ids)
-        self.row = {x: i for i, x in enumerate(self.ids)}
-        if len(self.row) != len(self.ids):
+        n = len(self.ids)
+        #: ids 0 .. _plain - 1 (a corpus made as range(n)) are their own serials; the others are in _serial
+        self._plain = n if isinstance(ids, range) and ids.start == 0 and ids.step == 1 else 0
+        self._serial: dict[PassageId, int] = {} if self._plain else {x: i for i, x in enumerate(self.ids)}
+        if len(self._serial) != n - self._plain:
             raise ValueError("ids must be unique")
+        self._row_of = np.arange(n, dtype=np.int64)  # each serial's row, -1 once removed
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def serial(self, x: Any) -> int | None:
+        """``x``'s serial number, or ``None`` when it is not in the corpus."""
+        if type(x) is int and 0 <= x < self._plain and self._row_of[x] >= 0:
+            return x
+        return self._serial.get(x)
 
     def check_new(self, ids: Iterable[PassageId] | Tensor, count: int | None = None) -> list[PassageId]:
         """``ids`` as a list, or a one-line error for a bad or duplicate id, or a number of ids other
@@ -89,7 +115,7 @@ class PassageIds:
                 raise ValueError(f"ids must be str or int, got {x!r} of type {type(x).__name__}")
         seen: set[PassageId] = set()
         for x in new:
-            if x in self.row:
+            if self.serial(x) is not None:
                 raise ValueError(f"ids: {x!r} is already in the corpus (remove it first to edit it)")
             if x in seen:
                 raise ValueError(f"ids: {x!r} is given twice")
@@ -101,12 +127,13 @@ class PassageIds:
     def rows(self, ids: Iterable[PassageId] | Tensor | str | int) -> Tensor:
         """The rows of ``ids`` (sorted, unique), or a one-line error naming an unknown id."""
         items = [ids] if isinstance(ids, (str, bytes, int)) else ids
-        out = []
+        serials = []
         for x in items.tolist() if isinstance(items, Tensor) else items:
-            if x not in self.row:
+            s = self.serial(x)
+            if s is None:
                 raise ValueError(f"ids: {x!r} is not in the corpus")
-            out.append(self.row[x])
-        return torch.tensor(sorted(set(out)), dtype=torch.long)
+            serials.append(s)
+        return torch.from_numpy(np.unique(self._row_of[np.asarray(serials, dtype=np.int64)]))
 
     def removal(self, ids: Iterable[PassageId] | str | int, keep_at_least: int = 1) -> tuple[Tensor, Tensor]:
         """The rows of ``ids`` and the ``keep`` mask of the other rows (CPU), or a one-line error
@@ -122,17 +149,23 @@ class PassageIds:
         return rows, keep
 
     def add(self, ids: list[PassageId]) -> None:
-        for x in ids:
-            self.row[x] = len(self.ids)
-            self.ids.append(x)
+        first, n = len(self._row_of), len(self.ids)
+        self._serial.update(zip(ids, range(first, first + len(ids))))
+        self._row_of = np.concatenate([self._row_of, np.arange(n, n + len(ids), dtype=np.int64)])
+        self.ids.extend(ids)
 
     def keep(self, keep: Tensor) -> None:
-        first = int(torch.argmin(keep.to(torch.uint8))) if keep.numel() else 0  # rows before it keep their number
-        gone = [self.ids[int(i)] for i in (~keep).nonzero().squeeze(1).tolist()]
-        self.ids = list(itertools.compress(self.ids, keep.tolist()))
-        for x in gone:
-            del self.row[x]
-        self.row.update(zip(self.ids[first:], range(first, len(self.ids))))
+        """Keep the rows where ``keep`` (``(N,)`` bool) is True, renumbered in order."""
+        mask = keep.cpu().numpy().astype(bool, copy=False)
+        for r in np.flatnonzero(~mask).tolist():
+            self._serial.pop(self.ids[r], None)  # a plain id leaves by its row below
+        self.ids = list(itertools.compress(self.ids, mask.tolist()))
+        pos = np.cumsum(mask) - 1
+        row = self._row_of
+        live = row >= 0
+        row[live] = np.where(mask[row[live]], pos[row[live]], -1)
+        if row.size > 2 * len(self.ids) + self.RENUMBER_SLACK:  # mostly removed ids' serials: number again
+            self.__init__(self.ids)  # type: ignore[misc]  # the same object, made from its ids
 
 
 @dataclass(frozen=True)
@@ -203,6 +236,67 @@ def knn_unit(embeddings: Tensor) -> Tensor:
     if embeddings.dtype in (torch.float16, torch.bfloat16) and embeddings.device.type == "cpu":
         return normalize(embeddings.float())
     return unit_rows(embeddings)
+
+
+#: an append that cannot write into spare rows allocates this share of the rows again as spare
+#: (1/8), so that a corpus growing by small additions copies its embeddings once per 1/8 of growth
+SPARE_SHARE = 8
+
+
+def appended(corpus: Tensor, rows: Tensor) -> Tensor:
+    """``torch.cat([corpus, rows])``, written into the spare rows of the buffer ``corpus`` is the
+    start of where an earlier call left them free, so that an addition costs its own rows and not
+    a copy of the corpus (and a fresh allocation of it, whose first writes fault every page in).
+
+    The result is a view of the first rows of a larger buffer. A buffer records how many of its
+    rows are in use (``_geograph_rows``); only a tensor ending there appends in place, so a view
+    held from before an append, or the same rows held by two graphs, never sees its rows written:
+    it gets a buffer of its own. Rows before ``corpus.shape[0]`` are never written.
+
+    Example:
+        >>> a = appended(torch.zeros(16, 2), torch.ones(1, 2))  # a new buffer, 2 rows spare
+        >>> b = appended(a, torch.full((2, 2), 2.0))  # into a's spare rows: no copy of a
+        >>> b.data_ptr() == a.data_ptr(), b[-3:, 0].tolist(), a.shape[0]
+        (True, [1.0, 2.0, 2.0], 17)
+        >>> appended(a, torch.ones(1, 2)).data_ptr() == a.data_ptr()  # a's next rows are b's now
+        False
+    """
+    n, m = corpus.shape[0], rows.shape[0]
+    buf = corpus._base
+    if (
+        buf is not None
+        and getattr(buf, "_geograph_rows", None) == n
+        and buf.data_ptr() == corpus.data_ptr()
+        and corpus.is_contiguous()
+        and buf.shape[1:] == corpus.shape[1:]
+        and buf.shape[0] >= n + m
+        and buf.dtype == rows.dtype
+        and buf.device == rows.device
+    ):
+        buf[n : n + m] = rows
+    else:
+        buf = corpus.new_empty((n + m + max(m, (n + m) // SPARE_SHARE), *corpus.shape[1:]))
+        buf[:n] = corpus
+        buf[n : n + m] = rows
+    buf._geograph_rows = n + m  # type: ignore[attr-defined]  # a plain attribute of the tensor object
+    return buf[: n + m]
+
+
+def kept_rows(corpus: Tensor, keep: Tensor) -> Tensor:
+    """``corpus[keep]`` (``keep``: ``(N,)`` bool) in a new buffer with spare rows past them, as
+    :func:`appended` leaves one, so that the next addition writes there instead of copying.
+
+    Example:
+        >>> kept = kept_rows(torch.arange(6.0).view(3, 2), torch.tensor([True, False, True]))
+        >>> kept.tolist(), appended(kept, torch.ones(1, 2)).data_ptr() == kept.data_ptr()
+        ([[0.0, 1.0], [4.0, 5.0]], True)
+    """
+    idx = keep.to(corpus.device).nonzero().squeeze(1)
+    n = idx.numel()
+    buf = corpus.new_empty((n + max(1, n // SPARE_SHARE), *corpus.shape[1:]))
+    torch.index_select(corpus, 0, idx, out=buf[:n])
+    buf._geograph_rows = n  # type: ignore[attr-defined]  # a plain attribute of the tensor object
+    return buf[:n]
 
 
 def check_new_rows(embeddings: Tensor, like: Tensor, name: str = "embeddings") -> None:
@@ -285,7 +379,7 @@ def add_passages(
     new = known.check_new(ids, embeddings.shape[0])
     n, m = graph.num_nodes, len(new)
     state = knn_state(graph, block)
-    emb = torch.cat([graph.embeddings, embeddings])
+    emb = appended(graph.embeddings, embeddings)
     changed = rescanned = 0
     if state is not None:
         if groups is not None:
@@ -341,7 +435,7 @@ def remove_passages(graph: CorpusGraph, ids: Iterable[PassageId], *, block: int 
     rows, keep = known.removal(ids)
     n = graph.num_nodes
     keep_d = keep.to(graph.device)
-    emb = graph.embeddings[keep_d]
+    emb = kept_rows(graph.embeddings, keep_d)
     state = knn_state(graph, block)
     changed = rescanned = 0
     ptr = None

@@ -20,7 +20,7 @@ machine.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ class IVFCells:
     centroids: Tensor
     assign: Tensor
     nprobe: int
+    _met: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def nlist(self) -> int:
@@ -55,19 +56,24 @@ class IVFCells:
     def apply(self, fn: Callable[[Tensor], Tensor]) -> None:
         """Apply a module's ``_apply`` function (``.to()``, ``.cuda()``) to the centroids and cells."""
         self.centroids, self.assign = fn(self.centroids), fn(self.assign)
+        self._met = None
 
     def keep(self, keep: Tensor) -> None:
         """Drop the rows where ``keep`` (``(N,)`` bool) is False (the rest renumbered in order)."""
         self.assign = self.assign[keep.to(self.assign.device)]
 
     def met(self) -> Tensor:
-        """``(nlist, nlist)`` bool: cell ``a`` meets cell ``b`` in the join (symmetric, the diagonal set)."""
+        """``(nlist, nlist)`` bool: cell ``a`` meets cell ``b`` in the join (symmetric, the diagonal set).
+        Made once (the centroids and ``nprobe`` do not change with updates); do not write to it."""
+        if self._met is not None and self._met.device == self.centroids.device:
+            return self._met
         k = min(self.nprobe, self.nlist)
         near = tiled_topk(self.centroids, self.centroids, k)[1]
         met = torch.zeros(self.nlist, self.nlist, dtype=torch.bool, device=near.device)
         met.scatter_(1, near, True)
         met |= met.T.clone()
         met.fill_diagonal_(True)
+        self._met = met
         return met
 
 

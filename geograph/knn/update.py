@@ -31,10 +31,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from geograph._checks import tracing
 from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
 from geograph.knn.exact import pair_score
 from geograph.knn.ivf_place import IVFCells, cell_blocks, cell_scan
 from geograph.knn.policy import Transform
+from geograph.knn.select import _kernel_threads_held
 
 __all__ = [
     "TopkLists",
@@ -392,10 +394,26 @@ def union_update(
     start = torch.where(touch, e_old + a_ptr[:-1], start)
     new_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     total = int(new_ptr[-1])
+    if dev.type == "cpu" and not tracing():  # one pass writing each slot once (numba)
+        return _splice(edge_index[1], None if grow else pos, a_dst, start, counts, new_ptr, total), new_ptr
     targets = edge_index[1] if grow else pos[edge_index[1]]
     dst = torch.cat([targets, a_dst])[_spans(start, counts, total)]
     src = torch.repeat_interleave(torch.arange(n_new, device=dev), counts, output_size=total)
     return torch.stack([src, dst]), new_ptr
+
+
+def _splice(
+    old_dst: Tensor, pos: Tensor | None, a_dst: Tensor, start: Tensor, counts: Tensor, ptr: Tensor, total: int
+) -> Tensor:
+    """The ``(2, total)`` edges of :func:`union_update` by the compiled kernel
+    (:func:`~geograph.knn._splice.splice_kernel`), with torch's thread count."""
+    from geograph.knn._splice import splice_kernel
+
+    out = torch.empty((2, total), dtype=torch.long)
+    ins = (old_dst, old_dst.new_empty(0) if pos is None else pos, a_dst, start, counts, ptr)
+    with _kernel_threads_held():
+        splice_kernel(*(a.contiguous().numpy() for a in ins), out[0].numpy(), out[1].numpy())
+    return out
 
 
 def _spans(starts: Tensor, lens: Tensor, total: int | None = None) -> Tensor:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from geograph.graphs.updates import PassageId, UpdateReport, check_new_rows, passage_ids
+from geograph.graphs.updates import PassageId, UpdateReport, appended, check_new_rows, kept_rows, passage_ids
 from geograph.ops.similarity import unit_rows
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def dense_add(model: DenseRetriever, embeddings: Tensor, ids: Sequence[PassageId
         labels = torch.arange(len(table), len(table) + m)
         model._ivf.add_with_ids(z.detach().float().cpu().contiguous().numpy(), labels.numpy())
         model._ivf_rows = torch.cat([table, torch.arange(n, n + m)])
-    model.embeddings = torch.cat([model.embeddings, z])
+    model.embeddings = appended(model.embeddings, z)
     known.add(new)
     return UpdateReport(m, 0, n + m, 0, 0, time.perf_counter() - t0)
 
@@ -90,7 +90,7 @@ def dense_remove(model: DenseRetriever, ids: Iterable[PassageId] | PassageId) ->
         model._ivf.remove_ids(gone.nonzero().squeeze(1).numpy().astype("int64"))
         pos = torch.cumsum(keep.long(), 0) - 1
         model._ivf_rows = torch.where((table >= 0) & ~gone, pos[table.clamp_min(0)], torch.full_like(table, -1))
-    model.embeddings = model.embeddings[keep.to(model.embeddings.device)]
+    model.embeddings = kept_rows(model.embeddings, keep)
     known.keep(keep)
     return UpdateReport(0, int(rows.numel()), n - int(rows.numel()), 0, 0, time.perf_counter() - t0)
 
