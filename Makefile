@@ -44,7 +44,7 @@ format: $(STAMP)
 
 # pytest-xdist: a worker per core (at most 4), each with one OpenMP thread, a file's tests on one
 # worker (its module fixtures, such as a server, start once); see docs/guide/testing.md
-XDIST := -n auto --dist loadfile
+XDIST := -n auto --dist loadfile --no-loadscope-reorder
 
 test: lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(XDIST); rc=$$?; \

@@ -58,12 +58,35 @@ def pytest_configure(config):
         os.environ.setdefault("MKL_NUM_THREADS", os.environ.setdefault("OMP_NUM_THREADS", "1"))
 
 
+#: the files that take a minute or more on a 2-core machine (servers, subprocesses, compilation),
+#: longest first: run first, so that the short files even out the end of a parallel run. A file
+#: that grows past a minute belongs here (``pytest --durations=0`` shows the times).
+LONG_FILES = (
+    "test_serve_http.py",
+    "test_wheel.py",
+    "test_ray.py",
+    "test_numba_runtime.py",
+    "test_ricci.py",
+    "test_encoder_loading.py",
+    "test_serve_lifecycle.py",
+    "test_serve_fuzz.py",
+    "test_serve_load.py",
+    "test_docs_build.py",
+    "test_compile.py",
+    "test_notebooks.py",
+    "test_serve_reload.py",
+    "test_flow.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    # The files with a test marked slow first: under ``--dist loadfile`` a file is one unit of
-    # work, so the long ones start early and the short ones even out the end. Whole files move
-    # (a stable sort on the file): a module fixture is still set up once.
+    # Under ``--dist loadfile`` a file is one unit of work, handed out in this order (``make test``
+    # passes ``--no-loadscope-reorder``: xdist would otherwise hand out the files with the most
+    # tests first): the long files first, then the others with a test marked slow, then the rest.
+    # Whole files move (a stable sort on the file): a module fixture is still set up once.
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path not in slow_files))
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: without the plugin (-p no:xdist) it is unused

@@ -212,8 +212,8 @@ def test_ray_build_without_retries_fails_clearly(ray_local):
 
 # -- embedding on Ray Data -----------------------------------------------------------------------
 @pytest.mark.integration
-@pytest.mark.slow  # the demo runs every method once (about 1.5 min on the shared 2-core CPU)
-def test_ray_embedding_equals_encoder_and_demo_reads_the_cache(ray_local, tmp_path):
+@pytest.mark.slow
+def test_ray_embedding_equals_encoder_and_the_cli_reads_the_cache(ray_local, tmp_path):
     require("sentence_transformers")
     from geograph.cli import main
     from geograph.data import DEMO_PATH, Encoder, load_demo
@@ -234,10 +234,9 @@ def test_ray_embedding_equals_encoder_and_demo_reads_the_cache(ray_local, tmp_pa
     again = embed_corpus(data, cache=cache)  # nothing left to do: Ray is not even asked
     assert (again.cached, again.encoded, again.shards) == (111, 0, 0)
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["demo", "--data", str(data), "--cache", str(cache), "--show", "0"]) == 0
-    n_queries = len(load_demo().queries)
-    assert f"embedding {n_queries} of {111 + n_queries} texts" in buf.getvalue()  # the queries only
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):  # what a user runs next finds them
+        assert main(["embed", "--data", str(data), "--cache", str(cache)]) == 0
+    assert "111 passages: 111 already cached, 0 encoded" in buf.getvalue(), buf.getvalue()
 
 
 @pytest.mark.integration
