@@ -100,8 +100,10 @@ class PassageIds:
 
     def serial(self, x: Any) -> int | None:
         """``x``'s serial number, or ``None`` when it is not in the corpus."""
-        if type(x) is int and 0 <= x < self._plain and self._row_of[x] >= 0:
-            return x
+        if self._plain and isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+            i = int(x)  # a numpy integer too, as a dict lookup by equal hash would find it
+            if 0 <= i < self._plain and self._row_of[i] >= 0:
+                return i
         return self._serial.get(x)
 
     def check_new(self, ids: Iterable[PassageId] | Tensor, count: int | None = None) -> list[PassageId]:
@@ -244,9 +246,9 @@ SPARE_SHARE = 8
 
 
 def appended(corpus: Tensor, rows: Tensor) -> Tensor:
-    """``torch.cat([corpus, rows])``, written into the spare rows of the buffer ``corpus`` is the
-    start of where an earlier call left them free, so that an addition costs its own rows and not
-    a copy of the corpus (and a fresh allocation of it, whose first writes fault every page in).
+    """``torch.cat([corpus, rows])``, written into spare rows where an earlier call left some past
+    ``corpus`` in its buffer, so that an addition costs its own rows and not a copy of the corpus
+    (and a fresh allocation of it, whose first writes fault every page in).
 
     The result is a view of the first rows of a larger buffer. A buffer records how many of its
     rows are in use (``_geograph_rows``); only a tensor ending there appends in place, so a view
