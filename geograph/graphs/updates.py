@@ -87,10 +87,14 @@ class PassageIds:
 
     def __init__(self, ids: Iterable[PassageId]) -> None:
         self.ids: list[PassageId] = list(ids)
+        self._number(plain=isinstance(ids, range) and ids.start == 0 and ids.step == 1)
+
+    def _number(self, *, plain: bool) -> None:
+        """Serials ``0 .. N-1`` in row order (``plain``: the ids are ``range(N)``, no dict)."""
         n = len(self.ids)
         #: ids 0 .. _plain - 1 (a corpus made as range(n)) are their own serials; the others are in _serial
-        self._plain = n if isinstance(ids, range) and ids.start == 0 and ids.step == 1 else 0
-        self._serial: dict[PassageId, int] = {} if self._plain else {x: i for i, x in enumerate(self.ids)}
+        self._plain = n if plain else 0
+        self._serial: dict[PassageId, int] = {} if plain else {x: i for i, x in enumerate(self.ids)}
         if len(self._serial) != n - self._plain:
             raise ValueError("ids must be unique")
         self._row_of = np.arange(n, dtype=np.int64)  # each serial's row, -1 once removed
@@ -167,7 +171,7 @@ class PassageIds:
         live = row >= 0
         row[live] = np.where(mask[row[live]], pos[row[live]], -1)
         if row.size > 2 * len(self.ids) + self.RENUMBER_SLACK:  # mostly removed ids' serials: number again
-            self.__init__(self.ids)  # type: ignore[misc]  # the same object, made from its ids
+            self._number(plain=False)
 
 
 @dataclass(frozen=True)
