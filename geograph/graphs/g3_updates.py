@@ -312,10 +312,16 @@ def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int) -> Tensor:
     """``sum_c max(0, <z_j, zc_c>)`` of every row ``j`` of ``z``: the signed part
     ``z_j . sum_c zc_c`` exactly, the negative part from a uniform sample of the rows of ``zc``
     (at least :data:`MIN_DENSITY_SAMPLE`, ``rate`` of them), scaled up (float64)."""
-    total = zc.double().sum(0)
+    # by row chunks through one float64 buffer: no float64 copy of z or zc
+    chunk = z.new_empty((min(max(z.shape[0], zc.shape[0]), 1 << 12), z.shape[1]), dtype=torch.float64)
+    total = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
+    for r0 in range(0, zc.shape[0], chunk.shape[0]):
+        part = chunk[: min(chunk.shape[0], zc.shape[0] - r0)]
+        total += part.copy_(zc[r0 : r0 + part.shape[0]]).sum(0)
     signed = torch.empty(z.shape[0], dtype=torch.float64, device=z.device)
-    for r0 in range(0, z.shape[0], 1 << 16):  # by row chunks: no float64 copy of z
-        signed[r0 : r0 + (1 << 16)] = z[r0 : r0 + (1 << 16)].double() @ total
+    for r0 in range(0, z.shape[0], chunk.shape[0]):
+        part = chunk[: min(chunk.shape[0], z.shape[0] - r0)]
+        torch.mv(part.copy_(z[r0 : r0 + part.shape[0]]), total, out=signed[r0 : r0 + part.shape[0]])
     m = zc.shape[0]
     s = min(m, max(MIN_DENSITY_SAMPLE, math.ceil(rate * m)))
     pick = torch.randperm(m, generator=torch.Generator().manual_seed(seed))[:s].to(z.device)
@@ -345,18 +351,48 @@ def _new_raw(z: Tensor, n: int, state: G3State, block: int) -> Tensor:
     return torch.cat([old, fresh])
 
 
+@dataclass
+class _Extras:
+    """The new columns an addition offers the old rows, by row (CSR): ``ptr`` ``(N + 1,)``, the
+    weights ``w``, columns ``ids`` and ``f`` of each row's entries, at most ``width`` a row (its best
+    by weight, ties by lowest column), and ``bound`` ``(N,)``: every offered column not kept weighs
+    at most it (0 where all were kept)."""
+
+    ptr: Tensor
+    w: Tensor
+    ids: Tensor
+    f: Tensor
+    bound: Tensor
+
+    def dense(self, width: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(w, ids, f)`` as ``(N, width)`` rows (``-inf`` / ``-1`` / 0 past a row's entries)."""
+        n = self.ptr.numel() - 1
+        counts = self.ptr[1:] - self.ptr[:-1]
+        row = torch.repeat_interleave(torch.arange(n, device=self.ptr.device), counts)
+        slot = torch.arange(row.numel(), device=row.device) - self.ptr[row]
+        w = self.w.new_full((n, width), float("-inf"))
+        ids = torch.full((n, width), -1, dtype=torch.long, device=row.device)
+        f = self.w.new_zeros((n, width))
+        w[row, slot], ids[row, slot], f[row, slot] = self.w, self.ids, self.f
+        return w, ids, f
+
+
+def _compiled_rows(t: Tensor) -> bool:
+    """Whether an update's per-row passes run in the compiled kernels (CPU, not tracing)."""
+    from geograph.knn.select import compiled
+
+    return compiled(t)
+
+
 def _remade(
     graph: G3Graph,
     z: Tensor,
     embeddings: Tensor,
     state: G3State,
     raw: Tensor,
-    fvals: Tensor,
-    ids: Tensor,
-    cut: Tensor,
-    old_penalty: Tensor,
-    old_t: Tensor,
-    extra: tuple[Tensor, Tensor, Tensor, Tensor] | None,
+    src: Tensor,
+    renum: Tensor | None,
+    extras: _Extras | None,
     fresh: tuple[Tensor, Tensor, Tensor] | None,
     cells: IVFCells | None,
     block: int,
@@ -364,36 +400,27 @@ def _remade(
     added: int,
     removed: int,
 ) -> G3UpdateReport:
-    """Certify every old row from its list (and the new columns ``extra``: weights, ids, bound),
+    """Certify every old row from its kept list (row ``src[r]`` of the state's lists, columns
+    renumbered by ``renum``, ``-1`` = removed; ``None``: unchanged) and the new columns ``extras``,
     recompute the rest, append the new rows' lists ``fresh`` and make ``T``."""
+    assert state.fvals is not None and state.ids is not None and state.cut is not None
     n_all = z.shape[0]
     d = int(graph.max_degree or 0)
-    width = fvals.shape[1]
+    width = state.width
     rho, penalty = _penalty(raw, graph.beta, z.dtype)
-    n_old = fvals.shape[0]
-    ratio = penalty[:n_old].double() / old_penalty.double()
+    n_old = src.numel()
+    ratio = penalty[:n_old].double() / state.penalty[src].double()
     bound = float(ratio.max()) if ratio.numel() else 1.0
-    w = (fvals * penalty[ids.clamp_min(0)]).masked_fill_(ids < 0, float("-inf"))
-    limit = cut * bound
-    cand_w, cand_i, cand_f = w, ids, fvals
-    if extra is not None:
-        ew, ei, ef, eb = extra
-        cand_w, cand_i, cand_f = torch.cat([w, ew], 1), torch.cat([ids, ei], 1), torch.cat([fvals, ef], 1)
-        limit = torch.maximum(limit, eb)
-    # each entry keyed by (column, slot): ties fall by column as in the build, and f follows its slot
-    c = cand_w.shape[1]
-    key = cand_i.masked_fill(~torch.isfinite(cand_w), n_all) * c + torch.arange(c, device=z.device)
-    v, key = sort_topk(*merge_topk(cand_w, key, min(width + 1, c)))
-    i, f_sel = key // c, cand_f.gather(1, key % c)
-    proven = (v > (limit * (1 + CERTIFICATE_SLACK)).to(v.dtype).unsqueeze(1)) & (v > 0)
-    count = proven[:, :width].sum(1)
-    ok = (count >= min(d, n_all - 1)) | (limit == 0)
-    nxt = v.gather(1, count.clamp_max(v.shape[1] - 1).unsqueeze(1)).squeeze(1).clamp_min(0).double()
-    nxt = torch.where(count < v.shape[1], nxt, torch.zeros_like(nxt))
-    new_cut = torch.maximum(limit, nxt)
-    keep_slot = torch.arange(width, device=z.device).unsqueeze(0) < count.unsqueeze(1)
-    new_i = i[:, :width].masked_fill(~keep_slot, -1)
-    new_f = f_sel[:, :width].masked_fill(~keep_slot, 0.0)
+    limit = state.cut[src] * bound
+    if extras is not None:
+        limit = torch.maximum(limit, extras.bound)
+    m_f = 0 if fresh is None else int(fresh[1].shape[0])
+    compiled = _compiled_rows(z)
+    if compiled:
+        new_f, new_i, new_cut, ok = _certified_compiled(state, src, renum, penalty, extras, limit, d, n_all, m_f)
+    else:
+        new_f, new_i, new_cut, ok = _certified(state, src, renum, penalty, extras, limit, d, n_all)
+        old_t = _t_columns(graph, src, torch.arange(n_all, device=z.device) if renum is None else renum, n_all, d)
     todo = (~ok).nonzero().squeeze(1)
     if todo.numel():
         score = _ranker(penalty, graph.band)
@@ -405,11 +432,16 @@ def _remade(
         rf, ri, rc = _lists_from(z, todo, rv, ri, width, n_all - 1 if cells is None else n_all, graph.band, block)
         new_f[todo], new_i[todo], new_cut[todo] = rf, ri, rc
     if fresh is not None:
-        new_f, new_i = torch.cat([new_f, fresh[0]]), torch.cat([new_i, fresh[1]])
-        new_cut = torch.cat([new_cut, fresh[2]])
+        if compiled:  # the tails were left for them
+            new_f[n_old:], new_i[n_old:], new_cut[n_old:] = fresh
+        else:
+            new_f, new_i = torch.cat([new_f, fresh[0]]), torch.cat([new_i, fresh[1]])
+            new_cut = torch.cat([new_cut, fresh[2]])
+    if compiled:
+        changed = _set_t_compiled(graph, embeddings, rho, new_f, new_i, penalty, d, src, renum)
+    else:
+        changed = (_set_t(graph, embeddings, rho, new_f, new_i, penalty, d)[:n_old] != old_t).any(1)
     state.raw, state.fvals, state.ids, state.cut, state.penalty = raw, new_f, new_i, new_cut, penalty
-    new_t = _set_t(graph, embeddings, rho, new_f, new_i, penalty, d)
-    changed = (new_t[:n_old] != old_t).any(1)
     certified = int(ok.sum())
     return G3UpdateReport(
         added,
@@ -419,10 +451,104 @@ def _remade(
         int((changed & ok).sum()),
         int(todo.numel()) if cells is not None else 0,
         int(todo.numel()) if cells is None else 0,
-        0 if fresh is None else int(fresh[1].shape[0]),
+        m_f,
         bound,
         time.perf_counter() - t0,
     )
+
+
+def _certified(
+    state: G3State,
+    src: Tensor,
+    renum: Tensor | None,
+    penalty: Tensor,
+    extras: _Extras | None,
+    limit: Tensor,
+    d: int,
+    n_all: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The torch path of the certificate: ``(f, ids, cut, ok)`` of the old rows, by whole-array passes."""
+    assert state.fvals is not None and state.ids is not None
+    width = state.width
+    fvals, ids = state.fvals[src], state.ids[src]
+    if renum is not None:
+        alive = (ids >= 0) & (renum[ids.clamp_min(0)] >= 0)
+        ids = torch.where(alive, renum[ids.clamp_min(0)], torch.full_like(ids, -1))
+        fvals = fvals.masked_fill(~alive, 0.0)
+    w = (fvals * penalty[ids.clamp_min(0)]).masked_fill_(ids < 0, float("-inf"))
+    cand_w, cand_i, cand_f = w, ids, fvals
+    if extras is not None:
+        ew, ei, ef = extras.dense(width)
+        cand_w, cand_i, cand_f = torch.cat([w, ew], 1), torch.cat([ids, ei], 1), torch.cat([fvals, ef], 1)
+    # each entry keyed by (column, slot): ties fall by column as in the build, and f follows its slot
+    c = cand_w.shape[1]
+    key = cand_i.masked_fill(~torch.isfinite(cand_w), n_all) * c + torch.arange(c, device=w.device)
+    v, key = sort_topk(*merge_topk(cand_w, key, min(width + 1, c)))
+    i, f_sel = key // c, cand_f.gather(1, key % c)
+    proven = (v > (limit * (1 + CERTIFICATE_SLACK)).to(v.dtype).unsqueeze(1)) & (v > 0)
+    count = proven[:, :width].sum(1)
+    ok = (count >= min(d, n_all - 1)) | (limit == 0)
+    nxt = v.gather(1, count.clamp_max(v.shape[1] - 1).unsqueeze(1)).squeeze(1).clamp_min(0).double()
+    nxt = torch.where(count < v.shape[1], nxt, torch.zeros_like(nxt))
+    new_cut = torch.maximum(limit, nxt)
+    keep_slot = torch.arange(width, device=w.device).unsqueeze(0) < count.unsqueeze(1)
+    new_i = i[:, :width].masked_fill(~keep_slot, -1)
+    new_f = f_sel[:, :width].masked_fill(~keep_slot, 0.0)
+    return new_f, new_i, new_cut, ok
+
+
+def _certified_compiled(
+    state: G3State,
+    src: Tensor,
+    renum: Tensor | None,
+    penalty: Tensor,
+    extras: _Extras | None,
+    limit: Tensor,
+    d: int,
+    n_all: int,
+    tail: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_certified` by :func:`~geograph.graphs._g3_kernels.certify_kernel`, one pass a row
+    (the same lists, cuts and verdicts); the results have ``tail`` more rows, left for the new rows."""
+    from geograph.graphs._g3_kernels import certify_kernel
+    from geograph.knn.select import _kernel_threads_held
+
+    assert state.fvals is not None and state.ids is not None
+    n_old, width = src.numel(), state.width
+    fvals = state.fvals.contiguous()
+    new_f = fvals.new_empty((n_old + tail, width))
+    new_i = torch.empty((n_old + tail, width), dtype=torch.long)
+    new_cut = torch.empty(n_old + tail, dtype=torch.float64)
+    ok = torch.empty(n_old, dtype=torch.bool)
+    if extras is None:
+        none = fvals.new_empty(0)
+        extras = _Extras(torch.zeros(n_old + 1, dtype=torch.long), none, src.new_empty(0), none, limit)
+    lim = (limit * (1 + CERTIFICATE_SLACK)).to(fvals.dtype)
+    args = (
+        fvals,
+        state.ids.contiguous(),
+        src.contiguous(),
+        src.new_empty(0) if renum is None else renum.contiguous(),
+        penalty.contiguous(),
+        extras.ptr.contiguous(),
+        extras.w.to(fvals.dtype).contiguous(),
+        extras.ids.contiguous(),
+        extras.f.to(fvals.dtype).contiguous(),
+        lim.contiguous(),
+        limit.contiguous(),
+    )
+    with _kernel_threads_held() as threads:
+        certify_kernel(
+            *(a.numpy() for a in args),
+            min(d, n_all - 1),
+            n_all,
+            max(1, min(n_old, 4 * threads)),
+            new_f[:n_old].numpy(),
+            new_i[:n_old].numpy(),
+            new_cut[:n_old].numpy(),
+            ok.numpy(),
+        )
+    return new_f, new_i, new_cut, ok
 
 
 def _ranker(penalty: Tensor, band: tuple[float, float] | None) -> Callable[[Tensor, Tensor], Tensor]:
@@ -449,14 +575,75 @@ def _set_t(
     keep = cols < n
     counts = keep.sum(1)
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    col, val = cols[keep], kw[keep]
+    _store_t(graph, embeddings, rho, crow, cols[keep], kw[keep])
+    return cols
+
+
+def _store_t(
+    graph: G3Graph,
+    embeddings: Tensor,
+    rho: Tensor,
+    crow: Tensor,
+    col: Tensor,
+    weights: Tensor,
+    normalised: bool = False,
+) -> None:
+    """Give the graph its corpus, density and ``T`` (CSR; the weights normalised by row here unless
+    they are already)."""
     graph.embeddings = embeddings
     graph.density = rho.to(embeddings.dtype)
     graph.crow, graph.col = crow, col
-    graph.val = _row_normalised(crow, val).to(embeddings.dtype)
+    graph.val = (weights if normalised else _row_normalised(crow, weights)).to(embeddings.dtype)
     graph._update_width()
     graph.corpus_version += 1
-    return cols
+
+
+def _set_t_compiled(
+    graph: G3Graph,
+    embeddings: Tensor,
+    rho: Tensor,
+    fvals: Tensor,
+    ids: Tensor,
+    penalty: Tensor,
+    d: int,
+    src: Tensor,
+    renum: Tensor | None,
+) -> Tensor:
+    """:func:`_set_t` by the kernels of :mod:`~geograph.graphs._g3_kernels` (the same ``T``, each
+    row normalised in the order :func:`~geograph.geometry.gain._row_normalised` sums it); returns
+    whether each old row's columns changed (row ``r`` had the edges of the old row ``src[r]``,
+    their columns renumbered by ``renum``)."""
+    from geograph.graphs._g3_kernels import edge_counts_kernel, edges_kernel
+    from geograph.knn.select import _kernel_threads_held
+
+    n = ids.shape[0]
+    k = min(d, ids.shape[1])
+    f, i, p = fvals.contiguous().numpy(), ids.contiguous().numpy(), penalty.contiguous().numpy()
+    counts = torch.empty(n, dtype=torch.long)
+    changed = torch.empty(src.numel(), dtype=torch.bool)
+    with _kernel_threads_held() as threads:
+        edge_counts_kernel(f, i, p, k, counts.numpy())
+        crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        total = int(crow[-1])
+        col = torch.empty(total, dtype=torch.long)
+        weights = fvals.new_empty(total)
+        edges_kernel(
+            f,
+            i,
+            p,
+            k,
+            crow.numpy(),
+            col.numpy(),
+            weights.numpy(),
+            graph.crow.contiguous().numpy(),
+            graph.col.contiguous().numpy(),
+            src.contiguous().numpy(),
+            (src.new_empty(0) if renum is None else renum).contiguous().numpy(),
+            max(1, min(n, 4 * threads)),
+            changed.numpy(),
+        )
+    _store_t(graph, embeddings, rho, crow, col, weights, normalised=True)
+    return changed
 
 
 def _t_columns(graph: G3Graph, rows: Tensor, new_col: Tensor, n: int, k: int) -> Tensor:
@@ -467,6 +654,43 @@ def _t_columns(graph: G3Graph, rows: Tensor, new_col: Tensor, n: int, k: int) ->
     out = torch.full((counts.numel(), max(1, k)), n, dtype=torch.long, device=counts.device)
     out[r, torch.arange(r.numel(), device=r.device) - graph.crow[r]] = new_col[graph.col]
     return out.masked_fill(out < 0, n)[rows].sort(dim=1).values
+
+
+def _offered(
+    z: Tensor,
+    n: int,
+    width: int,
+    offers: list[tuple[Tensor, Tensor, Tensor]],
+    band: tuple[float, float] | None,
+    block: int,
+) -> _Extras:
+    """The new columns offered to the ``n`` old rows (``(row, weight, column)`` triples above each
+    row's floor), at most ``width`` a row: its best by weight, ties by lowest column (as a running
+    top-``width`` merge keeps them); ``f`` recomputed from the pair, as every kept list holds it."""
+    dev = z.device
+    if offers:
+        g, w, q = (torch.cat(t) for t in zip(*offers))
+    else:
+        g, q, w = (torch.empty(0, dtype=torch.long, device=dev),) * 2 + (z.new_empty(0),)
+    keep = w > 0
+    g, w, q = g[keep], w[keep], q[keep]
+    o = torch.sort(q, stable=True).indices  # by row, then weight (best first), then column
+    o = o[torch.sort(w[o], descending=True, stable=True).indices]
+    o = o[torch.sort(g[o], stable=True).indices]
+    g, w, q = g[o], w[o], q[o]
+    counts = torch.bincount(g, minlength=n)
+    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    rank = torch.arange(g.numel(), device=dev) - starts[g]
+    # a row offered more than width columns keeps its best width; the rest weigh at most its last
+    last = rank == width - 1
+    bound = torch.zeros(n, dtype=torch.float64, device=dev)
+    bound[g[last]] = w[last].double()
+    kept = rank < width
+    g, w, q = g[kept], w[kept], q[kept]
+    counts = counts.clamp_max(width)
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    f = _f_of(z, g, q.unsqueeze(1), band, block).squeeze(1) if g.numel() else w.new_empty(0)
+    return _Extras(ptr, w, q, f, bound)
 
 
 def g3_add(
@@ -497,8 +721,7 @@ def g3_add(
     # the new rows' lists and the new columns of the old rows, from the same blocks
     fw = z.new_full((m, width), float("-inf"))
     fi = torch.full((m, width), -1, dtype=torch.long, device=z.device)
-    ow = z.new_full((n, width), float("-inf"))
-    oi = torch.full((n, width), -1, dtype=torch.long, device=z.device)
+    offers: list[tuple[Tensor, Tensor, Tensor]] = []
     for q, cols, s in cell_blocks(z, new_ids, cells if cells is not None else _one_cell(z), block=block):
         f = _weights(s, 1.0, graph.band).masked_fill_(q.unsqueeze(1) == cols, float("-inf"))
         w = f * penalty[cols]  # the new rows' side: the target is the column
@@ -509,43 +732,13 @@ def g3_add(
         if bool(old.any()):
             g = cols[old]
             wt = f.T[old] * penalty[q]  # the old rows' side: the target is the new row
-            wt = wt.masked_fill_(~(wt > floor[g].unsqueeze(1)), float("-inf"))
-            some = torch.isfinite(wt).any(1)
-            if not bool(some.any()):
-                continue
-            g, wt = g[some], wt[some]
-            v, i = torch.cat([ow[g], wt], 1), torch.cat([oi[g], q.expand(g.numel(), -1)], 1)
-            ow[g], oi[g] = merge_topk(v, i.masked_fill(~torch.isfinite(v), n + m), width)
-    full = torch.isfinite(ow).sum(1) >= width
-    last = ow.min(1).values.clamp_min(0).double()
-    extra_bound = torch.where(full, last, torch.zeros_like(last))
-    oi = oi.masked_fill(~(ow > 0), -1)
-    ow = ow.masked_fill(oi < 0, float("-inf"))
-    of = torch.zeros_like(ow)
-    hit = (oi >= 0).any(1).nonzero().squeeze(1)
-    of[hit] = _f_of(z, hit, oi[hit], graph.band, block)  # f from the pair, as every kept list holds it
+            r, c = (wt > floor[g].unsqueeze(1)).nonzero(as_tuple=True)
+            offers.append((g[r], wt[r, c], q[c]))
+    extras = _offered(z, n, width, offers, graph.band, block)
     fv, fi2 = sort_topk(fw, fi)
     fresh = _lists_from(z, new_ids, fv, fi2.masked_fill(~torch.isfinite(fv), -1), width, n + m - 1, graph.band, block)
-    d = int(graph.max_degree or 0)
-    old_t = _t_columns(graph, torch.arange(n, device=z.device), torch.arange(n, device=z.device), n + m, d)
     report = _remade(
-        graph,
-        z,
-        emb,
-        state,
-        raw,
-        state.fvals,
-        state.ids,
-        state.cut,
-        state.penalty,
-        old_t,
-        (ow, oi, of, extra_bound),
-        fresh,
-        cells,
-        block,
-        t0,
-        m,
-        0,
+        graph, z, emb, state, raw, torch.arange(n, device=z.device), None, extras, fresh, cells, block, t0, m, 0
     )
     known.add(new)
     return report
@@ -574,8 +767,8 @@ def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_
     keep_d = keep.to(graph.device)
     rows_d = rows.to(graph.device)
     z_all = _unit(graph.embeddings)
-    z = z_all[keep_d]
     emb = kept_rows(graph.embeddings, keep_d)
+    z = emb if z_all is graph.embeddings else z_all[keep_d]  # unit rows already: no second copy
     if state.sample_rate is None:
         gone = torch.zeros(z.shape[0], dtype=torch.float64, device=z.device)
         zr = z_all[rows_d]
@@ -592,34 +785,8 @@ def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_
         return G3UpdateReport(0, m, n - m, 0, 0, 0, n - m, 0, 1.0, time.perf_counter() - t0)
     if state.cells is not None:
         state.cells.keep(keep_d)
-    pos = torch.cumsum(keep_d.long(), 0) - 1
-    lids = state.ids[keep_d]
-    valid = lids >= 0
-    alive = valid & keep_d[lids.clamp_min(0)]
-    lids = torch.where(alive, pos[lids.clamp_min(0)], torch.full_like(lids, -1))
-    fvals = state.fvals[keep_d].masked_fill(~alive, 0.0)
-    n_kept = z.shape[0]
-    old_t = _t_columns(
-        graph, keep_d.nonzero().squeeze(1), torch.where(keep_d, pos, -1), n_kept, int(graph.max_degree or 0)
-    )
-    report = _remade(
-        graph,
-        z,
-        emb,
-        state,
-        raw,
-        fvals,
-        lids,
-        state.cut[keep_d],
-        state.penalty[keep_d],
-        old_t,
-        None,
-        None,
-        state.cells,
-        block,
-        t0,
-        0,
-        m,
-    )
+    renum = torch.where(keep_d, torch.cumsum(keep_d.long(), 0) - 1, -1)
+    src = keep_d.nonzero().squeeze(1)
+    report = _remade(graph, z, emb, state, raw, src, renum, None, None, state.cells, block, t0, 0, m)
     known.keep(keep)
     return report
