@@ -24,16 +24,6 @@ from numba import prange
 from geograph.knn._heap import _jit
 
 
-@_jit(inline="always")
-def _before(va: Any, ca: Any, sa: Any, vb: Any, cb: Any, sb: Any) -> bool:  # pragma: no cover - compiled
-    """Whether entry ``a`` ranks before ``b``: a higher weight, then a lower column, then a lower slot."""
-    if va != vb:
-        return bool(va > vb)
-    if ca != cb:
-        return bool(ca < cb)
-    return bool(sa < sb)
-
-
 @_jit(parallel=True)
 def certify_kernel(
     fvals: Any,
@@ -68,10 +58,13 @@ def certify_kernel(
     most = width
     for r in range(n_rows):
         most = max(most, width + eptr[r + 1] - eptr[r])
+    shift = 1
+    while (1 << shift) <= most:
+        shift += 1
+    low = (1 << shift) - 1
     for ch in prange(chunks):
         cv = np.empty(most, dtype=fvals.dtype)  # one row's candidates at a time, per thread
-        cc = np.empty(most, dtype=np.int64)
-        cs = np.empty(most, dtype=np.int64)
+        ck = np.empty(most, dtype=np.int64)  # their column and slot in one key: ties by column, then slot
         for r in range(ch * step, min(n_rows, (ch + 1) * step)):
             s_row = src[r]
             e0 = eptr[r]
@@ -87,16 +80,15 @@ def certify_kernel(
                     j = ei[e0 + t - width]
                 if not np.isfinite(v):
                     j = n_all
+                key = (j << shift) | t
                 # insertion: the list part arrives nearly sorted
                 p = t
-                while p > 0 and _before(v, j, t, cv[p - 1], cc[p - 1], cs[p - 1]):
+                while p > 0 and (cv[p - 1] < v or (cv[p - 1] == v and ck[p - 1] > key)):
                     cv[p] = cv[p - 1]
-                    cc[p] = cc[p - 1]
-                    cs[p] = cs[p - 1]
+                    ck[p] = ck[p - 1]
                     p -= 1
                 cv[p] = v
-                cc[p] = j
-                cs[p] = t
+                ck[p] = key
             bar = lim[r]
             count = 0
             top = min(width, c)
@@ -109,8 +101,8 @@ def certify_kernel(
             new_cut[r] = max(limit[r], nxt)
             for t in range(width):
                 if t < count:
-                    slot = cs[t]
-                    new_i[r, t] = cc[t]
+                    slot = ck[t] & low
+                    new_i[r, t] = ck[t] >> shift
                     new_f[r, t] = fvals[s_row, slot] if slot < width else ef[e0 + slot - width]
                 else:
                     new_i[r, t] = -1

@@ -24,10 +24,14 @@ graph). A pair outside both weighed at most ``cut_i`` before; its new weight is 
 ``p'_j / p_j``, at most ``R = max_j p'_j / p_j``: **one bound for all rows** (the change of every
 penalty is the change of the normalisation, the same for every ``j``, and the changed passages'
 own share of ``raw_j``, small for most ``j``). A row whose ``max_degree``-th new weight is above
-``cut_i R`` (and above the best new column it did not keep) is **certified**: its row of ``T`` is
-the exact build's (for an IVF graph: the IVF build's, up to the join's misses). A row it cannot
-prove is recomputed, against the rows of the cells it meets (IVF: ``from_cells``) or against
-every passage (exact: ``redone``), and keeps a fresh list. :class:`G3UpdateReport` counts them.
+``cut_i R`` (and above the best new column it did not keep) is **certified**. An IVF graph's row
+that ``R`` does not prove is tried again with its own factor ``R_i <= R``: the largest ratio over
+the rows of the cells it meets (its cell's, and its own ``nprobe`` nearest: the only columns its
+list is drawn from, and made again from), as the changed passages move the density of their own
+cells most. A certified row's row of ``T`` is the exact build's (for an IVF graph: the IVF
+build's, up to the join's misses). A row it cannot prove is recomputed, against the rows of the
+cells it meets (IVF: ``from_cells``) or against every passage (exact: ``redone``), and keeps a
+fresh list. :class:`G3UpdateReport` counts them.
 
 Costs: exact graph ``O(N M D + R N D + N K')``, IVF graph ``O(M C D + R C D + N (K' + D))`` for
 ``M`` changed passages, ``R`` recomputed rows and ``C`` rows in the cells a row meets (about
@@ -59,7 +63,7 @@ from geograph.geometry.gain import (
     gain_transition_edges,
 )
 from geograph.graphs.updates import appended, check_new_rows, kept_rows, passage_ids
-from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs
+from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pairs, tiled_topk
 from geograph.knn.build import self_topk
 from geograph.knn.ivf_place import IVFCells, cell_blocks, cell_scan, make_cells, place_rows
 from geograph.knn.policy import AUTO_EXACT_MAX, DEFAULT_RECALL_TARGET, IVFOptions
@@ -80,6 +84,17 @@ CERTIFICATE_SLACK = 1e-5
 
 #: changed passages sampled (at least) for the negative part of a sampled density's change
 MIN_DENSITY_SAMPLE = 64
+
+#: the sampled change of the old rows' density keeps its noise near this, relative to the corpus:
+#: ``fraction / sqrt(sample)`` for a change of ``fraction`` of the corpus (the sample grows with the
+#: square of the fraction; at the minimum sample a 0.1% change is at 1.6e-4, a 1% change samples
+#: about 1,100 changed passages). The noise moves every row's penalty at random, and the bound
+#: ``R`` (the largest ratio of all rows) with the largest of them: a 1% change at the rate of the
+#: build (82 of 2,000 at 200k passages) made ``R`` 1.008 where the change itself moved it 1.002
+DENSITY_NOISE = 3e-4
+
+#: rows of ``z`` a block of :func:`_sampled_sum`'s negative part takes at a time
+SAMPLE_ROWS = 1 << 13
 
 #: columns a density is taken to be sampled with when the graph does not say (the IVF build's default)
 DENSITY_SAMPLE = 8192
@@ -135,7 +150,8 @@ class G3UpdateReport:
         from_cells: rows recomputed against the rows of the cells they meet (IVF graphs).
         redone: rows recomputed against every passage (exact graphs).
         scanned: new rows, listed against the cells they meet (IVF) or every passage (exact).
-        bound: the one factor ``R = max_j p'_j / p_j`` every outside weight was bounded by.
+        bound: the one factor ``R = max_j p'_j / p_j`` every outside weight was bounded by (an
+            IVF graph's rows: by the largest over the cells they meet, at most this).
         seconds: wall time.
     """
 
@@ -308,10 +324,11 @@ def _one_cell(z: Tensor) -> IVFCells:
     return IVFCells(z[:1], torch.zeros(z.shape[0], dtype=torch.long, device=z.device), 1)
 
 
-def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int) -> Tensor:
+def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int, *, change: bool = False) -> Tensor:
     """``sum_c max(0, <z_j, zc_c>)`` of every row ``j`` of ``z``: the signed part
     ``z_j . sum_c zc_c`` exactly, the negative part from a uniform sample of the rows of ``zc``
-    (at least :data:`MIN_DENSITY_SAMPLE`, ``rate`` of them), scaled up (float64)."""
+    (at least :data:`MIN_DENSITY_SAMPLE`, ``rate`` of them, and for the ``change`` of an update's
+    old rows enough to keep its noise near :data:`DENSITY_NOISE`), scaled up (float64)."""
     # by row chunks through one float64 buffer: no float64 copy of z or zc
     chunk = z.new_empty((min(max(z.shape[0], zc.shape[0]), 1 << 12), z.shape[1]), dtype=torch.float64)
     total = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
@@ -323,9 +340,16 @@ def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int) -> Tensor:
         part = chunk[: min(chunk.shape[0], z.shape[0] - r0)]
         torch.mv(part.copy_(z[r0 : r0 + part.shape[0]]), total, out=signed[r0 : r0 + part.shape[0]])
     m = zc.shape[0]
-    s = min(m, max(MIN_DENSITY_SAMPLE, math.ceil(rate * m)))
+    s = max(MIN_DENSITY_SAMPLE, math.ceil(rate * m))
+    if change:
+        s = max(s, math.ceil((m / (z.shape[0] * DENSITY_NOISE)) ** 2))
+    s = min(m, s)
     pick = torch.randperm(m, generator=torch.Generator().manual_seed(seed))[:s].to(z.device)
-    neg = (z @ zc[pick].T).neg_().clamp_min_(0).sum(1, dtype=torch.float64)
+    zs = zc[pick]
+    neg = torch.empty(z.shape[0], dtype=torch.float64, device=z.device)
+    for r0 in range(0, z.shape[0], SAMPLE_ROWS):
+        r1 = min(z.shape[0], r0 + SAMPLE_ROWS)
+        neg[r0:r1] = (z[r0:r1] @ zs.T).neg_().clamp_min_(0).sum(1, dtype=torch.float64)
     return signed + neg * (m / s)
 
 
@@ -346,7 +370,7 @@ def _new_raw(z: Tensor, n: int, state: G3State, block: int) -> Tensor:
         # integer sums below 2^53: exact, so the result is the fresh build's bits
         return torch.cat([state.raw + delta[:n].mul_(DENSITY_UNIT), fresh.mul_(DENSITY_UNIT)])
     rate = state.sample_rate
-    old = state.raw + _sampled_sum(z[:n], z[n:], rate, seed=n)
+    old = state.raw + _sampled_sum(z[:n], z[n:], rate, seed=n, change=True)
     fresh = _sampled_sum(z[n:], z, rate, seed=n + m) - 1.0  # the passage itself: S_jj = 1
     return torch.cat([old, fresh])
 
@@ -364,6 +388,15 @@ class _Extras:
     f: Tensor
     bound: Tensor
 
+    def rows(self, sel: Tensor) -> _Extras:
+        """The entries of the rows ``sel`` (``(R,)`` long), in that order."""
+        counts = (self.ptr[1:] - self.ptr[:-1])[sel]
+        ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        total = int(ptr[-1])
+        first = torch.repeat_interleave(self.ptr[sel] - ptr[:-1], counts, output_size=total)
+        idx = first + torch.arange(total, device=first.device)
+        return _Extras(ptr, self.w[idx], self.ids[idx], self.f[idx], self.bound[sel])
+
     def dense(self, width: int) -> tuple[Tensor, Tensor, Tensor]:
         """``(w, ids, f)`` as ``(N, width)`` rows (``-inf`` / ``-1`` / 0 past a row's entries)."""
         n = self.ptr.numel() - 1
@@ -375,6 +408,16 @@ class _Extras:
         f = self.w.new_zeros((n, width))
         w[row, slot], ids[row, slot], f[row, slot] = self.w, self.ids, self.f
         return w, ids, f
+
+
+def _cell_bounds(ratio: Tensor, cells: IVFCells) -> tuple[Tensor, Tensor]:
+    """``(top, near)``: the largest penalty ratio ``p'_j / p_j`` of each cell's old rows
+    (``(nlist,)``, ``-inf`` where none), and of the cells each old row's cell meets (``(N,)``)."""
+    assign = cells.assign[: ratio.numel()]
+    top = torch.full((cells.nlist,), -math.inf, dtype=torch.float64, device=ratio.device)
+    top.scatter_reduce_(0, assign, ratio, "amax")
+    met = torch.where(cells.met(), top.unsqueeze(0), torch.full_like(top, -math.inf).unsqueeze(0)).amax(1)
+    return top, met[assign]
 
 
 def _compiled_rows(t: Tensor) -> bool:
@@ -421,6 +464,21 @@ def _remade(
     else:
         new_f, new_i, new_cut, ok = _certified(state, src, renum, penalty, extras, limit, d, n_all)
         old_t = _t_columns(graph, src, torch.arange(n_all, device=z.device) if renum is None else renum, n_all, d)
+    again = (~ok).nonzero().squeeze(1)
+    if cells is not None and again.numel():
+        # an IVF row's list is drawn from the cells it meets (its cell's and its own nearest):
+        # the rows the one bound did not prove are tried again under their cells' largest ratio
+        top, near = _cell_bounds(ratio, cells)
+        own = tiled_topk(z[again], cells.centroids.to(z), min(cells.nprobe, cells.nlist), block=block)[1]
+        limit = state.cut[src[again]] * torch.maximum(near[again], top[own].amax(1))
+        sub = None if extras is None else extras.rows(again)
+        if sub is not None:
+            limit = torch.maximum(limit, sub.bound)
+        if compiled:
+            redo = _certified_compiled(state, src[again], renum, penalty, sub, limit, d, n_all, 0)
+        else:
+            redo = _certified(state, src[again], renum, penalty, sub, limit, d, n_all)
+        new_f[again], new_i[again], new_cut[again], ok[again] = redo
     todo = (~ok).nonzero().squeeze(1)
     if todo.numel():
         score = _ranker(penalty, graph.band)
@@ -711,8 +769,10 @@ def g3_add(
         known.add(new)
         return G3UpdateReport(m, 0, n + m, 0, 0, 0, n, m, 1.0, time.perf_counter() - t0)
     _, penalty = _penalty(raw, graph.beta, z.dtype)
-    # an old row's new column can be proven only above cut_i R: lower ones are not kept
-    floor = (state.cut * float((penalty[:n].double() / state.penalty.double()).max())).to(z.dtype)
+    # an old row's new column can be proven only above cut_i R_i: lower ones are not kept
+    ratio = penalty[:n].double() / state.penalty.double()
+    near = float(ratio.max()) if state.cells is None else _cell_bounds(ratio, state.cells)[1]
+    floor = (state.cut * near).to(z.dtype)
     cells = state.cells
     if cells is not None:
         cells.assign = torch.cat([cells.assign, place_rows(cells.centroids, z[n:], block=block)])
@@ -776,7 +836,7 @@ def g3_remove(graph: G3Graph, ids: Iterable[PassageId], *, block: int = DEFAULT_
             gone[r0 : r0 + block] = density_terms(z[r0 : r0 + block], zr).sum(1, dtype=torch.float64)
         raw = state.raw[keep_d] - gone.mul_(DENSITY_UNIT)  # exact on the build's grid
     else:
-        gone = _sampled_sum(z, z_all[rows_d], state.sample_rate, n)
+        gone = _sampled_sum(z, z_all[rows_d], state.sample_rate, n, change=True)
         raw = state.raw[keep_d] - gone
     m = int(rows.numel())
     if state.ids is None or state.fvals is None or state.cut is None:
