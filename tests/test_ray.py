@@ -211,9 +211,16 @@ def test_ray_build_without_retries_fails_clearly(ray_local):
 
 
 # -- embedding on Ray Data -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+    """An embedding cache the Ray embedding test fills and the graph build on Ray then reads: the
+    build's own test is the graph's tiles on Ray (run alone, it embeds the corpus first)."""
+    return tmp_path_factory.mktemp("ray-demo-cache")
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_ray_embedding_equals_encoder_and_the_cli_reads_the_cache(ray_local, tmp_path):
+def test_ray_embedding_equals_encoder_and_the_cli_reads_the_cache(ray_local, tmp_path, demo_cache):
     require("sentence_transformers")
     from geograph.cli import main
     from geograph.data import DEMO_PATH, Encoder, load_demo
@@ -221,7 +228,9 @@ def test_ray_embedding_equals_encoder_and_the_cli_reads_the_cache(ray_local, tmp
 
     data = tmp_path / "demo"
     shutil.copytree(DEMO_PATH, data)
-    cache = tmp_path / "cache"
+    cache = demo_cache
+    if any(cache.iterdir()):  # another test filled it first: this one needs an empty cache
+        cache = tmp_path / "cache"
     report = embed_corpus(data, cache=cache, concurrency=2, rows_per_shard=32)
     passages = load_demo().passages()
     assert (report.passages, report.cached, report.encoded) == (111, 0, len(set(passages)))
@@ -240,12 +249,12 @@ def test_ray_embedding_equals_encoder_and_the_cli_reads_the_cache(ray_local, tmp
 
 
 @pytest.mark.integration
-def test_cli_build_graph_on_ray_equals_without(ray_local, tmp_path):
+def test_cli_build_graph_on_ray_equals_without(ray_local, tmp_path, demo_cache):
     require("sentence_transformers")
     from geograph.cli import main
     from geograph.data import DEMO_PATH
 
-    cache = tmp_path / "cache"
+    cache = demo_cache
     outs = {}
     for label, extra in (("ray", ["--ray"]), ("local", [])):
         out = tmp_path / label
