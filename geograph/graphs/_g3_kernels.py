@@ -2,13 +2,15 @@
 
 An update of a :class:`~geograph.G3Graph` touches every row: each row's kept list is re-weighted
 under the new penalties, merged with the new columns it met, certified or not, and its edges of
-``T`` written again. The torch path (:func:`geograph.graphs.g3_updates._remade`) does this by
+``T`` written again. The torch path (``_certified_torch`` and ``_set_t`` of
+:mod:`geograph.graphs.g3_updates`) does this by
 whole-array passes over the ``(N, K')`` lists (a merge, two stable sorts, gathers, an ``(N, d)``
 sort of the old edges to tell which rows changed); the kernels here do each row in one pass, in
 parallel over the rows, and give the same lists, cuts, edges and weights bit for bit
 (``tests/test_g3_updates_compiled.py`` checks both paths against each other). The lists are
 sorted best first by weight before the update and a weight moves by its column's penalty ratio
-only, so a row is nearly sorted: an insertion sort costs about one comparison an entry.
+only, so a row arrives nearly sorted: an insertion sort moves an entry only past the entries
+whose order the change swapped.
 
 Cached on disk as the other kernels (:mod:`geograph.knn._heap`); no code of another file is
 compiled in.

@@ -458,12 +458,7 @@ def _remade(
     if extras is not None:
         limit = torch.maximum(limit, extras.bound)
     m_f = 0 if fresh is None else int(fresh[1].shape[0])
-    compiled = _compiled_rows(z)
-    if compiled:
-        new_f, new_i, new_cut, ok = _certified_compiled(state, src, renum, penalty, extras, limit, d, n_all, m_f)
-    else:
-        new_f, new_i, new_cut, ok = _certified(state, src, renum, penalty, extras, limit, d, n_all)
-        old_t = _t_columns(graph, src, torch.arange(n_all, device=z.device) if renum is None else renum, n_all, d)
+    new_f, new_i, new_cut, ok = _certified(state, src, renum, penalty, extras, limit, d, n_all, m_f)
     again = (~ok).nonzero().squeeze(1)
     if cells is not None and again.numel():
         # an IVF row's list is drawn from the cells it meets (its cell's and its own nearest):
@@ -474,10 +469,7 @@ def _remade(
         sub = None if extras is None else extras.rows(again)
         if sub is not None:
             limit = torch.maximum(limit, sub.bound)
-        if compiled:
-            redo = _certified_compiled(state, src[again], renum, penalty, sub, limit, d, n_all, 0)
-        else:
-            redo = _certified(state, src[again], renum, penalty, sub, limit, d, n_all)
+        redo = _certified(state, src[again], renum, penalty, sub, limit, d, n_all)
         new_f[again], new_i[again], new_cut[again], ok[again] = redo
     todo = (~ok).nonzero().squeeze(1)
     if todo.numel():
@@ -489,16 +481,9 @@ def _remade(
             rv, ri = _padded(rv, ri, width)
         rf, ri, rc = _lists_from(z, todo, rv, ri, width, n_all - 1 if cells is None else n_all, graph.band, block)
         new_f[todo], new_i[todo], new_cut[todo] = rf, ri, rc
-    if fresh is not None:
-        if compiled:  # the tails were left for them
-            new_f[n_old:], new_i[n_old:], new_cut[n_old:] = fresh
-        else:
-            new_f, new_i = torch.cat([new_f, fresh[0]]), torch.cat([new_i, fresh[1]])
-            new_cut = torch.cat([new_cut, fresh[2]])
-    if compiled:
-        changed = _set_t_compiled(graph, embeddings, rho, new_f, new_i, penalty, d, src, renum)
-    else:
-        changed = (_set_t(graph, embeddings, rho, new_f, new_i, penalty, d)[:n_old] != old_t).any(1)
+    if fresh is not None:  # into the rows left for them
+        new_f[n_old:], new_i[n_old:], new_cut[n_old:] = fresh
+    changed = _set_t(graph, embeddings, rho, new_f, new_i, penalty, d, src, renum)
     state.raw, state.fvals, state.ids, state.cut, state.penalty = raw, new_f, new_i, new_cut, penalty
     certified = int(ok.sum())
     return G3UpdateReport(
@@ -524,55 +509,31 @@ def _certified(
     limit: Tensor,
     d: int,
     n_all: int,
+    tail: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The torch path of the certificate: ``(f, ids, cut, ok)`` of the old rows, by whole-array passes."""
+    """``(f, ids, cut, ok)`` of the old rows ``src`` (the new lists, cuts and verdicts), with ``tail``
+    more rows of lists and cuts left for the new rows: by
+    :func:`~geograph.graphs._g3_kernels.certify_kernel` on the CPU (one pass a row), else by
+    whole-array torch passes (the same results)."""
     assert state.fvals is not None and state.ids is not None
     width = state.width
-    fvals, ids = state.fvals[src], state.ids[src]
-    if renum is not None:
-        alive = (ids >= 0) & (renum[ids.clamp_min(0)] >= 0)
-        ids = torch.where(alive, renum[ids.clamp_min(0)], torch.full_like(ids, -1))
-        fvals = fvals.masked_fill(~alive, 0.0)
-    w = (fvals * penalty[ids.clamp_min(0)]).masked_fill_(ids < 0, float("-inf"))
-    cand_w, cand_i, cand_f = w, ids, fvals
-    if extras is not None:
-        ew, ei, ef = extras.dense(width)
-        cand_w, cand_i, cand_f = torch.cat([w, ew], 1), torch.cat([ids, ei], 1), torch.cat([fvals, ef], 1)
-    # each entry keyed by (column, slot): ties fall by column as in the build, and f follows its slot
-    c = cand_w.shape[1]
-    key = cand_i.masked_fill(~torch.isfinite(cand_w), n_all) * c + torch.arange(c, device=w.device)
-    v, key = sort_topk(*merge_topk(cand_w, key, min(width + 1, c)))
-    i, f_sel = key // c, cand_f.gather(1, key % c)
-    proven = (v > (limit * (1 + CERTIFICATE_SLACK)).to(v.dtype).unsqueeze(1)) & (v > 0)
-    count = proven[:, :width].sum(1)
-    ok = (count >= min(d, n_all - 1)) | (limit == 0)
-    nxt = v.gather(1, count.clamp_max(v.shape[1] - 1).unsqueeze(1)).squeeze(1).clamp_min(0).double()
-    nxt = torch.where(count < v.shape[1], nxt, torch.zeros_like(nxt))
-    new_cut = torch.maximum(limit, nxt)
-    keep_slot = torch.arange(width, device=w.device).unsqueeze(0) < count.unsqueeze(1)
-    new_i = i[:, :width].masked_fill(~keep_slot, -1)
-    new_f = f_sel[:, :width].masked_fill(~keep_slot, 0.0)
-    return new_f, new_i, new_cut, ok
-
-
-def _certified_compiled(
-    state: G3State,
-    src: Tensor,
-    renum: Tensor | None,
-    penalty: Tensor,
-    extras: _Extras | None,
-    limit: Tensor,
-    d: int,
-    n_all: int,
-    tail: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`_certified` by :func:`~geograph.graphs._g3_kernels.certify_kernel`, one pass a row
-    (the same lists, cuts and verdicts); the results have ``tail`` more rows, left for the new rows."""
+    if not _compiled_rows(penalty):
+        fvals, ids = state.fvals[src], state.ids[src]
+        if renum is not None:
+            alive = (ids >= 0) & (renum[ids.clamp_min(0)] >= 0)
+            ids = torch.where(alive, renum[ids.clamp_min(0)], torch.full_like(ids, -1))
+            fvals = fvals.masked_fill(~alive, 0.0)
+        new_f, new_i, new_cut, ok = _certified_torch(fvals, ids, penalty, extras, limit, d, n_all, width)
+        return (
+            torch.cat([new_f, new_f.new_empty((tail, width))]),
+            torch.cat([new_i, new_i.new_empty((tail, width))]),
+            torch.cat([new_cut, new_cut.new_empty(tail)]),
+            ok,
+        )
     from geograph.graphs._g3_kernels import certify_kernel
     from geograph.knn.select import _kernel_threads_held
 
-    assert state.fvals is not None and state.ids is not None
-    n_old, width = src.numel(), state.width
+    n_old = src.numel()
     fvals = state.fvals.contiguous()
     new_f = fvals.new_empty((n_old + tail, width))
     new_i = torch.empty((n_old + tail, width), dtype=torch.long)
@@ -609,32 +570,34 @@ def _certified_compiled(
     return new_f, new_i, new_cut, ok
 
 
+def _certified_torch(
+    fvals: Tensor, ids: Tensor, penalty: Tensor, extras: _Extras | None, limit: Tensor, d: int, n_all: int, width: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_certified` by whole-array passes on the rows' lists ``(fvals, ids)``, renumbered."""
+    w = (fvals * penalty[ids.clamp_min(0)]).masked_fill_(ids < 0, float("-inf"))
+    cand_w, cand_i, cand_f = w, ids, fvals
+    if extras is not None:
+        ew, ei, ef = extras.dense(width)
+        cand_w, cand_i, cand_f = torch.cat([w, ew], 1), torch.cat([ids, ei], 1), torch.cat([fvals, ef], 1)
+    # each entry keyed by (column, slot): ties fall by column as in the build, and f follows its slot
+    c = cand_w.shape[1]
+    key = cand_i.masked_fill(~torch.isfinite(cand_w), n_all) * c + torch.arange(c, device=w.device)
+    v, key = sort_topk(*merge_topk(cand_w, key, min(width + 1, c)))
+    i, f_sel = key // c, cand_f.gather(1, key % c)
+    proven = (v > (limit * (1 + CERTIFICATE_SLACK)).to(v.dtype).unsqueeze(1)) & (v > 0)
+    count = proven[:, :width].sum(1)
+    ok = (count >= min(d, n_all - 1)) | (limit == 0)
+    nxt = v.gather(1, count.clamp_max(v.shape[1] - 1).unsqueeze(1)).squeeze(1).clamp_min(0).double()
+    nxt = torch.where(count < v.shape[1], nxt, torch.zeros_like(nxt))
+    new_cut = torch.maximum(limit, nxt)
+    keep_slot = torch.arange(width, device=w.device).unsqueeze(0) < count.unsqueeze(1)
+    new_i = i[:, :width].masked_fill(~keep_slot, -1)
+    new_f = f_sel[:, :width].masked_fill(~keep_slot, 0.0)
+    return new_f, new_i, new_cut, ok
+
+
 def _ranker(penalty: Tensor, band: tuple[float, float] | None) -> Callable[[Tensor, Tensor], Tensor]:
     return lambda s, cols: _weights(s, penalty[cols], band)
-
-
-def _set_t(
-    graph: G3Graph,
-    embeddings: Tensor,
-    rho: Tensor,
-    fvals: Tensor,
-    ids: Tensor,
-    penalty: Tensor,
-    d: int,
-) -> Tensor:
-    """``T`` from the first ``d`` entries of every list (weights ``f p``, positive only), in CSR order;
-    returns the ``(N, d)`` columns of every row, ascending, ``N`` past its end."""
-    n = ids.shape[0]
-    k = min(d, ids.shape[1])
-    ki = ids[:, :k]
-    kw = (fvals[:, :k] * penalty[ki.clamp_min(0)]).masked_fill_(ki < 0, 0.0)
-    cols, pos = ki.masked_fill(~(kw > 0), n).sort(dim=1)
-    kw = kw.gather(1, pos)
-    keep = cols < n
-    counts = keep.sum(1)
-    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    _store_t(graph, embeddings, rho, crow, cols[keep], kw[keep])
-    return cols
 
 
 def _store_t(
@@ -656,7 +619,7 @@ def _store_t(
     graph.corpus_version += 1
 
 
-def _set_t_compiled(
+def _set_t(
     graph: G3Graph,
     embeddings: Tensor,
     rho: Tensor,
@@ -667,15 +630,27 @@ def _set_t_compiled(
     src: Tensor,
     renum: Tensor | None,
 ) -> Tensor:
-    """:func:`_set_t` by the kernels of :mod:`~geograph.graphs._g3_kernels` (the same ``T``, each
-    row normalised in the order :func:`~geograph.geometry.gain._row_normalised` sums it); returns
-    whether each old row's columns changed (row ``r`` had the edges of the old row ``src[r]``,
-    their columns renumbered by ``renum``)."""
+    """``T`` from the first ``d`` entries of every list (weights ``f p``, positive only), in CSR
+    order; returns whether each old row's columns changed (row ``r`` had the edges of the old row
+    ``src[r]``, their columns renumbered by ``renum``). On the CPU by the kernels of
+    :mod:`~geograph.graphs._g3_kernels` (each row normalised in the order
+    :func:`~geograph.geometry.gain._row_normalised` sums it), else by torch: the same ``T``."""
+    n = ids.shape[0]
+    k = min(d, ids.shape[1])
+    if not _compiled_rows(penalty):
+        old_t = _t_columns(graph, src, torch.arange(n, device=ids.device) if renum is None else renum, n, d)
+        ki = ids[:, :k]
+        kw = (fvals[:, :k] * penalty[ki.clamp_min(0)]).masked_fill_(ki < 0, 0.0)
+        cols, pos = ki.masked_fill(~(kw > 0), n).sort(dim=1)
+        kw = kw.gather(1, pos)
+        keep = cols < n
+        counts = keep.sum(1)
+        crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        _store_t(graph, embeddings, rho, crow, cols[keep], kw[keep])
+        return (cols[: src.numel()] != old_t).any(1)
     from geograph.graphs._g3_kernels import edge_counts_kernel, edges_kernel
     from geograph.knn.select import _kernel_threads_held
 
-    n = ids.shape[0]
-    k = min(d, ids.shape[1])
     f, i, p = fvals.contiguous().numpy(), ids.contiguous().numpy(), penalty.contiguous().numpy()
     counts = torch.empty(n, dtype=torch.long)
     changed = torch.empty(src.numel(), dtype=torch.bool)
