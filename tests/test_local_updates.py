@@ -345,3 +345,21 @@ def test_ivf_g3_rows_far_from_a_removal_are_proven_by_their_cells():
 
     got, want = recall(graph), recall(G3Graph.build(rows, **opts))
     assert got >= want - 0.01 and got >= recall(by_one) - 0.002, (got, want)  # measured: 0.891, 0.896, 0.887
+
+
+def test_a_large_changes_density_sample_is_bounded(monkeypatch):
+    """An update's sampled density change samples enough changed passages to keep its noise low,
+    but never more than the build's default sample: a change of half the corpus costs the build's
+    density pass, not an all-pairs one. The sum against numpy on the same sampled rows."""
+    monkeypatch.setattr(g3_updates, "DENSITY_SAMPLE", 100)
+    gen = torch.Generator().manual_seed(21)
+    z = torch.nn.functional.normalize(torch.randn(2000, 16, generator=gen), dim=1)
+    zc = torch.nn.functional.normalize(torch.randn(1000, 16, generator=gen), dim=1)
+    got = g3_updates._sampled_sum(z, zc, 0.01, seed=5, change=True)
+    pick = torch.randperm(1000, generator=torch.Generator().manual_seed(5))[:100].numpy()
+    a, b = z.double().numpy(), zc.double().numpy()
+    s = a @ b.T
+    want = s.sum(1) + np.clip(-s[:, pick], 0, None).sum(1) * (1000 / 100)
+    assert np.allclose(got.numpy(), want, rtol=0, atol=1e-4)
+    small = g3_updates._sampled_sum(z, zc[:3], 0.01, seed=5, change=True)  # fewer than the minimum: all
+    assert np.allclose(small.numpy(), np.clip(a @ b[:3].T, 0, None).sum(1), rtol=0, atol=1e-5)

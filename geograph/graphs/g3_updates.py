@@ -90,7 +90,8 @@ MIN_DENSITY_SAMPLE = 64
 #: square of the fraction; at the minimum sample a 0.1% change is at 1.6e-4, a 1% change samples
 #: about 1,100 changed passages). The noise moves every row's penalty at random, and the bound
 #: ``R`` (the largest ratio of all rows) with the largest of them: a 1% change at the rate of the
-#: build (82 of 2,000 at 200k passages) made ``R`` 1.008 where the change itself moved it 1.002
+#: build (82 of 2,000 at 200k passages) made ``R`` 1.008 where the change itself moved it 1.002.
+#: The sample stays at most :data:`DENSITY_SAMPLE` (a change of over 2.7% of the corpus)
 DENSITY_NOISE = 3e-4
 
 #: rows of ``z`` a block of :func:`_sampled_sum`'s negative part takes at a time
@@ -328,7 +329,8 @@ def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int, *, change: bool 
     """``sum_c max(0, <z_j, zc_c>)`` of every row ``j`` of ``z``: the signed part
     ``z_j . sum_c zc_c`` exactly, the negative part from a uniform sample of the rows of ``zc``
     (at least :data:`MIN_DENSITY_SAMPLE`, ``rate`` of them, and for the ``change`` of an update's
-    old rows enough to keep its noise near :data:`DENSITY_NOISE`), scaled up (float64)."""
+    old rows enough to keep its noise near :data:`DENSITY_NOISE`, up to :data:`DENSITY_SAMPLE`),
+    scaled up (float64)."""
     # by row chunks through one float64 buffer: no float64 copy of z or zc
     chunk = z.new_empty((min(max(z.shape[0], zc.shape[0]), 1 << 12), z.shape[1]), dtype=torch.float64)
     total = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
@@ -341,8 +343,8 @@ def _sampled_sum(z: Tensor, zc: Tensor, rate: float, seed: int, *, change: bool 
         torch.mv(part.copy_(z[r0 : r0 + part.shape[0]]), total, out=signed[r0 : r0 + part.shape[0]])
     m = zc.shape[0]
     s = max(MIN_DENSITY_SAMPLE, math.ceil(rate * m))
-    if change:
-        s = max(s, math.ceil((m / (z.shape[0] * DENSITY_NOISE)) ** 2))
+    if change:  # at most the build's default sample: a large change costs the build's density pass
+        s = max(s, min(DENSITY_SAMPLE, math.ceil((m / (z.shape[0] * DENSITY_NOISE)) ** 2)))
     s = min(m, s)
     pick = torch.randperm(m, generator=torch.Generator().manual_seed(seed))[:s].to(z.device)
     zs = zc[pick]
