@@ -363,3 +363,27 @@ def test_a_large_changes_density_sample_is_bounded(monkeypatch):
     assert np.allclose(got.numpy(), want, rtol=0, atol=1e-4)
     small = g3_updates._sampled_sum(z, zc[:3], 0.01, seed=5, change=True)  # fewer than the minimum: all
     assert np.allclose(small.numpy(), np.clip(a @ b[:3].T, 0, None).sum(1), rtol=0, atol=1e-5)
+
+
+def test_offered_columns_by_row_against_python_lists():
+    """The new columns offered to old rows, kept by row (CSR): a selection of rows and the dense
+    ``(N, width)`` form against plain lists."""
+    gen = torch.Generator().manual_seed(22)
+    counts = torch.randint(0, 4, (9,), generator=gen)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    total = int(ptr[-1])
+    w, ids, f = torch.rand(total, generator=gen), torch.randperm(100, generator=gen)[:total], torch.rand(total)
+    extras = g3_updates._Extras(ptr, w, ids, f, torch.rand(9, dtype=torch.float64, generator=gen))
+    rows = [list(range(int(ptr[r]), int(ptr[r + 1]))) for r in range(9)]
+    sel = [7, 2, 2, 0, 5]
+    sub = extras.rows(torch.tensor(sel))
+    want = [e for r in sel for e in rows[r]]
+    assert sub.ptr.tolist() == [0, *np.cumsum([len(rows[r]) for r in sel]).tolist()]
+    assert sub.w.tolist() == w[want].tolist() and sub.ids.tolist() == ids[want].tolist()
+    assert sub.f.tolist() == f[want].tolist() and sub.bound.tolist() == extras.bound[sel].tolist()
+    dw, di, df = extras.dense(4)
+    for r in range(9):
+        n = len(rows[r])
+        assert dw[r, :n].tolist() == w[rows[r]].tolist() and di[r, :n].tolist() == ids[rows[r]].tolist()
+        assert df[r, :n].tolist() == f[rows[r]].tolist()
+        assert all(v == float("-inf") for v in dw[r, n:].tolist()) and all(i == -1 for i in di[r, n:].tolist())

@@ -67,6 +67,7 @@ from geograph.knn.allpairs import DEFAULT_BLOCK, merge_topk, sort_topk, tiled_pa
 from geograph.knn.build import self_topk
 from geograph.knn.ivf_place import IVFCells, cell_blocks, cell_scan, make_cells, place_rows
 from geograph.knn.policy import AUTO_EXACT_MAX, DEFAULT_RECALL_TARGET, IVFOptions
+from geograph.knn.update import _spans
 from geograph.ops.similarity import minmax_normalize
 
 if TYPE_CHECKING:
@@ -393,10 +394,8 @@ class _Extras:
     def rows(self, sel: Tensor) -> _Extras:
         """The entries of the rows ``sel`` (``(R,)`` long), in that order."""
         counts = (self.ptr[1:] - self.ptr[:-1])[sel]
+        idx = _spans(self.ptr[sel], counts)
         ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-        total = int(ptr[-1])
-        first = torch.repeat_interleave(self.ptr[sel] - ptr[:-1], counts, output_size=total)
-        idx = first + torch.arange(total, device=first.device)
         return _Extras(ptr, self.w[idx], self.ids[idx], self.f[idx], self.bound[sel])
 
     def dense(self, width: int) -> tuple[Tensor, Tensor, Tensor]:
