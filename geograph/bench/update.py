@@ -1,11 +1,11 @@
 """``geograph bench update``: adding and removing a fraction of a corpus in place against a rebuild.
 
 For each size N (positional arguments) and each fraction f (``--fractions``), on a synthetic
-corpus of ``--dim``-d unit vectors drawn around ``--topics`` random topic centres (seeded): a
-graph is built on N passages, then ``round(f N)`` new passages are added
-(:meth:`~geograph.CorpusGraph.add`, :meth:`~geograph.G3Graph.add`) and as many random passages
-removed (``remove``), each timed; the graph of the final corpus is then built from scratch with
-the same ``--index`` (timed) and compared with the updated one in the same run.
+corpus of unit vectors of ``--dim`` dimensions drawn around ``--topics`` random topic centres
+(seeded): a graph is built on N passages, then ``round(f N)`` new passages are added (``add``)
+and as many random passages removed (``remove``), each timed; the graph of the final corpus
+is then built from scratch with the same ``--index`` (timed) and compared with the updated one
+in the same run.
 
 Reported per row: the seconds of the build, of each update and of the rebuild (``rebuild s`` is
 the plain build: the seconds a build spends keeping its IVF cells and lists for later updates,
