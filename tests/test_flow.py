@@ -134,6 +134,27 @@ def test_live_graphriccicurvature_flow_parity():
         assert max(abs(float(out.curvature[b, u, v]) - k) for (u, v), k in curv.items()) <= 1e-6
 
 
+def test_graphriccicurvature_in_process_equals_its_forked_pool():
+    """The reference's passes run in a thread (geograph.methods.ricci.bench): the same flow, bit for
+    bit, as GraphRicciCurvature's own forked pool (its memoised helpers cleared between passes)."""
+    pytest.importorskip("GraphRicciCurvature")
+    import networkx as nx
+    from GraphRicciCurvature.OllivierRicci import OllivierRicci
+
+    from geograph.methods.ricci.bench import ricci_reference
+
+    rng = np.random.default_rng(5)
+    edges = [(u, v) for u in range(12) for v in range(u + 1, 12) if rng.random() < 0.4]
+    weights = {e: float(rng.uniform(0.5, 1.5)) for e in edges}
+    curv, lengths = ricci_reference(edges, 12, weights=weights, iterations=4)
+    g = nx.Graph()
+    g.add_nodes_from(range(12))
+    g.add_weighted_edges_from((u, v, weights[(u, v)]) for u, v in edges)
+    forked = OllivierRicci(g, method="OTD", proc=1, verbose="ERROR").compute_ricci_flow(iterations=4)
+    assert curv == {(min(u, v), max(u, v)): float(d["ricciCurvature"]) for u, v, d in forked.edges(data=True)}
+    assert lengths == {(min(u, v), max(u, v)): float(d["weight"]) for u, v, d in forked.edges(data=True)}
+
+
 class _HostReads:
     """Counts host reads (item, tolist, bool/int/float of a tensor) while active."""
 

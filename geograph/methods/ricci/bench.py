@@ -7,7 +7,10 @@ next to the module. Requires the ``ref`` extra (GraphRicciCurvature).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import multiprocessing.dummy
+from collections.abc import Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,8 @@ def ricci_reference(
     delta: float = 1e-4,
 ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
     """GraphRicciCurvature 0.6.1 on one graph: ``OllivierRicci(..., method="OTD", proc=1)``, with its
-    defaults (``alpha``, ``exp_power``, ``step``, ``delta``).
+    defaults (``alpha``, ``exp_power``, ``step``, ``delta``), each curvature pass in this process
+    (:func:`_passes_in_process`).
 
     Args:
         edges: undirected edges ``(u, v)``.
@@ -56,13 +60,57 @@ def ricci_reference(
     for u, v in edges:
         g.add_edge(int(u), int(v), weight=1.0 if weights is None else float(weights[(u, v)]))
     orc = OllivierRicci(g, alpha=alpha, exp_power=exp_power, method="OTD", proc=1, verbose="ERROR")
-    if iterations:
-        out = orc.compute_ricci_flow(iterations=iterations, step=step, delta=delta)
-    else:
-        out = orc.compute_ricci_curvature()
+    with _passes_in_process():
+        if iterations:
+            out = orc.compute_ricci_flow(iterations=iterations, step=step, delta=delta)
+        else:
+            out = orc.compute_ricci_curvature()
     curv = {(min(u, v), max(u, v)): float(d["ricciCurvature"]) for u, v, d in out.edges(data=True)}
     lengths = {(min(u, v), max(u, v)): float(d["weight"]) for u, v, d in out.edges(data=True)}
     return curv, lengths
+
+
+@contextlib.contextmanager
+def _passes_in_process() -> Iterator[None]:
+    """GraphRicciCurvature's curvature passes run in a thread of this process, not a forked pool.
+
+    Every pass (each step of a flow) forks a ``multiprocessing`` pool, even with ``proc=1``; a fork
+    of a process that holds torch costs more than the pass (a 20-step flow on 21 nodes: 2.2 s
+    forked, 1.0 s here). The pool is a thread pool instead (``multiprocessing.dummy``, the same
+    ``imap_unordered``), and the library's memoised helpers are cleared when it is made, as a
+    fresh fork would find them (they are keyed by node, not by the weights a flow step changes),
+    and again at the end, so that a forked pool made later by this process does not inherit them.
+    The same library code computes the same numbers (tests compare them bit for bit)."""
+    from GraphRicciCurvature import OllivierRicci as lib
+
+    def clear() -> None:
+        for name in ("_get_single_node_neighbors_distributions", "_source_target_shortest_path"):
+            getattr(lib, name).cache_clear()
+        paths = getattr(lib, "_source_target_shortest_paths", None)  # not in every release
+        if paths is not None:
+            paths.cache_clear()
+
+    def pool(*args: Any, **kwargs: Any) -> Any:
+        clear()
+        return multiprocessing.dummy.Pool(*args, **kwargs)
+
+    class _Context:
+        Pool = staticmethod(pool)
+
+    class _Threads(ModuleType):
+        def get_context(self, method: str | None = None) -> _Context:
+            return _Context()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(multiprocessing, name)
+
+    forked = lib.mp
+    lib.mp = _Threads("multiprocessing")
+    try:
+        yield
+    finally:
+        lib.mp = forked
+        clear()  # a forked pool made later in this process must not inherit them either
 
 
 def ricci_graph_reference(query: np.ndarray, docs: np.ndarray, *, percentile: float = 50.0) -> list[tuple[int, int]]:
