@@ -128,13 +128,15 @@ def test_bench_help_texts_are_plain_text(capsys, monkeypatch):
 
 
 def test_import_and_help_stay_cheap():
-    """``import geograph.cli`` imports no command; ``geograph --help`` imports the command modules
-    but neither the server's configuration (pydantic) nor a benchmark, Ray or sentence-transformers,
-    and no geoopt (with scipy.optimize, over a second of every process's start) until a ball is made."""
+    """``import geograph.cli`` imports no command; ``geograph --help`` and ``--version`` import the
+    command modules but neither torch (``import torch`` alone takes seconds) nor the server's
+    configuration (pydantic), a benchmark, Ray or sentence-transformers, and no geoopt (with
+    scipy.optimize, over a second of every process's start) until a ball is made."""
     import subprocess
     import sys
 
     heavy = (
+        "torch",
         "pydantic",
         "litserve",
         "sentence_transformers",
@@ -152,12 +154,33 @@ def test_import_and_help_stay_cheap():
         "import contextlib, io\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    assert geograph.cli.main(['--help']) == 0\n"
+        "    assert geograph.cli.main(['--version']) == 0\n"
         f"print([m for m in {heavy!r} if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     imported, loaded = out.stdout.splitlines()
     assert imported == "['geograph.cli', 'geograph.console']", imported
     assert loaded == "[]", loaded
+
+
+def test_the_servers_metrics_process_loads_no_torch():
+    """LitServe's logger process (spawned) imports the main script (``geograph.cli``) and unpickles
+    :class:`~geograph.serve.prometheus.PrometheusLogger`: neither may load torch, a method or the
+    schema (a few seconds of CPU and about 200 MB for a process that counts requests)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("litserve")
+    pytest.importorskip("prometheus_client")
+    code = (
+        "import pickle, sys\n"
+        "import geograph.cli\n"
+        "from geograph.serve.prometheus import PrometheusLogger\n"
+        "pickle.loads(pickle.dumps(PrometheusLogger()))\n"
+        "print([m for m in ('torch', 'geograph.registry', 'geograph.serve.schema') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout
 
 
 def test_method_choices_are_the_registry_and_the_docs(capsys):

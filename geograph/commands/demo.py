@@ -16,16 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
 from geograph.commands import checked_encoder_options
 from geograph.console import UsageError, add_command, add_encoder_options, command_parser, format_table
-from geograph.data import BEIRError, Dataset, Encoder, corpus_path, load_beir, load_demo
-from geograph.evaluation import per_query
-from geograph.pipeline import embed, missing_embeddings, run_ids
+from geograph.data import BEIRError, Dataset, corpus_path, load_beir, load_demo
 
+# torch, the encoder and the methods are imported by the functions that run them: registering
+# the command (every ``geograph`` call, ``--help`` included) loads none of them
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from geograph.graphs.corpus_graph import CorpusGraph
     from geograph.outputs import RetrievalOutput
 
@@ -150,6 +149,8 @@ def choose_graph(args: argparse.Namespace, dataset: Dataset, corpus: Tensor) -> 
 
 def run_methods(args: argparse.Namespace, dataset: Dataset, corpus: Tensor, query: Tensor) -> dict[str, MethodRun]:
     """Every method over all queries (one batched call each, timed)."""
+    import torch
+
     from geograph.rerankers import Maniscope, RicciFiltration
     from geograph.retrievers import DenseRetriever, G3Retriever, ISORetriever
 
@@ -234,6 +235,8 @@ def pick_queries(dataset: Dataset, n: int) -> list[int]:
 
 def show_query(dataset: Dataset, runs: dict[str, MethodRun], qi: int, top: int = 5) -> str:
     """One query's block: each method's top passages with marks, then the passages' texts."""
+    import torch
+
     qid = dataset.query_ids[qi]
     gold = dataset.qrels[qid]
     fields = dataset.query_fields.get(qid, {})
@@ -304,6 +307,9 @@ def show_query(dataset: Dataset, runs: dict[str, MethodRun], qi: int, top: int =
 
 def quality(dataset: Dataset, runs: dict[str, MethodRun]) -> dict[str, dict[str, Tensor]]:
     """Per-query metrics of every method, ``{method: {metric: (Q,)}}``."""
+    from geograph.evaluation import per_query
+    from geograph.pipeline import run_ids
+
     qrels = dataset.qrels_list()
     return {
         name: per_query(run_ids(dataset, r.indices[:, :DEPTH], r.scores[:, :DEPTH]), qrels, METRICS)
@@ -313,6 +319,8 @@ def quality(dataset: Dataset, runs: dict[str, MethodRun]) -> dict[str, dict[str,
 
 def report(dataset: Dataset, runs: dict[str, MethodRun], split: str) -> str:
     """The quality table (per part when the queries have one) and the differences to dense."""
+    import torch
+
     per = quality(dataset, runs)
     parts = [str(dataset.query_fields.get(q, {}).get("part", "")) for q in dataset.query_ids]
     groups = {"all queries": list(range(len(parts)))}
@@ -374,6 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The demo of the parsed arguments; the exit status."""
+    from geograph.data import Encoder
+    from geograph.pipeline import embed, missing_embeddings
+
     t0 = time.perf_counter()
     try:
         dataset = load(args)

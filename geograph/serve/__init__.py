@@ -44,7 +44,28 @@ and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts)
 :mod:`~geograph.serve.cli` (the command).
 """
 
-from geograph.serve.cli import main
-from geograph.serve.models import METHODS, RERANKERS, build_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from geograph.serve.cli import main
+    from geograph.serve.models import METHODS, RERANKERS, build_model
 
 __all__ = ["main", "METHODS", "RERANKERS", "build_model"]
+
+#: where each exported name lives: imported on first use, so that a process that needs only a
+#: part of the server (LitServe's logger process unpickles :mod:`geograph.serve.prometheus`'s
+#: logger) loads no torch and no method
+_HOMES = {"main": "geograph.serve.cli", "METHODS": "geograph.serve.models", "RERANKERS": "geograph.serve.models"}
+_HOMES["build_model"] = "geograph.serve.models"
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

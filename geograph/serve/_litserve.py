@@ -54,7 +54,6 @@ from queue import Empty
 from typing import Any
 
 from geograph.serve.lifecycle import announce_ready, stop_processes, watch_workers
-from geograph.serve.schema import request_candidates, request_texts
 
 try:
     import litserve as ls
@@ -392,6 +391,9 @@ if ls is not None:
         def get_batch_requests(
             self, lit_api: Any, request_queue: Any, transport: Any
         ) -> tuple[list[tuple[Any, Any, Any]], list[tuple[Any, Any]]]:
+            # (here, not at the top: the logger process imports this module and needs no schema)
+            from geograph.serve.schema import request_candidates, request_texts
+
             # upstream: polls the queue with get(timeout=0.001) until the batch is full or
             # batch_timeout has passed; here blocking waits, and a bound on the batch's texts
             payloads: list[tuple[Any, Any, Any]] = []
