@@ -15,6 +15,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from geograph import _version
+from geograph._lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names below, as the type checker and the reader see them
     from geograph import functional
@@ -48,13 +49,12 @@ def _modules() -> dict[str, Any]:
     return registry.method_classes()  # type: ignore[no-any-return]
 
 
+_own = lazy_getattr(__name__, _HOMES, globals())
+
+
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is not None:
-        module = importlib.import_module(home)
-        value = module if home == f"{__name__}.{name}" else getattr(module, name)
-        globals()[name] = value  # found here from now on
-        return value
+    if name in _HOMES:
+        return _own(name)
     if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         # ``from geograph import <submodule>`` asks here before it imports the submodule
         return importlib.import_module(f"{__name__}.{name}")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from geograph._lazy import lazy_getattr
 from geograph.data.beir import BEIRError, Dataset, check_beir, load_beir, load_corpus
 
 if TYPE_CHECKING:
@@ -21,25 +21,16 @@ if TYPE_CHECKING:
 
 #: the encoder and the embedding cache (:mod:`geograph.data.cache`, which loads torch) are
 #: imported on first use, so that a command that only resolves a corpus path does not load it
-_CACHE_NAMES = frozenset(
-    {
-        "DEFAULT_MODEL_NAME",
-        "EmbeddingCache",
-        "Encoder",
-        "EncoderUnavailable",
-        "cache_dir",
-        "check_model",
-        "default_model_path",
-    }
+_CACHE_NAMES = (
+    "DEFAULT_MODEL_NAME",
+    "EmbeddingCache",
+    "Encoder",
+    "EncoderUnavailable",
+    "cache_dir",
+    "check_model",
+    "default_model_path",
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _CACHE_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("geograph.data.cache"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(_CACHE_NAMES, "geograph.data.cache"), globals())
 
 
 #: The small demo corpus shipped with the package (BEIR layout, split ``test``).

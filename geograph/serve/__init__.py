@@ -46,8 +46,9 @@ and text encoders), :mod:`~geograph.serve.models` (module factory and artefacts)
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from geograph._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from geograph.serve.cli import main
@@ -58,14 +59,10 @@ __all__ = ["main", "METHODS", "RERANKERS", "build_model"]
 #: where each exported name lives: imported on first use, so that a process that needs only a
 #: part of the server (LitServe's logger process unpickles :mod:`geograph.serve.prometheus`'s
 #: logger) loads no torch and no method
-_HOMES = {"main": "geograph.serve.cli", "METHODS": "geograph.serve.models", "RERANKERS": "geograph.serve.models"}
-_HOMES["build_model"] = "geograph.serve.models"
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+_HOMES = {
+    "main": "geograph.serve.cli",
+    "METHODS": "geograph.serve.models",
+    "RERANKERS": "geograph.serve.models",
+    "build_model": "geograph.serve.models",
+}
+__getattr__ = lazy_getattr(__name__, _HOMES, globals())
